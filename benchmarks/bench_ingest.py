@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Ingest speed of kb_engine: a full first ingest of a folder, then an unchanged re-ingest.
+
+The folder (default: $KB_CORPUS_DIR, else ../shared/corpus beside the repository) is ingested into a
+fresh temporary kb_root; then the same folder is ingested again with a new Engine instance (as a new
+CLI process would), which should only compare (path, size, mtime) and skip. The goal is a re-ingest
+that costs under 5% of the first one.
+
+    python benchmarks/bench_ingest.py [DIR] [--keep] [--out bench.json]
+
+Exit status: 0 when both runs completed, 1 when the engine raised an error, 2 when the folder is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+SUPPORTED = {".pdf", ".docx", ".txt", ".md", ".markdown"}
+GOAL_PCT = 5.0
+
+
+def count_supported(folder: Path) -> int:
+    return sum(1 for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED)
+
+
+def status_counts(files: list[dict]) -> dict[str, int]:
+    """Counts per 'status' or 'status/reason'."""
+    c = Counter()
+    for f in files:
+        key = f.get("status", "?")
+        if f.get("reason"):
+            key += "/" + str(f["reason"])
+        c[key] += 1
+    return dict(sorted(c.items()))
+
+
+def timed_ingest(kb_engine, folder: Path, kb_root: Path) -> tuple[dict, float]:
+    eng = kb_engine.Engine()
+    try:
+        t0 = time.perf_counter()
+        resp = eng.execute("ingest", {"paths": [str(folder)], "kb_root": str(kb_root)})
+        return resp, time.perf_counter() - t0
+    finally:
+        close = getattr(eng, "close", None)
+        if close:
+            close()
+
+
+def main(argv=None) -> int:
+    default_dir = os.environ.get("KB_CORPUS_DIR") or str(REPO_ROOT.parent / "shared" / "corpus")
+    ap = argparse.ArgumentParser(description="First ingest vs unchanged re-ingest of a folder.")
+    ap.add_argument("folder", nargs="?", default=default_dir, help=f"folder to ingest (default {default_dir})")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary kb_root and print where it is")
+    ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = ap.parse_args(argv)
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        print(f"error: folder not found: {folder} (set KB_CORPUS_DIR or pass a folder)", file=sys.stderr)
+        return 2
+
+    import kb_engine
+
+    tmp = Path(tempfile.mkdtemp(prefix="kb-bench-ingest-"))
+    kb_root = tmp / ".kb"
+    report = {"engine": getattr(kb_engine, "__version__", None), "folder": str(folder),
+              "supported_files_on_disk": count_supported(folder), "kb_root": str(kb_root)}
+    rc = 0
+    try:
+        try:
+            first, t_first = timed_ingest(kb_engine, folder, kb_root)
+            second, t_second = timed_ingest(kb_engine, folder, kb_root)
+        except Exception as exc:  # KBError or a crash inside the engine
+            code = getattr(exc, "code", None)
+            print(f"error: engine failed on ingest of {folder}: {type(exc).__name__}"
+                  f"{f'[{code}]' if code else ''}: {exc}", file=sys.stderr)
+            report["error"] = str(exc)
+            rc = 1
+        else:
+            ratio = 100.0 * t_second / t_first if t_first > 0 else float("nan")
+            files = first.get("files", [])
+            slowest = sorted(files, key=lambda f: f.get("ms") or 0, reverse=True)[:5]
+            second_not_skipped = [f for f in second.get("files", []) if f.get("status") != "skipped"]
+            report.update({
+                "files": first.get("totals", {}).get("files", len(files)),
+                "first": {"seconds": round(t_first, 3), "totals": first.get("totals", {}),
+                          "by_status": status_counts(files)},
+                "reingest": {"seconds": round(t_second, 3), "totals": second.get("totals", {}),
+                             "by_status": status_counts(second.get("files", []))},
+                "reingest_pct": round(ratio, 2),
+                "goal_pct": GOAL_PCT,
+                "goal_met": ratio < GOAL_PCT,
+                "slowest": [{"path": f.get("path"), "ms": f.get("ms"), "status": f.get("status"),
+                             "chunks": f.get("chunks")} for f in slowest],
+                "reingest_not_skipped": [{"path": f.get("path"), "status": f.get("status"),
+                                          "reason": f.get("reason")} for f in second_not_skipped],
+            })
+            print(f"engine {report['engine']}; folder {folder}")
+            print(f"files:        {report['files']} reported ({report['supported_files_on_disk']} supported on disk)")
+            print(f"totals first: {json.dumps(first.get('totals', {}), sort_keys=True)}")
+            print(f"totals again: {json.dumps(second.get('totals', {}), sort_keys=True)}")
+            print(f"first ingest: {t_first:8.2f} s")
+            print(f"re-ingest:    {t_second:8.2f} s")
+            print(f"ratio:        {ratio:8.2f} %  (goal < {GOAL_PCT:.0f}%: {'met' if ratio < GOAL_PCT else 'NOT met'})")
+            print("per status (first ingest):")
+            for k, v in report["first"]["by_status"].items():
+                print(f"  {k:<28} {v:5d}")
+            if second_not_skipped:
+                print(f"re-ingest did not skip {len(second_not_skipped)} file(s):")
+                for f in second_not_skipped[:10]:
+                    print(f"  {f.get('status')}/{f.get('reason')}: {f.get('path')}")
+            print("slowest 5 files (first ingest):")
+            for f in slowest:
+                print(f"  {f.get('ms') or 0:8.0f} ms  {f.get('status'):<9} {f.get('chunks') or 0:5} chunks  {f.get('path')}")
+    finally:
+        if args.keep:
+            print(f"kept kb_root: {kb_root}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            report["kb_root"] = None
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2559 @@
+#!/usr/bin/env python3
+"""kb-rag engine: a local literature knowledge base in one SQLite file.
+
+Indexes papers (PDF, DOCX, TXT, Markdown) into ``<kb_root>/kb.sqlite`` and answers
+queries with verbatim passages that keep their provenance (section, physical PDF
+page, printed page label, character offsets into the page text).
+
+Contents (each layer only calls the layers above it):
+
+    1. Config ............ constants, environment, errors
+    2. Text analysis ..... normalisation, tokens, Porter stemmer, CJK grams
+    3. Storage ........... schema, migrations, connections (WAL, one txn per file)
+    4. Extraction ........ PDF (PyMuPDF structured text), DOCX, TXT/MD -> blocks
+    5. Metadata .......... title, authors, year, DOI, language
+    6. Chunking .......... sections, weights, captions, size-capped chunks
+    7. Retrieval ......... FTS5 keyword search, filters, snippets
+    8. Commands .......... ingest, search, docs, stats, dedup, clear
+    9. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
+
+Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
+``page_texts(path)``, ``main(argv)``.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import sqlite3
+import sys
+import time
+import unicodedata
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+from xml.etree import ElementTree
+
+__version__ = "0.1.0"
+
+# =============================================================================
+# 1. Config
+# =============================================================================
+
+SCHEMA_VERSION = 1
+# Bumped whenever extraction or chunking changes what gets stored, so that
+# documents written by an older parser can be found and refreshed.
+PARSER_REVISION = 1
+
+DB_FILENAME = "kb.sqlite"
+DEFAULT_KB_DIRNAME = ".kb"
+SUPPORTED_SUFFIXES = {".pdf": "pdf", ".docx": "docx", ".txt": "txt", ".md": "md", ".markdown": "md"}
+
+CHUNK_MAX_CHARS = 800          # hard cap for one chunk's text
+CHUNK_MIN_CHARS = 200          # a chunk smaller than this absorbs its neighbour paragraph
+ABSTRACT_MIN_CHARS, ABSTRACT_MAX_CHARS = 400, 3000
+SECTION_WEIGHTS = {"abstract": 1.5, "methods": 1.2}
+DEFAULT_TOP_K = 10
+MAX_TOP_K = 1000
+DEFAULT_SNIPPET_CHARS = 300
+FTS_COLUMN_WEIGHTS = (1.0, 0.5)   # body, heading (document title + section)
+BUSY_TIMEOUT_MS = 30_000
+MAX_PROTOCOL_LINE_BYTES = 16 * 1024 * 1024
+PDF_MIN_TEXT_CHARS = 3         # fewer letters/digits than this in the whole file: no usable text layer
+
+STATUS_ADDED, STATUS_UPDATED, STATUS_SKIPPED = "added", "updated", "skipped"
+STATUS_DUPLICATE, STATUS_MOVED, STATUS_ERROR = "duplicate", "moved", "error"
+INGEST_STATUSES = (STATUS_ADDED, STATUS_UPDATED, STATUS_SKIPPED, STATUS_DUPLICATE, STATUS_MOVED, STATUS_ERROR)
+
+
+class KBError(Exception):
+    """A request the engine refuses, with a machine-readable code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class FileRejected(Exception):
+    """A file that cannot be indexed; ``status`` is ``error`` or ``skipped``."""
+
+    def __init__(self, status: str, reason: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def default_kb_root() -> Path:
+    env = os.environ.get("KB_ROOT")
+    return Path(env) if env else Path.cwd() / DEFAULT_KB_DIRNAME
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# =============================================================================
+# 2. Text analysis
+# =============================================================================
+# Index terms are produced here and nowhere else: the same analyser feeds the
+# FTS5 table, the query and the snippet locator, so they always agree.
+
+STOPWORDS = frozenset("""
+a about above after again against all also am an and any are aren as at be because been before being below
+between both but by can cannot could did do does doing don down during each few for from further had has have
+having he her here hers herself him himself his how i if in into is isn it its itself just let me more most my
+myself no nor not now of off on once only or other ought our ours ourselves out over own same she should so
+some such than that the their theirs them themselves then there these they this those through to too under
+until up very was we were what when where which while who whom why will with would you your yours yourself
+yourselves s t d ll m re ve via thus whether
+""".split())
+CJK_STOP_CHARS = frozenset("的了是在和与及或之其")
+
+_CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff"
+_CJK_CHAR = re.compile(f"[{_CJK_RANGES}]")
+_CJK_RUN_OR_WORD = re.compile(f"[{_CJK_RANGES}]+|[^\\W_{_CJK_RANGES}]+")
+_INVISIBLES = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u2060\ufeff"), None)
+
+
+def normalize_text(text: str) -> str:
+    """NFKC (folds ligatures and full-width forms) without invisible characters."""
+    return unicodedata.normalize("NFKC", text).translate(_INVISIBLES)
+
+
+def _strip_diacritics(word: str) -> str:
+    if word.isascii():
+        return word
+    decomposed = unicodedata.normalize("NFKD", word)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
+def is_cjk(ch: str) -> bool:
+    return bool(_CJK_CHAR.match(ch))
+
+
+def cjk_ratio(text: str) -> float:
+    letters = [ch for ch in text if ch.isalpha()]
+    if not letters:
+        return 0.0
+    return sum(1 for ch in letters if is_cjk(ch)) / len(letters)
+
+
+class PorterStemmer:
+    """The classic Porter (1980) suffix stripper, for lower-case ASCII words."""
+
+    _STEP2 = (("ational", "ate"), ("tional", "tion"), ("enci", "ence"), ("anci", "ance"), ("izer", "ize"),
+              ("bli", "ble"), ("alli", "al"), ("entli", "ent"), ("eli", "e"), ("ousli", "ous"),
+              ("ization", "ize"), ("ation", "ate"), ("ator", "ate"), ("alism", "al"), ("iveness", "ive"),
+              ("fulness", "ful"), ("ousness", "ous"), ("aliti", "al"), ("iviti", "ive"), ("biliti", "ble"),
+              ("logi", "log"))
+    _STEP3 = (("icate", "ic"), ("ative", ""), ("alize", "al"), ("iciti", "ic"), ("ical", "ic"),
+              ("ful", ""), ("ness", ""))
+    _STEP4 = ("al", "ance", "ence", "er", "ic", "able", "ible", "ant", "ement", "ment", "ent", "ion",
+              "ou", "ism", "ate", "iti", "ous", "ive", "ize")
+
+    @staticmethod
+    def _is_consonant(word: str, i: int) -> bool:
+        ch = word[i]
+        if ch in "aeiou":
+            return False
+        if ch == "y":
+            return i == 0 or not PorterStemmer._is_consonant(word, i - 1)
+        return True
+
+    def _measure(self, stem: str) -> int:
+        """Number of vowel-consonant sequences in the stem."""
+        pattern = "".join("c" if self._is_consonant(stem, i) else "v" for i in range(len(stem)))
+        return len(re.findall("v+c+", pattern))
+
+    def _has_vowel(self, stem: str) -> bool:
+        return any(not self._is_consonant(stem, i) for i in range(len(stem)))
+
+    def _double_consonant(self, word: str) -> bool:
+        return len(word) >= 2 and word[-1] == word[-2] and self._is_consonant(word, len(word) - 1)
+
+    def _cvc(self, word: str) -> bool:
+        if len(word) < 3:
+            return False
+        n = len(word)
+        shape = (self._is_consonant(word, n - 3), self._is_consonant(word, n - 2), self._is_consonant(word, n - 1))
+        return shape == (True, False, True) and word[-1] not in "wxy"
+
+    def _replace(self, word: str, rules, min_measure: int) -> str:
+        for suffix, replacement in rules:
+            if word.endswith(suffix):
+                stem = word[: len(word) - len(suffix)]
+                return stem + replacement if self._measure(stem) > min_measure else word
+        return word
+
+    def stem(self, word: str) -> str:
+        if len(word) <= 2:
+            return word
+        word = self._step1(word)
+        word = self._replace(word, self._STEP2, 0)
+        word = self._replace(word, self._STEP3, 0)
+        word = self._step4(word)
+        return self._step5(word)
+
+    def _step1(self, word: str) -> str:
+        if word.endswith("sses") or word.endswith("ies"):
+            word = word[:-2]
+        elif word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        extra_step = False
+        if word.endswith("eed"):
+            if self._measure(word[:-3]) > 0:
+                word = word[:-1]
+        elif word.endswith("ed") and self._has_vowel(word[:-2]):
+            word, extra_step = word[:-2], True
+        elif word.endswith("ing") and self._has_vowel(word[:-3]):
+            word, extra_step = word[:-3], True
+        if extra_step:
+            if word.endswith(("at", "bl", "iz")):
+                word += "e"
+            elif self._double_consonant(word) and word[-1] not in "lsz":
+                word = word[:-1]
+            elif self._measure(word) == 1 and self._cvc(word):
+                word += "e"
+        if word.endswith("y") and self._has_vowel(word[:-1]):
+            word = word[:-1] + "i"
+        return word
+
+    def _step4(self, word: str) -> str:
+        for suffix in self._STEP4:
+            if word.endswith(suffix):
+                stem = word[: len(word) - len(suffix)]
+                if self._measure(stem) > 1 and (suffix != "ion" or stem.endswith(("s", "t"))):
+                    return stem
+                return word
+        return word
+
+    def _step5(self, word: str) -> str:
+        if word.endswith("e"):
+            stem = word[:-1]
+            m = self._measure(stem)
+            if m > 1 or (m == 1 and not self._cvc(stem)):
+                word = stem
+        if word.endswith("ll") and self._measure(word[:-1]) > 1:
+            word = word[:-1]
+        return word
+
+
+_STEMMER = PorterStemmer()
+
+
+@functools.lru_cache(maxsize=200_000)
+def index_term(word: str) -> str | None:
+    """Map one lower-cased non-CJK word to its index term (None for a stopword)."""
+    word = _strip_diacritics(word)
+    if word in STOPWORDS or not word:
+        return None
+    if word.isascii() and word.isalpha():
+        return _STEMMER.stem(word)
+    return word
+
+
+def analyze(text: str, with_offsets: bool = False) -> list:
+    """Index terms of ``text``: stemmed words, and CJK unigrams plus bigrams.
+
+    With ``with_offsets`` each item is ``(term, start, end)`` in ``text``.
+    """
+    out: list = []
+    lowered = text.lower()
+    if len(lowered) != len(text):      # a rare case-fold that changes length: keep offsets honest
+        lowered = "".join(ch.lower() if len(ch.lower()) == 1 else ch for ch in text)
+    for match in _CJK_RUN_OR_WORD.finditer(lowered):
+        run, start = match.group(), match.start()
+        if is_cjk(run[0]):
+            for i, ch in enumerate(run):
+                if ch not in CJK_STOP_CHARS:
+                    out.append((ch, start + i, start + i + 1) if with_offsets else ch)
+                if i + 1 < len(run):
+                    gram = run[i:i + 2]
+                    out.append((gram, start + i, start + i + 2) if with_offsets else gram)
+            continue
+        term = index_term(run)
+        if term:
+            out.append((term, start, match.end()) if with_offsets else term)
+    return out
+
+
+def analyzed_string(text: str) -> str:
+    return " ".join(analyze(text))
+
+
+def query_terms(query: str) -> list[str]:
+    """Distinct index terms of a query, in first-seen order."""
+    seen: dict[str, None] = {}
+    for term in analyze(normalize_text(query)):
+        seen.setdefault(term, None)
+    return list(seen)
+
+
+# =============================================================================
+# 3. Storage
+# =============================================================================
+
+SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT
+);
+CREATE TABLE IF NOT EXISTS docs (
+    id           INTEGER PRIMARY KEY,
+    path         TEXT NOT NULL UNIQUE,
+    kind         TEXT NOT NULL,
+    status       TEXT NOT NULL,            -- indexed | skipped | error | duplicate
+    reason       TEXT,
+    error        TEXT,
+    title        TEXT,
+    authors      TEXT NOT NULL DEFAULT '[]',   -- JSON list of names
+    year         INTEGER,
+    journal      TEXT,
+    doi          TEXT,
+    sha256       TEXT,
+    size         INTEGER,
+    mtime_ns     INTEGER,
+    pages        INTEGER,
+    lang         TEXT,
+    chunk_count  INTEGER NOT NULL DEFAULT 0,
+    duplicate_of INTEGER REFERENCES docs(id) ON DELETE SET NULL,
+    indexed_with INTEGER,
+    indexed_at   TEXT
+);
+CREATE INDEX IF NOT EXISTS docs_sha256 ON docs(sha256);
+CREATE TABLE IF NOT EXISTS chunks (
+    id          INTEGER PRIMARY KEY,
+    doc_id      INTEGER NOT NULL REFERENCES docs(id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    section     TEXT NOT NULL DEFAULT '',
+    block       TEXT NOT NULL DEFAULT 'text',   -- text | caption | abstract
+    weight      REAL NOT NULL DEFAULT 1.0,
+    text        TEXT NOT NULL,
+    page        INTEGER,
+    page_end    INTEGER,
+    page_label  TEXT,
+    char_start  INTEGER,
+    char_end    INTEGER,
+    page_map    TEXT NOT NULL DEFAULT '[]'     -- [[chunk_offset, page, page_offset, length], ...]
+);
+CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id, seq);
+CREATE TABLE IF NOT EXISTS vecs (
+    chunk_id INTEGER PRIMARY KEY REFERENCES chunks(id) ON DELETE CASCADE,
+    vec      BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cache (
+    key     TEXT PRIMARY KEY,
+    payload TEXT NOT NULL,
+    created REAL NOT NULL
+);
+"""
+
+FTS5_SCHEMA = """
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(body, heading, tokenize = 'unicode61 remove_diacritics 0');
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_vocab USING fts5vocab(chunks_fts, 'row');
+CREATE TRIGGER IF NOT EXISTS chunks_fts_delete AFTER DELETE ON chunks BEGIN
+    DELETE FROM chunks_fts WHERE rowid = old.id;
+END;
+"""
+
+# Used only where the Python's sqlite3 was built without FTS5.
+PLAIN_TERMS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chunk_terms (
+    chunk_id INTEGER PRIMARY KEY REFERENCES chunks(id) ON DELETE CASCADE,
+    body     TEXT NOT NULL,
+    heading  TEXT NOT NULL
+);
+"""
+
+# Forward migrations: MIGRATIONS[v] takes a database at version v to v + 1.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection, bool], None]] = {}
+
+
+def run_statements(conn: sqlite3.Connection, script: str) -> None:
+    """Run a SQL script inside the caller's transaction (``executescript`` would commit it)."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            conn.execute(statement)
+            statement = ""
+
+
+def _migrate_0_to_1(conn: sqlite3.Connection, has_fts5: bool) -> None:
+    run_statements(conn, SCHEMA_V1)
+    run_statements(conn, FTS5_SCHEMA if has_fts5 else PLAIN_TERMS_SCHEMA)
+
+
+MIGRATIONS[0] = _migrate_0_to_1
+
+
+@functools.lru_cache(maxsize=1)
+def sqlite_has_fts5() -> bool:
+    if os.environ.get("KB_DISABLE_FTS5") == "1":
+        return False
+    try:
+        probe = sqlite3.connect(":memory:")
+        probe.execute("CREATE VIRTUAL TABLE probe USING fts5(x)")
+        probe.close()
+        return True
+    except sqlite3.OperationalError:
+        return False
+
+
+class Library:
+    """One knowledge base: the SQLite file under ``root`` and its connection."""
+
+    def __init__(self, root: Path, conn: sqlite3.Connection, writable: bool):
+        self.root = root
+        self.conn = conn
+        self.writable = writable
+        self.has_fts5 = self._table_exists("chunks_fts")
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / DB_FILENAME
+
+    @classmethod
+    def open(cls, root: Path, writable: bool) -> "Library | None":
+        """Open the library; a read-only open of a missing library gives None."""
+        db_path = root / DB_FILENAME
+        if not writable and not db_path.exists():
+            return None
+        if writable:
+            root.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if writable:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            cls._migrate(conn, version)
+        elif version > SCHEMA_VERSION:
+            conn.close()
+            raise KBError("schema_too_new", f"{db_path} was written by a newer kb-rag (schema {version}); "
+                                            f"this engine knows schema {SCHEMA_VERSION}. Upgrade kb-rag.")
+        elif version < SCHEMA_VERSION:
+            conn.close()
+            if version == 0:
+                return None
+            raise KBError("needs_migration", f"{db_path} uses schema {version}; run an ingest once to migrate it.")
+        else:
+            conn.execute("PRAGMA query_only = ON")
+        return cls(root, conn, writable)
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise KBError("schema_too_new", f"the library uses schema {version}, newer than this engine's "
+                                            f"{SCHEMA_VERSION}. Upgrade kb-rag.")
+        while version < SCHEMA_VERSION:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                current = conn.execute("PRAGMA user_version").fetchone()[0]
+                if current == version:   # another process may have migrated meanwhile
+                    MIGRATIONS[version](conn, sqlite_has_fts5())
+                    conn.execute(f"PRAGMA user_version = {version + 1}")
+                    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
+                                 (str(version + 1),))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def _table_exists(self, name: str) -> bool:
+        row = self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone()
+        return row is not None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- transactions ---------------------------------------------------------
+    def transaction(self):
+        return _Transaction(self.conn)
+
+    # -- meta -----------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    # -- documents ------------------------------------------------------------
+    def doc_by_path(self, path: str) -> sqlite3.Row | None:
+        return self.conn.execute("SELECT * FROM docs WHERE path = ?", (path,)).fetchone()
+
+    def docs_by_sha(self, sha256: str) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM docs WHERE sha256 = ? ORDER BY id", (sha256,)).fetchall()
+
+    def upsert_doc(self, path: str, fields: dict) -> int:
+        """Insert or update the row of ``path``; returns its id."""
+        existing = self.doc_by_path(path)
+        columns = list(fields)
+        if existing is None:
+            placeholders = ", ".join("?" for _ in columns)
+            cur = self.conn.execute(f"INSERT INTO docs(path, {', '.join(columns)}) VALUES (?, {placeholders})",
+                                    [path] + [fields[c] for c in columns])
+            return cur.lastrowid
+        assignments = ", ".join(f"{c} = ?" for c in columns)
+        self.conn.execute(f"UPDATE docs SET {assignments} WHERE id = ?", [fields[c] for c in columns] + [existing["id"]])
+        return existing["id"]
+
+    def delete_chunks(self, doc_id: int) -> None:
+        if not self.has_fts5:
+            self.conn.execute("DELETE FROM chunk_terms WHERE chunk_id IN (SELECT id FROM chunks WHERE doc_id = ?)",
+                              (doc_id,))
+        self.conn.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,))
+
+    def insert_chunks(self, doc_id: int, chunks: list["Chunk"], heading_prefix: str) -> None:
+        for seq, chunk in enumerate(chunks):
+            cur = self.conn.execute(
+                "INSERT INTO chunks(doc_id, seq, section, block, weight, text, page, page_end, page_label, "
+                "char_start, char_end, page_map) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (doc_id, seq, chunk.section, chunk.block, chunk.weight, chunk.text, chunk.page, chunk.page_end,
+                 chunk.page_label, chunk.char_start, chunk.char_end, json.dumps(chunk.page_map)))
+            body = analyzed_string(chunk.text)
+            heading = analyzed_string(f"{heading_prefix} {chunk.section}")
+            if self.has_fts5:
+                self.conn.execute("INSERT INTO chunks_fts(rowid, body, heading) VALUES (?, ?, ?)",
+                                  (cur.lastrowid, body, heading))
+            else:
+                self.conn.execute("INSERT INTO chunk_terms(chunk_id, body, heading) VALUES (?, ?, ?)",
+                                  (cur.lastrowid, body, heading))
+
+    def delete_doc(self, doc_id: int) -> None:
+        self.delete_chunks(doc_id)
+        self.conn.execute("DELETE FROM docs WHERE id = ?", (doc_id,))
+
+    def invalidate_cache(self) -> None:
+        self.conn.execute("DELETE FROM cache")
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self):
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.execute("ROLLBACK")
+        return False
+
+
+def sha256_of_file(path: str, block_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(block_size), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# =============================================================================
+# 4. Extraction
+# =============================================================================
+# Every reader turns a file into ``Block``s (paragraph-sized pieces of text in
+# reading order, each with a role) plus the text of each page.  A block's text
+# is an exact slice of its page's text, which is what makes offsets checkable.
+
+@dataclass
+class Block:
+    text: str
+    page: int | None            # 1-based physical page; None where a format has no pages
+    offset: int = 0             # start of ``text`` within its page text
+    role: str = "body"          # body | heading | caption | title | noise
+    level: int = 0              # heading depth (1 = top level)
+    size: float = 0.0           # dominant font size (PDF only)
+    bold: bool = False
+    n_lines: int = 1
+
+
+@dataclass
+class Extracted:
+    kind: str
+    blocks: list[Block]
+    page_texts: list[str]
+    page_labels: list[str] = field(default_factory=list)
+    raw_meta: dict = field(default_factory=dict)
+    body_size: float = 0.0
+
+    @property
+    def pages(self) -> int | None:
+        return len(self.page_texts) if self.kind == "pdf" else None
+
+
+# -- structure recognition (shared by all readers) ---------------------------
+
+SECTION_ALIASES = {
+    "abstract": ("abstract", "summary", "摘要", "内容摘要", "内容提要", "提要"),
+    "introduction": ("introduction", "background", "引言", "前言", "绪论", "导言", "研究背景"),
+    "methods": ("methods", "method", "materials and methods", "material and methods", "methods and materials",
+                "methodology", "experimental", "experimental section", "experimental procedures",
+                "experimental methods", "experiments", "experimental setup", "online methods",
+                "方法", "研究方法", "实验方法", "材料与方法", "材料和方法", "实验", "实验部分"),
+    "results": ("results", "result", "results and discussion", "findings", "evaluation", "结果", "实验结果",
+                "结果与讨论", "结果与分析"),
+    "discussion": ("discussion", "discussions", "analysis", "讨论", "分析"),
+    "conclusion": ("conclusion", "conclusions", "concluding remarks", "summary and conclusions",
+                   "conclusions and future work", "conclusion and future work", "outlook", "结论", "总结",
+                   "结论与展望", "总结与展望", "结语"),
+    "related work": ("related work", "related works", "prior work", "literature review", "相关工作", "文献综述"),
+    "references": ("references", "reference", "bibliography", "literature cited", "works cited", "references and notes",
+                   "notes and references", "cited literature", "参考文献", "参考资料", "引用文献"),
+    "acknowledgements": ("acknowledgements", "acknowledgments", "acknowledgement", "acknowledgment", "funding",
+                         "致谢", "谢辞", "鸣谢"),
+    "appendix": ("appendix", "appendices", "supplementary material", "supplementary materials",
+                 "supplementary information", "supporting information", "附录"),
+}
+NOT_INDEXED_SECTIONS = frozenset({"references", "acknowledgements", "appendix"})
+_ALIAS_TO_CANONICAL = {alias: canon for canon, aliases in SECTION_ALIASES.items() for alias in aliases}
+
+_CN_NUM = "一二三四五六七八九十百零〇"
+_NUMBERING = re.compile(
+    rf"^\s*(?:(?P<arabic>\d{{1,2}}(?:\.\d{{1,2}}){{0,3}})\.?(?=\s|[^\d.\w]|[A-Za-z{_CJK_RANGES}])"
+    rf"|(?P<roman>[IVXLC]{{1,6}})\.(?=\s)"
+    rf"|(?P<letter>[A-H])(?:\.\d{{1,2}})*\.?(?=\s)"
+    rf"|(?P<cnchap>第[{_CN_NUM}\d]+[章节部分篇])"
+    rf"|(?P<cn>[{_CN_NUM}]+)[、.．]"
+    rf"|[（(](?P<cnsub>[{_CN_NUM}\d]+)[）)])\s*")
+_CAPTION = re.compile(r"^\s*(?:fig(?:ure)?s?\.?|table|tab\.|scheme|chart|plate|图|表)\s*"
+                      r"(?:[A-Z]?\d+|[IVX]+|S\d+)(?:[.:：\-—–]|\s|$)", re.IGNORECASE)
+_RUN_IN_HEADING = re.compile(
+    r"^\s*(abstract|summary|keywords?|key words|index terms|摘\s*要|关键词)\s*(?:[:：.—–\-]+\s*|\s+(?=[A-Z\d\"“(]))",
+    re.IGNORECASE)
+_BARE_NUMBER = re.compile(r"^\s*\d{1,2}(?:\.\d{1,2}){0,3}\.?\s*$")
+_TERMINAL_PUNCT = tuple(".!?。！？;；:：)]\"”’")
+
+
+def canonical_section(name: str) -> str | None:
+    """Canonical key of a known section name (any case, numbering removed), else None."""
+    cleaned = re.sub(r"[\s:：.]+$", "", strip_numbering(name)).strip().lower()
+    cleaned = re.sub(r"\s+", " ", cleaned.replace("&", "and"))
+    cleaned = cleaned.replace(" ", "") if cjk_ratio(cleaned) > 0.5 else cleaned
+    return _ALIAS_TO_CANONICAL.get(cleaned)
+
+
+def strip_numbering(text: str) -> str:
+    match = _NUMBERING.match(text)
+    return text[match.end():].strip() if match and match.end() < len(text) else text.strip()
+
+
+def numbering_depth(text: str) -> int:
+    """Heading depth implied by a numbering prefix (0 when there is none)."""
+    match = _NUMBERING.match(text)
+    if not match:
+        return 0
+    if match.group("arabic"):
+        return match.group("arabic").count(".") + 1
+    if match.group("roman") or match.group("cn"):
+        return 1
+    if match.group("cnchap"):
+        return 2 if match.group("cnchap").endswith("节") else 1
+    return 2   # letters (A. ...) and (一) style sub-headings
+
+
+def section_display_name(heading: str) -> str:
+    """Heading text as a section label: numbering removed, ALL CAPS made readable."""
+    name = strip_numbering(heading).rstrip(" :：.")
+    if name.isupper() and len(name) > 3:
+        name = " ".join(word.capitalize() if len(word) > 3 or i == 0 else word.lower()
+                        for i, word in enumerate(name.split()))
+    return re.sub(r"\s+", " ", name)[:120]
+
+
+def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_size: float) -> int:
+    """Heading level (>= 1) when a short block reads as a heading, else 0."""
+    stripped = text.strip()
+    if not stripped or len(stripped) > 150 or n_lines > 3:
+        return 0
+    if canonical_section(stripped):
+        return 1
+    words = stripped.split()
+    letters = [ch for ch in stripped if ch.isalpha()]
+    if len(letters) < 2 or stripped[-1] in ",;" or _CAPTION.match(stripped):
+        return 0
+    title_text = strip_numbering(stripped)
+    if not title_text or not (title_text[0].isupper() or is_cjk(title_text[0])):
+        return 0
+    if "。" in stripped or (cjk_ratio(stripped) > 0.3 and (len(stripped) > 40 or re.search(r"[,;:!?]", stripped))):
+        return 0
+    if "," in stripped and len(words) > 8:
+        return 0
+    if numbering_depth(stripped) and re.search(r"(?:\s|\.{2,}|…)\s*\d{1,4}$", stripped):
+        return 0          # a table-of-contents line ("2. Methods ..... 4")
+    ends_like_sentence = stripped.endswith(".") and len(words) > 8
+    larger = body_size > 0 and size >= body_size * 1.15
+    caps = stripped.isupper() and len(letters) >= 4
+    depth = numbering_depth(stripped)
+    emphasised = bold or larger or caps
+    if depth and not ends_like_sentence and len(stripped) <= 100:
+        if emphasised or (len(words) <= 8 and not stripped.endswith(".")):
+            return depth
+        return 0
+    if emphasised and not ends_like_sentence and len(words) <= 14 and not stripped.endswith("."):
+        if body_size and size >= body_size * 1.3:
+            return 1
+        return 1 if caps else 2
+    return 0
+
+
+class HeadingNumbering:
+    """Accepts a numbered heading only where it continues the document's numbering.
+
+    Figure labels ("56 MeV"), equations and list items look like numbered
+    headings; real section numbers advance one step at a time.
+    """
+
+    def __init__(self):
+        self.path: list[int] = []
+
+    @staticmethod
+    def parts(text: str) -> list[int] | None:
+        match = _NUMBERING.match(text)
+        if not match or not match.group("arabic"):
+            return None
+        return [int(n) for n in match.group("arabic").split(".")]
+
+    def accept(self, parts: list[int]) -> bool:
+        if not self.path:
+            ok = parts[0] <= 2 and all(n <= 2 for n in parts[1:])
+        elif len(parts) == 1:
+            ok = parts[0] in (self.path[0] + 1, self.path[0] + 2)
+        else:
+            depth = len(parts) - 1
+            parent_ok = parts[:depth] == self.path[:depth]
+            previous = self.path[depth] if len(self.path) > depth else 0
+            ok = parent_ok and parts[-1] in (previous + 1, previous + 2)
+        if ok:
+            self.path = parts
+        return ok
+
+
+def classify_blocks(blocks: list[Block], body_size: float) -> None:
+    """Assign roles in place: heading, caption, noise or body."""
+    numbering = HeadingNumbering()
+    in_front_matter = True
+    detached_number: list[int] | None = None     # "1.3" typeset on its own line before the heading text
+    for block in blocks:
+        number, detached_number = detached_number, None
+        if block.role == "heading":
+            in_front_matter = False
+        if block.role != "body":
+            continue
+        text = block.text
+        if _BARE_NUMBER.match(text):
+            block.role = "noise"
+            detached_number = [int(n) for n in re.findall(r"\d+", text)] or None
+            continue
+        if len(text.strip()) < 2 or not any(ch.isalnum() for ch in text):
+            block.role = "noise"
+            continue
+        if (number and looks_like_heading(text, block.size, True, block.n_lines, body_size)
+                and numbering.accept(number)):
+            block.role, block.level = "heading", len(number)
+            in_front_matter = False
+            continue
+        if _CAPTION.match(text) and len(text) > 12:
+            block.role = "caption"
+            continue
+        level = looks_like_heading(text, block.size, block.bold, block.n_lines, body_size)
+        if not level:
+            continue
+        parts = HeadingNumbering.parts(text)
+        known = canonical_section(text) is not None
+        if parts is not None and not known and not numbering.accept(parts):
+            continue
+        if parts is None and not known and numbering_depth(text) == 0:
+            # Style alone is weak evidence: not in the front matter (author lines), and not one bold word
+            big = body_size and block.size >= body_size * 1.3
+            if in_front_matter and block.page in (None, 1) or not (big or len(text.split()) >= 2):
+                continue
+        block.role, block.level = "heading", level
+        in_front_matter = False
+
+
+def join_lines(lines: Iterable[str]) -> str:
+    """Join the lines of one paragraph, undoing end-of-line hyphenation."""
+    out = ""
+    for line in lines:
+        line = re.sub(r"\s+", " ", line).strip()
+        if not line:
+            continue
+        if not out:
+            out = line
+        elif re.search(r"[^\W\d_][-\u2010\u00ad]$", out) and line[0].islower():
+            out = out[:-1] + line
+        elif is_cjk(out[-1]) and is_cjk(line[0]):
+            out += line
+        else:
+            out += " " + line
+    return out
+
+
+class PageTextBuilder:
+    """Builds one page text from blocks and records each block's offset."""
+
+    SEPARATOR = "\n\n"
+
+    def __init__(self, page: int | None):
+        self.page = page
+        self.parts: list[str] = []
+        self.length = 0
+
+    def add(self, block: Block) -> None:
+        if self.parts:
+            self.parts.append(self.SEPARATOR)
+            self.length += len(self.SEPARATOR)
+        block.page, block.offset = self.page, self.length
+        self.parts.append(block.text)
+        self.length += len(block.text)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+# -- PDF ----------------------------------------------------------------------
+
+@dataclass
+class _PdfLine:
+    text: str
+    size: float
+    bold: bool
+    bbox: tuple
+
+
+_BOLD_FONT = re.compile(r"bold|black|heavy|semibold|demi|cmbx|\.b$|-bd|medi", re.IGNORECASE)
+
+
+def _span_is_bold(span: dict) -> bool:
+    return bool(span.get("flags", 0) & 16) or bool(_BOLD_FONT.search(span.get("font", "")))
+
+
+def _line_direction(line: dict) -> tuple[int, int]:
+    dx, dy = line.get("dir", (1.0, 0.0))
+    return round(dx), round(dy)
+
+
+def _pdf_line(line: dict) -> _PdfLine | None:
+    spans = [s for s in line.get("spans", []) if s.get("text")]
+    text = normalize_text("".join(s["text"] for s in spans))
+    if not text.strip():
+        return None
+    weights: dict[float, int] = {}
+    bold_chars = total_chars = 0
+    for span in spans:
+        n = len(span["text"].strip())
+        if not n:
+            continue
+        weights[round(span.get("size", 0.0), 1)] = weights.get(round(span.get("size", 0.0), 1), 0) + n
+        total_chars += n
+        bold_chars += n if _span_is_bold(span) else 0
+    size = max(weights, key=weights.get) if weights else 0.0
+    return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]))
+
+
+def _split_line_groups(lines: list[_PdfLine]) -> list[list[_PdfLine]]:
+    """Split one PyMuPDF block where the typography changes (a heading glued to its paragraph)."""
+    groups: list[list[_PdfLine]] = []
+    for line in lines:
+        if groups:
+            prev = groups[-1][-1]
+            height = max(prev.bbox[3] - prev.bbox[1], 1.0)
+            gap = line.bbox[1] - prev.bbox[3]
+            style_change = abs(line.size - prev.size) > 0.9 or line.bold != prev.bold
+            if not style_change and gap < 2.0 * height:
+                groups[-1].append(line)
+                continue
+        groups.append([line])
+    return groups
+
+
+@dataclass
+class _PdfBlock:
+    lines: list[_PdfLine]
+    bbox: tuple
+
+    @property
+    def text(self) -> str:
+        return join_lines(line.text for line in self.lines)
+
+
+def _pdf_page_blocks(page) -> list[_PdfBlock]:
+    import pymupdf
+    flags = pymupdf.TEXT_PRESERVE_LIGATURES | pymupdf.TEXT_PRESERVE_WHITESPACE | pymupdf.TEXT_MEDIABOX_CLIP
+    data = page.get_text("dict", flags=flags)
+    text_blocks = [raw for raw in data.get("blocks", []) if raw.get("type") == 0]
+    # Keep the page's main writing direction: drops rotated margin stamps (arXiv ids),
+    # keeps pages that are rotated or set vertically as a whole.
+    weights: dict[tuple[int, int], int] = {}
+    for raw in text_blocks:
+        for line in raw.get("lines", []):
+            chars = sum(len(s.get("text", "").strip()) for s in line.get("spans", []))
+            weights[_line_direction(line)] = weights.get(_line_direction(line), 0) + chars
+    main_direction = max(weights, key=weights.get) if weights else (1, 0)
+    blocks: list[_PdfBlock] = []
+    for raw in text_blocks:
+        lines = [ln for ln in (_pdf_line(line) for line in raw.get("lines", [])
+                               if _line_direction(line) == main_direction) if ln]
+        for group in _split_line_groups(lines):
+            bbox = (min(l.bbox[0] for l in group), min(l.bbox[1] for l in group),
+                    max(l.bbox[2] for l in group), max(l.bbox[3] for l in group))
+            blocks.append(_PdfBlock(group, bbox))
+    return _reading_order(blocks, page.rect.width)
+
+
+def _reading_order(blocks: list[_PdfBlock], width: float) -> list[_PdfBlock]:
+    """Order blocks for reading: full-width bands, and left column before right in two-column layouts."""
+    mid, tolerance = width / 2, width * 0.04
+
+    def column(block: _PdfBlock) -> str:
+        x0, x1 = block.bbox[0], block.bbox[2]
+        if x0 < mid - tolerance and x1 > mid + tolerance:
+            return "full"
+        return "left" if (x0 + x1) / 2 < mid else "right"
+
+    columns = [column(b) for b in blocks]
+    left_chars = sum(len(b.text) for b, c in zip(blocks, columns) if c == "left")
+    right_chars = sum(len(b.text) for b, c in zip(blocks, columns) if c == "right")
+    if min(left_chars, right_chars) < 200 or columns.count("left") < 2 or columns.count("right") < 2:
+        return sorted(blocks, key=lambda b: (round(b.bbox[1], 0), b.bbox[0]))
+    full = sorted((b for b, c in zip(blocks, columns) if c == "full"), key=lambda b: b.bbox[1])
+    ordered: list[_PdfBlock] = []
+    for region in range(len(full) + 1):
+        top = full[region - 1].bbox[1] if region else -math.inf
+        bottom = full[region].bbox[1] if region < len(full) else math.inf
+        for side in ("left", "right"):
+            ordered.extend(sorted((b for b, c in zip(blocks, columns) if c == side and top <= b.bbox[1] < bottom),
+                                  key=lambda b: b.bbox[1]))
+        if region < len(full):
+            ordered.append(full[region])
+    return ordered
+
+
+_PAGE_NUMBER_LINE = re.compile(r"^\s*(?:page\s*)?[\divxlc]{1,6}(?:\s*(?:/|of)\s*\d{1,5})?\s*$|^\s*[-–—]\s*\d{1,5}\s*[-–—]\s*$",
+                               re.IGNORECASE)
+
+
+def _margin_key(text: str) -> str:
+    return re.sub(r"\d+", "#", text.lower()).strip()
+
+
+def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list[_PdfBlock]]:
+    """Remove page numbers and headers/footers repeated across pages."""
+    def in_margin(block: _PdfBlock, height: float) -> bool:
+        return block.bbox[3] < height * 0.09 or block.bbox[1] > height * 0.91
+
+    counts: dict[str, int] = {}
+    for blocks, height in pages:
+        for key in {_margin_key(b.text) for b in blocks if in_margin(b, height) and len(b.text) < 160}:
+            counts[key] = counts.get(key, 0) + 1
+    repeat_threshold = max(3, int(0.3 * len(pages)))
+    kept_pages = []
+    for blocks, height in pages:
+        kept = []
+        for block in blocks:
+            if in_margin(block, height) and len(block.text) < 160:
+                if _PAGE_NUMBER_LINE.match(block.text) or counts.get(_margin_key(block.text), 0) >= repeat_threshold:
+                    continue
+            kept.append(block)
+        kept_pages.append(kept)
+    return kept_pages
+
+
+def _open_pdf(path: str):
+    import pymupdf
+    if os.path.getsize(path) == 0:
+        raise FileRejected(STATUS_ERROR, "empty", "the file is empty (0 bytes)")
+    try:
+        doc = pymupdf.open(path, filetype="pdf")
+    except Exception as exc:   # PyMuPDF raises several types for damaged files
+        raise FileRejected(STATUS_ERROR, "corrupt", f"not a readable PDF ({_short_error(exc)})") from None
+    if doc.needs_pass and not doc.authenticate(""):
+        doc.close()
+        raise FileRejected(STATUS_ERROR, "encrypted", "the PDF is protected by a password; "
+                                                      "save an unprotected copy to index it")
+    if doc.page_count == 0:
+        doc.close()
+        raise FileRejected(STATUS_ERROR, "corrupt", "the PDF has no readable pages (damaged or truncated)")
+    return doc
+
+
+def _short_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:200]
+
+
+def _page_label(page) -> str:
+    try:
+        return page.get_label() or ""
+    except Exception:
+        return ""
+
+
+def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
+    weights: dict[float, int] = {}
+    for blocks in pages:
+        for block in blocks:
+            for line in block.lines:
+                weights[line.size] = weights.get(line.size, 0) + len(line.text)
+    return max(weights, key=weights.get) if weights else 0.0
+
+
+def extract_pdf(path: str) -> Extracted:
+    doc = _open_pdf(path)
+    try:
+        raw_pages, labels, failed_pages = [], [], 0
+        for page in doc:
+            try:
+                raw_pages.append((_pdf_page_blocks(page), page.rect.height))
+            except Exception:
+                failed_pages += 1
+                raw_pages.append(([], page.rect.height))
+            labels.append(_page_label(page))
+        raw_meta = dict(doc.metadata or {})
+    finally:
+        doc.close()
+    text_chars = sum(ch.isalnum() for blocks, _ in raw_pages for b in blocks for ch in b.text)
+    if failed_pages == len(raw_pages):
+        raise FileRejected(STATUS_ERROR, "corrupt", "no page of the PDF could be read (damaged file)")
+    if text_chars < PDF_MIN_TEXT_CHARS or _is_mostly_unreadable(raw_pages):
+        raise FileRejected(STATUS_SKIPPED, "no_text_layer",
+                           "the PDF has no usable text layer (scanned pages?); OCR it first to index it")
+    pages = _drop_running_heads(raw_pages)
+    body_size = _pdf_body_size(pages)
+    blocks, page_texts = [], []
+    for number, page_blocks in enumerate(pages, start=1):
+        builder = PageTextBuilder(number)
+        for raw in page_blocks:
+            sizes = [line.size for line in raw.lines]
+            block = Block(text=raw.text, page=number, size=max(sizes), n_lines=len(raw.lines),
+                          bold=all(line.bold for line in raw.lines))
+            builder.add(block)
+            blocks.append(block)
+        page_texts.append(builder.text())
+    _mark_pdf_title(blocks, body_size)
+    classify_blocks(blocks, body_size)
+    raw_meta["first_page_title"] = " ".join(b.text for b in blocks if b.role == "title")
+    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size)
+
+
+def _is_mostly_unreadable(raw_pages) -> bool:
+    """True when the 'text' is mostly replacement or private-use characters (broken font maps)."""
+    text = "".join(b.text for blocks, _ in raw_pages for b in blocks)
+    visible = [ch for ch in text if not ch.isspace()]
+    if not visible:
+        return True
+    bad = sum(1 for ch in visible if ch == "\ufffd" or unicodedata.category(ch) in ("Co", "Cc", "Cn"))
+    return bad > 0.5 * len(visible)
+
+
+def _mark_pdf_title(blocks: list[Block], body_size: float) -> None:
+    """The largest short text on page 1 is the title (with its continuation lines), not a section."""
+    first_page = [b for b in blocks if b.page == 1]
+    candidates = [b for b in first_page if 8 <= len(b.text) <= 300 and b.n_lines <= 4
+                  and b.size >= body_size * 1.2 and not canonical_section(b.text)]
+    if not candidates:
+        return
+    title = max(candidates, key=lambda b: b.size)
+    start = first_page.index(title)
+    for block in first_page[start:start + 3]:
+        if abs(block.size - title.size) < 0.5 and len(block.text) <= 300:
+            block.role = "title"
+        else:
+            break
+
+
+def page_texts(path: str) -> list[str]:
+    """The engine's normalised text of every page (one element for formats without pages)."""
+    return extract_file(path).page_texts
+
+
+# -- DOCX ---------------------------------------------------------------------
+
+_W_NS = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+_HEADING_STYLE = re.compile(r"^(?:heading|标题|titre|überschrift|encabezado)\s*(\d)$", re.IGNORECASE)
+
+
+def _style_level(style_name: str, outline_level: int | None) -> int | str:
+    """Heading level from a paragraph style; 'title' for the document title style."""
+    name = (style_name or "").strip()
+    if name.lower() in ("title", "标题"):
+        return "title"
+    match = _HEADING_STYLE.match(name)
+    if match:
+        return int(match.group(1))
+    if outline_level is not None and 0 <= outline_level < 9:
+        return outline_level + 1
+    return 0
+
+
+def _docx_paragraphs_python_docx(path: str) -> tuple[list[tuple[str, int | str, bool]], dict]:
+    import docx   # python-docx
+    from docx.table import Table
+    from docx.text.paragraph import Paragraph
+    document = docx.Document(path)
+    items: list[tuple[str, int | str, bool]] = []
+    for child in document.element.body.iterchildren():
+        if child.tag == f"{_W_NS}p":
+            para = Paragraph(child, document)
+            style = para.style.name if para.style is not None else ""
+            bold = bool(para.runs) and all(r.bold for r in para.runs if r.text.strip())
+            items.append((para.text, _style_level(style, None), bold))
+        elif child.tag == f"{_W_NS}tbl":
+            for row in Table(child, document).rows:
+                cells = []
+                for cell in row.cells:
+                    if cell.text.strip() and (not cells or cells[-1] != cell.text.strip()):
+                        cells.append(cell.text.strip())
+                items.append((" | ".join(cells), 0, False))
+    core = document.core_properties
+    meta = {"title": core.title or "", "author": core.author or "",
+            "year": core.created.year if core.created else None}
+    return items, meta
+
+
+def _docx_paragraphs_xml(path: str) -> tuple[list[tuple[str, int | str, bool]], dict]:
+    """Reads word/document.xml directly: for files python-docx rejects (some WPS output)."""
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        document_name = "word/document.xml" if "word/document.xml" in names else next(
+            (n for n in names if n.endswith("document.xml")), None)
+        if document_name is None:
+            raise FileRejected(STATUS_ERROR, "corrupt", "not a Word document (word/document.xml is missing)")
+        body = ElementTree.fromstring(archive.read(document_name))
+        styles = _docx_style_table(archive.read("word/styles.xml")) if "word/styles.xml" in names else {}
+        core = archive.read("docProps/core.xml").decode("utf-8", "replace") if "docProps/core.xml" in names else ""
+    items: list[tuple[str, int | str, bool]] = []
+    for para in body.iter(f"{_W_NS}p"):
+        texts = []
+        for node in para.iter():
+            if node.tag == f"{_W_NS}t" and node.text:
+                texts.append(node.text)
+            elif node.tag in (f"{_W_NS}tab",):
+                texts.append("\t")
+            elif node.tag in (f"{_W_NS}br", f"{_W_NS}cr"):
+                texts.append("\n")
+        style_id, outline = None, None
+        props = para.find(f"{_W_NS}pPr")
+        if props is not None:
+            style = props.find(f"{_W_NS}pStyle")
+            style_id = style.get(f"{_W_NS}val") if style is not None else None
+            level = props.find(f"{_W_NS}outlineLvl")
+            outline = int(level.get(f"{_W_NS}val")) if level is not None and level.get(f"{_W_NS}val", "").isdigit() else None
+        style_name, style_outline = styles.get(style_id, (style_id or "", None))
+        bold_runs = [r for r in para.iter(f"{_W_NS}r") if "".join(t.text or "" for t in r.iter(f"{_W_NS}t")).strip()]
+        bold = bool(bold_runs) and all(r.find(f"{_W_NS}rPr/{_W_NS}b") is not None for r in bold_runs)
+        items.append(("".join(texts), _style_level(style_name, outline if outline is not None else style_outline), bold))
+    title = re.search(r"<dc:title>(.*?)</dc:title>", core, re.S)
+    author = re.search(r"<dc:creator>(.*?)</dc:creator>", core, re.S)
+    created = re.search(r"<dcterms:created[^>]*>(\d{4})", core)
+    meta = {"title": title.group(1) if title else "", "author": author.group(1) if author else "",
+            "year": int(created.group(1)) if created else None}
+    return items, meta
+
+
+def _docx_style_table(styles_xml: bytes) -> dict[str, tuple[str, int | None]]:
+    table = {}
+    for style in ElementTree.fromstring(styles_xml).iter(f"{_W_NS}style"):
+        style_id = style.get(f"{_W_NS}styleId")
+        name = style.find(f"{_W_NS}name")
+        level = style.find(f"{_W_NS}pPr/{_W_NS}outlineLvl")
+        outline = int(level.get(f"{_W_NS}val")) if level is not None and level.get(f"{_W_NS}val", "").isdigit() else None
+        table[style_id] = (name.get(f"{_W_NS}val") if name is not None else style_id or "", outline)
+    return table
+
+
+def extract_docx(path: str) -> Extracted:
+    if os.path.getsize(path) == 0:
+        raise FileRejected(STATUS_ERROR, "empty", "the file is empty (0 bytes)")
+    if not zipfile.is_zipfile(path):
+        raise FileRejected(STATUS_ERROR, "corrupt", "not a valid DOCX file (it is not a zip archive)")
+    try:
+        items, meta = _docx_paragraphs_python_docx(path)
+    except Exception:
+        try:
+            items, meta = _docx_paragraphs_xml(path)
+        except FileRejected:
+            raise
+        except Exception as exc:
+            raise FileRejected(STATUS_ERROR, "corrupt", f"the DOCX could not be read ({_short_error(exc)})") from None
+    builder = PageTextBuilder(None)
+    blocks = []
+    for raw_text, level, bold in items:
+        for piece in re.split(r"\n\s*\n", raw_text):
+            text = normalize_text(re.sub(r"[ \t\r\f\v]+", " ", piece).replace("\n", " ")).strip()
+            if not text:
+                continue
+            block = Block(text=text, page=None, bold=bold)
+            if level == "title":
+                block.role = "title"
+            elif level:
+                block.role, block.level = "heading", int(level)
+            builder.add(block)
+            blocks.append(block)
+    if not any(b.text.strip() for b in blocks):
+        raise FileRejected(STATUS_SKIPPED, "no_text", "the document contains no text")
+    classify_blocks(blocks, 0.0)
+    return Extracted("docx", blocks, [builder.text()], [], meta)
+
+
+# -- TXT / Markdown -------------------------------------------------------------
+
+def decode_text_file(data: bytes) -> str:
+    if data.startswith(b"\xef\xbb\xbf"):
+        return data[3:].decode("utf-8", "replace")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16", "replace")
+    if b"\x00" in data[:4096]:
+        raise FileRejected(STATUS_ERROR, "binary", "the file looks binary, not text")
+    for encoding in ("utf-8", "gb18030"):
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    return data.decode("latin-1")
+
+
+_MD_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+_MD_SETEXT = re.compile(r"^\s{0,3}(=+|-+)\s*$")
+
+
+def _text_paragraphs(text: str, markdown: bool) -> Iterator[tuple[str, int]]:
+    """(paragraph text, markdown heading level or 0) in document order."""
+    pending: list[str] = []
+    in_fence = False
+
+    def flush():
+        if pending:
+            yield join_lines(pending), 0
+            pending.clear()
+
+    for line in text.splitlines():
+        if markdown and line.strip().startswith(("```", "~~~")):
+            in_fence = not in_fence
+            pending.append(line)
+            continue
+        heading = _MD_HEADING.match(line) if markdown and not in_fence else None
+        if heading:
+            yield from flush()
+            yield heading.group(2), len(heading.group(1))
+            continue
+        if markdown and not in_fence and pending and len(pending) == 1 and _MD_SETEXT.match(line):
+            title = pending.pop()
+            yield title, 1 if line.strip().startswith("=") else 2
+            continue
+        if not line.strip():
+            yield from flush()
+            continue
+        pending.append(line)
+    yield from flush()
+
+
+def extract_text_file(path: str, kind: str) -> Extracted:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if not data.strip():
+        raise FileRejected(STATUS_ERROR, "empty", "the file is empty")
+    text = normalize_text(decode_text_file(data))
+    builder = PageTextBuilder(None)
+    blocks = []
+    for paragraph, md_level in _text_paragraphs(text, kind == "md"):
+        paragraph = paragraph.strip()
+        if not paragraph:
+            continue
+        block = Block(text=paragraph, page=None, n_lines=1)
+        if md_level:
+            block.role, block.level = "heading", md_level
+        builder.add(block)
+        blocks.append(block)
+    if kind == "md":
+        first = next((b for b in blocks if b.role != "noise"), None)
+        if first is not None and first.role == "heading" and first.level == 1 and not canonical_section(first.text):
+            first.role = "title"
+        _normalise_md_levels(blocks)
+    classify_blocks(blocks, 0.0)
+    return Extracted(kind, blocks, [builder.text()], [], {})
+
+
+def _normalise_md_levels(blocks: list[Block]) -> None:
+    """Make the shallowest Markdown heading level of the body level 1."""
+    levels = [b.level for b in blocks if b.role == "heading"]
+    if levels:
+        shift = min(levels) - 1
+        for block in blocks:
+            if block.role == "heading":
+                block.level -= shift
+
+
+def extract_file(path: str) -> Extracted:
+    kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
+    if kind == "pdf":
+        return extract_pdf(path)
+    if kind == "docx":
+        return extract_docx(path)
+    if kind in ("txt", "md"):
+        return extract_text_file(path, kind)
+    raise FileRejected(STATUS_ERROR, "unsupported", f"unsupported file type {Path(path).suffix or '(none)'}; "
+                                                    f"supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
+
+
+# =============================================================================
+# 5. Metadata
+# =============================================================================
+
+@dataclass
+class DocMeta:
+    title: str
+    authors: list[str]
+    year: int | None
+    journal: str | None
+    doi: str | None
+    lang: str
+
+
+_DOI = re.compile(r"\b(10\.\d{4,9}/[^\s\"<>{}]+)", re.IGNORECASE)
+_ARXIV_ID = re.compile(r"(?:arxiv[:\s]*|^|/)(\d{2})(\d{2})\.\d{4,5}(?:v\d+)?", re.IGNORECASE)
+_DATED_YEAR = re.compile(r"(?:©|\(c\)|copyright|published|received|accepted|available online|submitted)"
+                         r"[^\n]{0,60}?\b((?:19|20)\d{2})\b", re.IGNORECASE)
+_JUNK_TITLE = re.compile(r"^(?:microsoft word|untitled|title|document\d*|slide \d+)\b|\.(?:pdf|docx?|tex|dvi|ps|txt)$",
+                         re.IGNORECASE)
+
+
+def _plausible_title(text: str | None) -> bool:
+    if not text:
+        return False
+    text = text.strip()
+    if _JUNK_TITLE.search(text) or len(text) > 300:
+        return False
+    return len(text.split()) >= 3 or sum(1 for ch in text if is_cjk(ch)) >= 4
+
+
+def _clean_title(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip(" .:;-")[:300]
+
+
+def _split_authors(raw: str) -> list[str]:
+    raw = (raw or "").strip()
+    if not raw or not any(ch.isalpha() for ch in raw) or len(raw) > 500:
+        return []
+    parts = re.split(r"\s*;\s*|\s+and\s+|\s*&\s*|\s*，\s*|\s*、\s*", raw)
+    if len(parts) == 1 and raw.count(",") >= 1:
+        pieces = [p.strip() for p in raw.split(",")]
+        # "Smith, John" is one person; "John Smith, Jane Doe" is two
+        if not (len(pieces) == 2 and len(pieces[0].split()) == 1 and len(pieces[1].split()) <= 2):
+            parts = pieces
+    return [p.strip() for p in parts if p.strip() and any(ch.isalpha() for ch in p)][:50]
+
+
+def find_doi(text: str) -> str | None:
+    match = _DOI.search(text or "")
+    if not match:
+        return None
+    return re.sub(r"[.,;:)\]]+$", "", match.group(1)).lower()
+
+
+def guess_year(front_text: str, raw_meta: dict, path: str) -> int | None:
+    this_year = time.gmtime().tm_year + 1
+    for source in (front_text, Path(path).name):
+        match = _ARXIV_ID.search(source or "")
+        if match and 7 <= int(match.group(1)) <= this_year % 100 and 1 <= int(match.group(2)) <= 12:
+            return 2000 + int(match.group(1))
+    match = _DATED_YEAR.search(front_text or "")
+    if match and 1900 <= int(match.group(1)) <= this_year:
+        return int(match.group(1))
+    if isinstance(raw_meta.get("year"), int):
+        return raw_meta["year"]
+    created = re.match(r"D:((?:19|20)\d{2})", raw_meta.get("creationDate") or "")
+    return int(created.group(1)) if created else None
+
+
+def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
+    raw = extracted.raw_meta
+    title_block = " ".join(b.text for b in extracted.blocks if b.role == "title")
+    first_heading = next((b.text for b in extracted.blocks if b.role in ("heading", "body")), "")
+    for candidate in (raw.get("title"), title_block, raw.get("first_page_title")):
+        if _plausible_title(candidate):
+            title = _clean_title(candidate)
+            break
+    else:
+        title = _clean_title(first_heading) if first_heading and len(first_heading) <= 200 else Path(path).stem
+    front = extracted.page_texts[0][:6000] if extracted.page_texts else ""
+    sample = " ".join(extracted.page_texts)[:200_000]
+    return DocMeta(
+        title=title or Path(path).stem,
+        authors=_split_authors(raw.get("author", "")),
+        year=guess_year(front, raw, path),
+        journal=None,
+        doi=find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords", "title"))) or find_doi(front),
+        lang="zh" if cjk_ratio(sample) > 0.3 else "en",
+    )
+
+
+# =============================================================================
+# 6. Chunking
+# =============================================================================
+
+@dataclass
+class Piece:
+    """A run of chunk text that is an exact slice of one page text."""
+    text: str
+    page: int | None
+    offset: int
+    joiner: str = ""            # text placed before this piece inside its chunk
+
+
+@dataclass
+class Chunk:
+    text: str
+    section: str
+    block: str
+    weight: float
+    page: int | None
+    page_end: int | None
+    page_label: str | None
+    char_start: int
+    char_end: int
+    page_map: list
+
+
+@dataclass
+class _Para:
+    pieces: list[Piece]
+    section: str
+    canonical: str | None
+    kind: str                  # text | caption | abstract
+
+    @property
+    def text(self) -> str:
+        return "".join(p.joiner + p.text for p in self.pieces)
+
+    def open_ended(self) -> bool:
+        return not self.text.rstrip().endswith(_TERMINAL_PUNCT)
+
+
+def _piece_of(block: Block, start: int = 0) -> Piece:
+    return Piece(block.text[start:], block.page, block.offset + start)
+
+
+def _continue_para(para: _Para, block: Block) -> None:
+    """Append a block that continues a paragraph across a column or page break."""
+    last = para.pieces[-1]
+    if re.search(r"[^\W\d_]-$", last.text) and block.text[:1].islower():
+        last.text = last.text[:-1]
+        para.pieces.append(_piece_of(block))
+    else:
+        joiner = "" if is_cjk(last.text[-1:] or " ") and is_cjk(block.text[:1] or " ") else " "
+        para.pieces.append(Piece(block.text, block.page, block.offset, joiner))
+
+
+class SectionTracker:
+    """Follows headings to know the current section label and whether it is indexed."""
+
+    def __init__(self):
+        self.top: str = ""
+        self.top_canonical: str | None = None
+        self.sub: str | None = None
+        self.seen_heading = False
+
+    @property
+    def label(self) -> str:
+        if not self.top:
+            return "Front matter" if self.seen_heading else ""
+        return f"{self.top} > {self.sub}" if self.sub else self.top
+
+    @property
+    def indexed(self) -> bool:
+        return self.top_canonical not in NOT_INDEXED_SECTIONS
+
+    def enter(self, heading: str, level: int) -> None:
+        self.seen_heading = True
+        canonical = canonical_section(heading)
+        name = section_display_name(heading)
+        if canonical:
+            self.top, self.top_canonical, self.sub = name, canonical, None
+        elif not self.indexed:
+            restarts_body = numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I)
+            if restarts_body:
+                self.top, self.top_canonical, self.sub = name, None, None
+            else:
+                self.sub = name          # lettered appendix parts and the like stay out of the index
+        elif level <= 1 or not self.top:
+            self.top, self.top_canonical, self.sub = name, None, None
+        else:
+            self.sub = name
+
+    def enter_abstract(self, name: str = "Abstract") -> None:
+        self.seen_heading = True
+        self.top, self.top_canonical, self.sub = name, "abstract", None
+
+
+def _promoted_abstract(blocks: list[Block]) -> Block | None:
+    """Without an explicit abstract, the first long front-matter paragraph stands in for it."""
+    if any(b.role == "heading" and canonical_section(b.text) == "abstract" for b in blocks):
+        return None
+    if any(b.role == "body" and (m := _RUN_IN_HEADING.match(b.text)) and
+           canonical_section(m.group(1)) == "abstract" for b in blocks):
+        return None
+    first_heading = next((i for i, b in enumerate(blocks) if b.role == "heading"), None)
+    if first_heading is None:
+        return None
+    for block in blocks[:min(first_heading, 15)]:
+        if block.role == "body" and ABSTRACT_MIN_CHARS <= len(block.text) <= ABSTRACT_MAX_CHARS:
+            if block.page is None or block.page <= 2:
+                return block
+    return None
+
+
+def paragraphs(blocks: list[Block]) -> list[_Para]:
+    """Walk blocks in reading order into section-labelled paragraphs (excluded sections dropped)."""
+    tracker = SectionTracker()
+    promoted = _promoted_abstract(blocks)
+    paras: list[_Para] = []
+    open_para: _Para | None = None
+    for block in blocks:
+        if block.role in ("title", "noise"):
+            continue
+        if block.role == "heading":
+            tracker.enter(block.text, block.level)
+            open_para = None
+            continue
+        if block.role == "caption":
+            if tracker.indexed:
+                paras.append(_Para([_piece_of(block)], tracker.label, tracker.top_canonical, "caption"))
+            continue
+        start = 0
+        run_in = _RUN_IN_HEADING.match(block.text)
+        if run_in and canonical_section(run_in.group(1)) == "abstract":
+            tracker.enter_abstract()
+            start, open_para = run_in.end(), None
+        elif block is promoted:
+            tracker.enter_abstract()
+            open_para = None
+        if not tracker.indexed or start >= len(block.text):
+            continue
+        if (open_para is not None and start == 0 and open_para.section == tracker.label
+                and open_para.open_ended() and block.text[:1].islower()):
+            _continue_para(open_para, block)
+            continue
+        kind = "abstract" if tracker.top_canonical == "abstract" else "text"
+        open_para = _Para([_piece_of(block, start)], tracker.label, tracker.top_canonical, kind)
+        paras.append(open_para)
+    return paras
+
+
+_ABBREVIATIONS = frozenset("fig figs eq eqs ref refs al e.g i.e vs no nos dr prof approx ca cf sec tab vol pp ch".split())
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"“(\[]?[A-Z0-9])|(?<=[。！？；])")
+
+
+def sentence_bounds(text: str) -> list[int]:
+    """Offsets where sentences start (excluding 0), skipping common abbreviations."""
+    bounds = []
+    for match in _SENTENCE_END.finditer(text):
+        before = text[:match.start()].rstrip()
+        last_word = re.search(r"([\w.]+)\.$", before)
+        if last_word and last_word.group(1).lower() in _ABBREVIATIONS:
+            continue
+        if match.end() < len(text):
+            bounds.append(match.end())
+    return bounds
+
+
+def _cut_points(text: str, limit: int) -> list[int]:
+    """Cut offsets that split ``text`` into runs of at most ``limit`` chars, preferring sentence ends."""
+    cuts, start = [], 0
+    candidates = sentence_bounds(text)
+    while len(text) - start > limit:
+        window_end = start + limit
+        fitting = [b for b in candidates if start < b <= window_end]
+        if fitting and fitting[-1] - start >= limit // 3:
+            cut = fitting[-1]
+        else:
+            space = text.rfind(" ", start + limit // 2, window_end)
+            cut = space + 1 if space > start else window_end
+        cuts.append(cut)
+        start = cut
+    return cuts
+
+
+def _slice_pieces(pieces: list[Piece], start: int, end: int) -> list[Piece]:
+    """The pieces covering ``[start, end)`` of the joined text, trimmed to it."""
+    out, pos = [], 0
+    for piece in pieces:
+        pos += len(piece.joiner)
+        lo, hi = max(start, pos), min(end, pos + len(piece.text))
+        if lo < hi:
+            joiner = piece.joiner if lo == pos and out else ""
+            out.append(Piece(piece.text[lo - pos:hi - pos], piece.page, piece.offset + lo - pos, joiner))
+        pos += len(piece.text)
+    # Cut boundaries fall after whitespace: trim it so every piece stays an exact page slice.
+    if out:
+        first = out[0]
+        lead = len(first.text) - len(first.text.lstrip())
+        first.text, first.offset = first.text[lead:], first.offset + lead
+        out[-1].text = out[-1].text.rstrip()
+    return [p for p in out if p.text]
+
+
+def _make_chunk(pieces: list[Piece], para: _Para, labels: list[str]) -> Chunk:
+    text, page_map = "", []
+    for piece in pieces:
+        text += piece.joiner
+        page_map.append([len(text), piece.page, piece.offset, len(piece.text)])
+        text += piece.text
+    pages = [p.page for p in pieces if p.page is not None]
+    first_page = pages[0] if pages else None
+    label = labels[first_page - 1] if first_page and first_page <= len(labels) and labels[first_page - 1] else None
+    weight = SECTION_WEIGHTS.get(para.canonical or "", 1.0)
+    if para.kind == "abstract":
+        weight = SECTION_WEIGHTS["abstract"]
+    return Chunk(text=text, section=para.section, block=para.kind, weight=weight, page=first_page,
+                 page_end=pages[-1] if pages else None, page_label=label, char_start=pieces[0].offset,
+                 char_end=pieces[-1].offset + len(pieces[-1].text), page_map=page_map)
+
+
+def chunk_document(extracted: Extracted, max_chars: int = CHUNK_MAX_CHARS) -> list[Chunk]:
+    """Section-aware chunks: paragraphs merged up to ``max_chars``, long ones split at sentences."""
+    chunks: list[Chunk] = []
+    pending: list[Piece] = []
+    pending_para: _Para | None = None
+
+    def flush():
+        nonlocal pending, pending_para
+        if pending:
+            chunks.append(_make_chunk(pending, pending_para, extracted.page_labels))
+        pending, pending_para = [], None
+
+    for para in paragraphs(extracted.blocks):
+        text = para.text
+        same_group = (pending_para is not None and pending_para.section == para.section
+                      and pending_para.kind == para.kind and para.kind != "caption")
+        if not same_group or len(_joined(pending)) + 2 + len(text) > max_chars:
+            flush()
+        if len(text) > max_chars:
+            bounds = [0] + _cut_points(text, max_chars) + [len(text)]
+            for lo, hi in zip(bounds, bounds[1:]):
+                flush()
+                pending, pending_para = _slice_pieces(para.pieces, lo, hi), para
+            if para.kind == "caption":
+                flush()
+            continue
+        para_pieces = [Piece(p.text, p.page, p.offset, p.joiner) for p in para.pieces]
+        if pending:
+            para_pieces[0].joiner = "\n\n"
+        pending.extend(para_pieces)
+        pending_para = pending_para or para
+        if para.kind == "caption":
+            flush()
+    flush()
+    return [c for c in chunks if c.text.strip()]
+
+
+def _joined(pieces: list[Piece]) -> str:
+    return "".join(p.joiner + p.text for p in pieces)
+
+
+# =============================================================================
+# 7. Retrieval
+# =============================================================================
+
+FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path")
+
+
+def _year_bounds(value) -> tuple[int | None, int | None]:
+    def as_year(v):
+        if v is None or v == "":
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)) or not str(v).strip().lstrip("-").isdigit():
+            raise KBError("bad_request", f"filters.year: {v!r} is not a year")
+        return int(v)
+
+    if isinstance(value, dict):
+        return as_year(value.get("from")), as_year(value.get("to"))
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise KBError("bad_request", "filters.year as a range must be [from, to]")
+        return as_year(value[0]), as_year(value[1])
+    if isinstance(value, str) and re.fullmatch(r"\s*\d{4}\s*-\s*\d{4}\s*", value):
+        lo, hi = value.split("-")
+        return int(lo), int(hi)
+    year = as_year(value)
+    return year, year
+
+
+def filter_sql(filters: dict | None) -> tuple[str, list]:
+    """SQL conditions over ``docs d`` and ``chunks c`` for the search filters."""
+    if not filters:
+        return "", []
+    if not isinstance(filters, dict):
+        raise KBError("bad_request", "filters must be an object")
+    unknown = sorted(set(filters) - set(FILTER_KEYS))
+    if unknown:
+        raise KBError("bad_request", f"unknown filter(s): {', '.join(unknown)}; known: {', '.join(FILTER_KEYS)}")
+    clauses, params = [], []
+    for key, column in (("authors", "d.authors"), ("title", "d.title"), ("journal", "d.journal"),
+                        ("section", "c.section"), ("doi", "d.doi"), ("path", "d.path")):
+        value = filters.get(key)
+        if value in (None, "", []):
+            continue
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
+        clauses.append("(" + " OR ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in values) + ")")
+        params.extend(f"%{_escape_like(v.strip())}%" for v in values)
+    kind = filters.get("kind")
+    if kind not in (None, "", []):
+        kinds = kind if isinstance(kind, list) else [kind]
+        if not all(isinstance(k, str) for k in kinds):
+            raise KBError("bad_request", "filters.kind must be a string or a list of strings")
+        clauses.append(f"d.kind IN ({', '.join('?' for _ in kinds)})")
+        params.extend(k.lower().lstrip(".") for k in kinds)
+    if filters.get("year") not in (None, "", []):
+        lo, hi = _year_bounds(filters["year"])
+        if lo is not None:
+            clauses.append("d.year >= ?")
+            params.append(lo)
+        if hi is not None:
+            clauses.append("d.year <= ?")
+            params.append(hi)
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+def _escape_like(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, limit: int) -> list[tuple[int, float]]:
+    """(chunk id, score) best first: FTS5 BM25 (k1 1.2, b 0.75) times the section weight."""
+    where, params = filter_sql(filters)
+    if lib.has_fts5:
+        match = " OR ".join(f'"{t}"' for t in terms)
+        sql = ("WITH hits AS (SELECT rowid AS id, bm25(chunks_fts, ?, ?) AS s FROM chunks_fts "
+               "WHERE chunks_fts MATCH ?) "
+               "SELECT c.id, -hits.s * c.weight AS score FROM hits JOIN chunks c ON c.id = hits.id "
+               f"JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where} ORDER BY score DESC, c.id LIMIT ?")
+        rows = lib.conn.execute(sql, [*FTS_COLUMN_WEIGHTS, match, *params, limit]).fetchall()
+        return [(row[0], float(row[1])) for row in rows]
+    return _python_bm25(lib, terms, where, params, limit)
+
+
+def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit: int) -> list[tuple[int, float]]:
+    """BM25 over the stored term strings, for a sqlite3 without FTS5 (slow on big libraries)."""
+    stats = lib.conn.execute("SELECT body, heading FROM chunk_terms").fetchall()
+    n_docs = len(stats) or 1
+    avg_len = [sum(len(r[i].split()) for r in stats) / n_docs or 1.0 for i in (0, 1)]
+    doc_freq = {t: 0 for t in terms}
+    for body, heading in stats:
+        present = set(body.split()) | set(heading.split())
+        for t in terms:
+            doc_freq[t] += t in present
+    rows = lib.conn.execute("SELECT c.id, c.weight, t.body, t.heading FROM chunk_terms t JOIN chunks c ON "
+                            f"c.id = t.chunk_id JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where}", params).fetchall()
+    scored = []
+    for chunk_id, weight, body, heading in rows:
+        score = 0.0
+        for column, (text, avg, col_weight) in enumerate(zip((body, heading), avg_len, FTS_COLUMN_WEIGHTS)):
+            tokens = text.split()
+            for t in terms:
+                tf = tokens.count(t)
+                if tf:
+                    idf = math.log(1 + (n_docs - doc_freq[t] + 0.5) / (doc_freq[t] + 0.5))
+                    score += col_weight * idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(tokens) / avg))
+        if score > 0:
+            scored.append((chunk_id, score * weight))
+    scored.sort(key=lambda item: (-item[1], item[0]))
+    return scored[:limit]
+
+
+def term_idf(lib: Library, terms: list[str]) -> dict[str, float]:
+    total = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] or 1
+    freq = {t: 0 for t in terms}
+    if lib.has_fts5 and terms:
+        placeholders = ", ".join("?" for _ in terms)
+        for term, doc_count in lib.conn.execute(
+                f"SELECT term, doc FROM chunks_vocab WHERE term IN ({placeholders})", terms):
+            freq[term] = doc_count
+    return {t: math.log(1 + (total - f + 0.5) / (f + 0.5)) for t, f in freq.items()}
+
+
+def make_snippet(text: str, idf: dict[str, float], size: int) -> tuple[str, int, int]:
+    """A window of about ``size`` chars around the rarest matched terms: (snippet, start, end).
+
+    The snippet is verbatim chunk text cut at word boundaries (any character for CJK),
+    with an ellipsis where it was cut.
+    """
+    if size <= 0 or len(text) <= size:
+        return text, 0, len(text)
+    hits = [(start, end, idf[term]) for term, start, end in analyze(text, with_offsets=True) if term in idf]
+    if not hits:
+        start, end = 0, size
+    else:
+        best, best_score = (hits[0][0], hits[0][1]), -1.0
+        for i, (anchor, _, _) in enumerate(hits):
+            seen: dict[int, float] = {}
+            last_end = hits[i][1]
+            for start, end, weight in hits[i:]:
+                if end - anchor > size:
+                    break
+                seen[start] = weight
+                last_end = end
+            # count each distinct term once: rare terms outweigh repeats of a common one
+            score = sum(sorted(set(seen.values()), reverse=True))
+            if score > best_score:
+                best, best_score = (anchor, last_end), score
+        slack = size - (best[1] - best[0])
+        start = max(0, best[0] - slack // 3)
+        end = min(len(text), start + size)
+        start = max(0, min(start, end - size))
+    start, end = _snap_to_words(text, start, end)
+    snippet = text[start:end].strip()
+    prefix = "…" if start > 0 else ""
+    suffix = "…" if end < len(text) else ""
+    return f"{prefix}{snippet}{suffix}", start, end
+
+
+def _snap_to_words(text: str, start: int, end: int) -> tuple[int, int]:
+    def inside_word(i):
+        return 0 < i < len(text) and text[i - 1].isalnum() and text[i].isalnum() and not is_cjk(text[i])
+
+    while start > 0 and inside_word(start) and start < end:
+        start += 1
+    while end < len(text) and inside_word(end) and end > start:
+        end -= 1
+    return start, end
+
+
+def pages_of_span(page_map: list, start: int, end: int) -> tuple[int | None, int | None]:
+    """Physical pages covered by chunk characters ``[start, end)``."""
+    pages = [page for offset, page, _, length in page_map
+             if page is not None and offset < end and offset + length > start]
+    if not pages:
+        fallback = [entry[1] for entry in page_map if entry[1] is not None]
+        return (fallback[0], fallback[-1]) if fallback else (None, None)
+    return pages[0], pages[-1]
+
+
+@dataclass
+class SearchHit:
+    chunk_id: int
+    score: float
+
+
+def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int) -> list[dict]:
+    if not hits:
+        return []
+    idf = term_idf(lib, terms)
+    ids = [h.chunk_id for h in hits]
+    rows = {row["id"]: row for row in lib.conn.execute(
+        "SELECT c.id, c.doc_id, c.section, c.text, c.page, c.page_end, c.page_label, c.page_map, "
+        "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind FROM chunks c JOIN docs d ON d.id = c.doc_id "
+        f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
+    labels = _page_label_lookup(lib, rows.values())
+    records = []
+    for hit in hits:
+        row = rows.get(hit.chunk_id)
+        if row is None:
+            continue
+        snippet, start, end = make_snippet(row["text"], idf, snippet_size)
+        page, page_end = pages_of_span(json.loads(row["page_map"]), start, end)
+        if page is None:
+            page, page_end = row["page"], row["page_end"]
+        label = row["page_label"] if page == row["page"] else labels.get((row["doc_id"], page))
+        records.append({
+            "chunk_id": row["id"], "doc_id": row["doc_id"], "path": row["path"], "file": Path(row["path"]).name,
+            "title": row["title"], "authors": json.loads(row["authors"] or "[]"), "year": row["year"],
+            "journal": row["journal"], "doi": row["doi"], "kind": row["kind"], "section": row["section"],
+            "page": page, "page_end": page_end, "page_label": label,
+            "score": round(hit.score, 6) if math.isfinite(hit.score) else 0.0, "snippet": snippet,
+        })
+    return records
+
+
+def _page_label_lookup(lib: Library, rows) -> dict:
+    """Printed labels of pages where a snippet starts on a later page than its chunk."""
+    wanted = {(row["doc_id"], p) for row in rows for _, p, _, _ in json.loads(row["page_map"])
+              if p is not None and p != row["page"]}
+    labels = {}
+    for doc_id, page in wanted:
+        found = lib.conn.execute("SELECT page_label FROM chunks WHERE doc_id = ? AND page = ? AND page_label IS NOT NULL "
+                                 "LIMIT 1", (doc_id, page)).fetchone()
+        if found:
+            labels[(doc_id, page)] = found[0]
+    return labels
+
+
+# =============================================================================
+# 8. Commands
+# =============================================================================
+
+def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
+    value = payload.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise KBError("bad_request", f"{key} must be true or false")
+    return value
+
+
+def _opt_int(payload: dict, key: str, default: int, lo: int, hi: int) -> int:
+    value = payload.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise KBError("bad_request", f"{key} must be an integer")
+    if not lo <= int(value) <= hi:
+        raise KBError("bad_request", f"{key} must be between {lo} and {hi}")
+    return int(value)
+
+
+def _opt_str(payload: dict, key: str, default: str | None = None) -> str | None:
+    value = payload.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise KBError("bad_request", f"{key} must be a string")
+    return value
+
+
+def _kb_root(payload: dict) -> Path:
+    root = _opt_str(payload, "kb_root")
+    return Path(root).expanduser().absolute() if root else default_kb_root().absolute()
+
+
+# -- ingest -------------------------------------------------------------------
+
+def collect_files(paths: list[str], kb_root: Path) -> Iterator[tuple[str, bool]]:
+    """(absolute path, named explicitly) for every file to consider, in a stable order."""
+    seen: set[str] = set()
+    for raw in paths:
+        path = os.path.abspath(os.path.expanduser(raw))
+        if os.path.isdir(path):
+            for folder, dirs, files in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                                 and os.path.abspath(os.path.join(folder, d)) != str(kb_root))
+                for name in sorted(files):
+                    full = os.path.join(folder, name)
+                    if (Path(name).suffix.lower() in SUPPORTED_SUFFIXES and not name.startswith(("~$", "."))
+                            and full not in seen):
+                        seen.add(full)
+                        yield full, False
+        elif path not in seen:
+            seen.add(path)
+            yield path, True
+
+
+def _file_entry(path: str, status: str, started: float, chunks: int = 0, title: str | None = None,
+                reason: str | None = None, error: str | None = None) -> dict:
+    entry = {"path": path, "status": status, "chunks": chunks, "title": title,
+             "ms": int((time.perf_counter() - started) * 1000)}
+    if reason:
+        entry["reason"] = reason
+    if error:
+        entry["error"] = error
+    return entry
+
+
+def _stored_outcome(row: sqlite3.Row, started: float) -> dict:
+    """The entry for a file whose stored state is still current (nothing was read)."""
+    if row["status"] == "indexed":
+        return _file_entry(row["path"], STATUS_SKIPPED, started, row["chunk_count"], row["title"], "unchanged")
+    if row["status"] == "duplicate":
+        return _file_entry(row["path"], STATUS_DUPLICATE, started, 0, row["title"], "same_content", row["error"])
+    status = STATUS_ERROR if row["status"] == "error" else STATUS_SKIPPED
+    return _file_entry(row["path"], status, started, 0, row["title"], row["reason"], row["error"])
+
+
+def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
+    started = time.perf_counter()
+    kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return _file_entry(path, STATUS_ERROR, started, reason="not_found", error="no such file or folder")
+    except OSError as exc:
+        return _file_entry(path, STATUS_ERROR, started, reason="unreadable", error=_short_error(exc))
+    if kind is None:
+        return _file_entry(path, STATUS_ERROR, started, reason="unsupported",
+                           error=f"unsupported file type; supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
+    row = lib.doc_by_path(path)
+    current = row is not None and row["indexed_with"] == PARSER_REVISION and not force
+    if current and row["size"] == stat.st_size and row["mtime_ns"] == stat.st_mtime_ns:
+        return _stored_outcome(row, started)
+    try:
+        sha = sha256_of_file(path)
+    except OSError as exc:
+        return _file_entry(path, STATUS_ERROR, started, reason="unreadable", error=_short_error(exc))
+    if current and row["sha256"] == sha:
+        with lib.transaction():
+            lib.conn.execute("UPDATE docs SET size = ?, mtime_ns = ? WHERE id = ?",
+                             (stat.st_size, stat.st_mtime_ns, row["id"]))
+        return _stored_outcome(row, started)
+    if not force:
+        twin = next((d for d in lib.docs_by_sha(sha) if d["path"] != path and d["status"] == "indexed"), None)
+        if twin is not None:
+            return _ingest_twin(lib, path, stat, sha, kind, row, twin, started)
+    return _ingest_content(lib, path, stat, sha, kind, row, started)
+
+
+def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, started: float) -> dict:
+    """Same content as an indexed document: a move when the old path is gone, else a duplicate."""
+    with lib.transaction():
+        if row is None and not os.path.exists(twin["path"]):
+            lib.conn.execute("UPDATE docs SET path = ?, size = ?, mtime_ns = ? WHERE id = ?",
+                             (path, stat.st_size, stat.st_mtime_ns, twin["id"]))
+            lib.invalidate_cache()
+            return _file_entry(path, STATUS_MOVED, started, twin["chunk_count"], twin["title"],
+                               error=None, reason=f"moved from {twin['path']}")
+        if row is not None:
+            lib.delete_chunks(row["id"])
+            lib.invalidate_cache()
+        lib.upsert_doc(path, {"kind": kind, "status": "duplicate", "reason": "same_content",
+                              "error": f"same content as {twin['path']}", "title": twin["title"], "sha256": sha,
+                              "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "chunk_count": 0,
+                              "duplicate_of": twin["id"], "indexed_with": PARSER_REVISION, "indexed_at": now_iso()})
+    return _file_entry(path, STATUS_DUPLICATE, started, 0, twin["title"], "same_content",
+                       f"same content as {twin['path']}")
+
+
+def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, started: float) -> dict:
+    base = {"kind": kind, "sha256": sha, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "indexed_with": PARSER_REVISION, "indexed_at": now_iso(), "duplicate_of": None}
+    try:
+        extracted = extract_file(path)
+        meta = extract_metadata(extracted, path)
+        chunks = chunk_document(extracted)
+        if not chunks:
+            raise FileRejected(STATUS_SKIPPED, "no_text", "no indexable text (only front matter or references?)")
+    except FileRejected as rejected:
+        stored = "error" if rejected.status == STATUS_ERROR else "skipped"
+        with lib.transaction():
+            if row is not None:
+                lib.delete_chunks(row["id"])
+                lib.invalidate_cache()
+            lib.upsert_doc(path, {**base, "status": stored, "reason": rejected.reason, "error": rejected.message,
+                                  "title": Path(path).stem, "chunk_count": 0, "pages": None})
+        return _file_entry(path, rejected.status, started, 0, Path(path).stem, rejected.reason, rejected.message)
+    except MemoryError:
+        raise
+    except Exception as exc:     # a parser bug must not stop the batch; nothing is stored so a retry re-reads
+        return _file_entry(path, STATUS_ERROR, started, reason="extract_failed",
+                           error=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
+    with lib.transaction():
+        doc_id = lib.upsert_doc(path, {**base, "status": "indexed", "reason": None, "error": None,
+                                       "title": meta.title, "authors": json.dumps(meta.authors, ensure_ascii=False),
+                                       "year": meta.year, "journal": meta.journal, "doi": meta.doi,
+                                       "lang": meta.lang, "pages": extracted.pages, "chunk_count": len(chunks)})
+        lib.delete_chunks(doc_id)
+        lib.insert_chunks(doc_id, chunks, meta.title)
+        lib.invalidate_cache()
+    status = STATUS_UPDATED if row is not None else STATUS_ADDED
+    return _file_entry(path, status, started, len(chunks), meta.title)
+
+
+def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None) -> dict:
+    paths = payload.get("paths", payload.get("path"))
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
+        raise KBError("bad_request", "paths must be a non-empty list of file or folder paths")
+    force = _opt_bool(payload, "force")
+    files = list(collect_files(paths, lib.root))
+    entries = []
+    for done, (path, explicit) in enumerate(files, start=1):
+        entries.append(ingest_file(lib, path, explicit, force))
+        if progress:
+            progress({"done": done, "total": len(files), "path": path, "status": entries[-1]["status"]})
+    totals = {status: 0 for status in INGEST_STATUSES}
+    for entry in entries:
+        totals[entry["status"]] += 1
+    totals["files"] = len(entries)
+    totals["chunks"] = sum(e["chunks"] for e in entries)
+    totals["chunks_written"] = sum(e["chunks"] for e in entries if e["status"] in (STATUS_ADDED, STATUS_UPDATED))
+    return {"files": entries, "totals": totals, "kb_root": str(lib.root)}
+
+
+# -- search -------------------------------------------------------------------
+
+SEARCH_MODES = ("keyword", "vector", "hybrid")
+
+
+def cmd_search(lib: Library | None, payload: dict) -> dict:
+    query = payload.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise KBError("bad_request", "query must be a non-empty string")
+    top_k = _opt_int(payload, "top_k", DEFAULT_TOP_K, 1, MAX_TOP_K)
+    snippet = _opt_int(payload, "snippet", DEFAULT_SNIPPET_CHARS, 0, 100_000)
+    mode = _opt_str(payload, "mode", "keyword") or "keyword"
+    if mode not in SEARCH_MODES:
+        raise KBError("bad_request", f"unknown mode {mode!r}; use one of {', '.join(SEARCH_MODES)}")
+    if mode != "keyword":
+        raise KBError("mode_unavailable", f"mode {mode!r} needs the embedding model layer, which this engine "
+                                          "version does not include yet; use mode \"keyword\"")
+    filters = payload.get("filters")
+    filter_sql(filters)          # validate even when the library is empty
+    response = {"query": query, "mode": mode, "results": [], "count": 0}
+    terms = query_terms(query)
+    if not terms:
+        response["note"] = "the query has no searchable terms (only stopwords or punctuation); add content words"
+        return response
+    if lib is None:
+        response["note"] = "the library is empty: ingest documents first"
+        return response
+    hits = [SearchHit(cid, score) for cid, score in keyword_candidates(lib, terms, filters, top_k)]
+    response["results"] = hit_records(lib, hits, terms, snippet)
+    response["count"] = len(response["results"])
+    if not response["results"]:
+        response["note"] = "no passage matches the query" + (" with these filters" if filters else "")
+    return response
+
+
+# -- docs, stats, dedup, clear ------------------------------------------------
+
+def _doc_record(row: sqlite3.Row) -> dict:
+    return {"doc_id": row["id"], "path": row["path"], "file": Path(row["path"]).name, "kind": row["kind"],
+            "status": row["status"], "reason": row["reason"], "error": row["error"], "title": row["title"],
+            "authors": json.loads(row["authors"] or "[]"), "year": row["year"], "journal": row["journal"],
+            "doi": row["doi"], "chunks": row["chunk_count"], "pages": row["pages"], "lang": row["lang"],
+            "size": row["size"], "sha256": row["sha256"], "duplicate_of": row["duplicate_of"],
+            "indexed_at": row["indexed_at"], "exists": os.path.exists(row["path"])}
+
+
+def cmd_docs(lib: Library | None, payload: dict) -> dict:
+    limit = _opt_int(payload, "limit", 100, 1, 100_000)
+    offset = _opt_int(payload, "offset", 0, 0, 10**9)
+    status = _opt_str(payload, "status")
+    if lib is None:
+        return {"docs": [], "total": 0, "limit": limit, "offset": offset}
+    where, params = ("WHERE status = ?", [status]) if status else ("", [])
+    total = lib.conn.execute(f"SELECT COUNT(*) FROM docs {where}", params).fetchone()[0]
+    rows = lib.conn.execute(f"SELECT * FROM docs {where} ORDER BY id LIMIT ? OFFSET ?", params + [limit, offset])
+    return {"docs": [_doc_record(r) for r in rows], "total": total, "limit": limit, "offset": offset}
+
+
+def cmd_stats(lib: Library | None, kb_root: Path) -> dict:
+    if lib is None:
+        return {"kb_root": str(kb_root), "exists": False, "docs": 0, "chunks": 0, "vectors": 0,
+                "by_status": {}, "schema_version": None, "note": "the library is empty: ingest documents first"}
+    conn = lib.conn
+    by_status = dict(conn.execute("SELECT status, COUNT(*) FROM docs GROUP BY status").fetchall())
+    kinds = dict(conn.execute("SELECT kind, COUNT(*) FROM docs WHERE status = 'indexed' GROUP BY kind").fetchall())
+    langs = dict(conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
+                              "GROUP BY lang").fetchall())
+    chunks = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    vectors = conn.execute("SELECT COUNT(*) FROM vecs").fetchone()[0]
+    stale = conn.execute("SELECT COUNT(*) FROM docs WHERE status = 'indexed' AND indexed_with < ?",
+                         (PARSER_REVISION,)).fetchone()[0]
+    size = sum(p.stat().st_size for p in (lib.db_path, Path(f"{lib.db_path}-wal")) if p.exists())
+    return {
+        "kb_root": str(lib.root), "db_path": str(lib.db_path), "exists": True,
+        "docs": sum(by_status.values()), "indexed_docs": by_status.get("indexed", 0), "by_status": by_status,
+        "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.get) if langs else None,
+        "chunks": chunks, "vectors": vectors, "vectors_missing": max(0, chunks - vectors) if vectors else chunks,
+        "embedding_model": lib.get_meta("embed_model"), "embedding_dim": lib.get_meta("embed_dim"),
+        "schema_version": conn.execute("PRAGMA user_version").fetchone()[0], "parser_revision": PARSER_REVISION,
+        "stale_docs": stale, "keyword_index": "fts5" if lib.has_fts5 else "python-bm25", "db_bytes": size,
+    }
+
+
+def _normalised_title(title: str | None) -> str:
+    return re.sub(r"[\W_]+", "", (title or "").lower())
+
+
+def cmd_dedup(lib: Library | None, payload: dict) -> dict:
+    """Find copies of one work: identical files, one DOI, or one title and year; ``apply`` removes extras."""
+    apply = _opt_bool(payload, "apply")
+    if lib is None:
+        return {"groups": [], "removed": 0, "applied": apply}
+    rows = lib.conn.execute("SELECT * FROM docs WHERE status IN ('indexed', 'duplicate') ORDER BY id").fetchall()
+    by_id = {r["id"]: r for r in rows}
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        if row["status"] == "duplicate" and row["duplicate_of"] in by_id:
+            groups.setdefault(("same_file", row["duplicate_of"]), [by_id[row["duplicate_of"]]]).append(row)
+    indexed = [r for r in rows if r["status"] == "indexed"]
+    for key_name, key_of in (("same_doi", lambda r: r["doi"]),
+                             ("same_title", lambda r: (_normalised_title(r["title"]), r["year"])
+                              if len(_normalised_title(r["title"])) >= 20 else None)):
+        buckets: dict = {}
+        for row in indexed:
+            key = key_of(row)
+            if key:
+                buckets.setdefault(key, []).append(row)
+        for key, members in buckets.items():
+            if len(members) > 1 and not any(set(m["id"] for m in members) <= set(m["id"] for m in g)
+                                            for g in groups.values()):
+                groups[(key_name, str(key))] = members
+    removed = 0
+    report = []
+    for (reason, _), members in groups.items():
+        keep = max((m for m in members if m["status"] == "indexed"), key=lambda m: (m["chunk_count"], -m["id"]))
+        report.append({"reason": reason, "keep": keep["id"],
+                       "docs": [{"doc_id": m["id"], "path": m["path"], "title": m["title"], "status": m["status"],
+                                 "chunks": m["chunk_count"]} for m in members]})
+        if apply and reason != "same_file":
+            with lib.transaction():
+                for member in members:
+                    if member["id"] != keep["id"] and member["status"] == "indexed":
+                        lib.delete_doc(member["id"])
+                        removed += 1
+                lib.invalidate_cache()
+    return {"groups": report, "removed": removed, "applied": apply}
+
+
+def cmd_clear(lib: Library, payload: dict) -> dict:
+    if payload.get("confirm") is not True:
+        raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
+    conn = lib.conn
+    counts = {"docs": conn.execute("SELECT COUNT(*) FROM docs").fetchone()[0],
+              "chunks": conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]}
+    with lib.transaction():
+        if lib.has_fts5:
+            conn.execute("DELETE FROM chunks_fts")
+        else:
+            conn.execute("DELETE FROM chunk_terms")
+        conn.execute("DELETE FROM vecs")
+        conn.execute("DELETE FROM chunks")
+        conn.execute("DELETE FROM docs")
+        conn.execute("DELETE FROM cache")
+        conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim')")
+    conn.execute("VACUUM")
+    return {"cleared": counts, "kb_root": str(lib.root)}
+
+
+class Engine:
+    """Holds the open libraries of one process; ``execute`` runs one command."""
+
+    WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear"})
+    COMMANDS = ("ingest", "search", "docs", "stats", "dedup", "clear")
+
+    def __init__(self):
+        self._libraries: dict[Path, Library] = {}
+
+    def library(self, root: Path, writable: bool) -> Library | None:
+        cached = self._libraries.get(root)
+        if cached is not None and (cached.writable or not writable):
+            if cached.db_path.exists():
+                return cached
+            cached.close()
+            self._libraries.pop(root)
+        elif cached is not None:
+            cached.close()
+            self._libraries.pop(root)
+        lib = Library.open(root, writable)
+        if lib is not None:
+            self._libraries[root] = lib
+        return lib
+
+    def execute(self, command: str, payload: dict | None = None,
+                progress: Callable[[dict], None] | None = None) -> dict:
+        started = time.perf_counter()
+        if payload is None:
+            payload = {}
+        if not isinstance(payload, dict):
+            raise KBError("bad_request", "payload must be a JSON object")
+        if command not in self.COMMANDS:
+            raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
+        root = _kb_root(payload)
+        needs_write = command in self.WRITE_COMMANDS and not (command == "dedup" and not payload.get("apply"))
+        if command == "clear" and payload.get("confirm") is not True:
+            raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
+        try:
+            lib = self.library(root, writable=needs_write)
+        except sqlite3.DatabaseError as exc:
+            raise KBError("storage_error", f"cannot open the library at {root / DB_FILENAME}: {exc}") from None
+        if command == "ingest":
+            response = cmd_ingest(lib, payload, progress)
+        elif command == "search":
+            response = cmd_search(lib, payload)
+        elif command == "docs":
+            response = cmd_docs(lib, payload)
+        elif command == "stats":
+            response = cmd_stats(lib, root)
+        elif command == "dedup":
+            response = cmd_dedup(lib, payload)
+        else:
+            response = cmd_clear(lib, payload)
+        response["engine"] = __version__
+        response["ms"] = int((time.perf_counter() - started) * 1000)
+        return response
+
+    def close(self) -> None:
+        for lib in self._libraries.values():
+            lib.close()
+        self._libraries.clear()
+
+
+# =============================================================================
+# 9. Protocol / CLI
+# =============================================================================
+
+def to_json_line(obj: dict) -> str:
+    """One line of strict JSON (no NaN or Infinity, ASCII only)."""
+    try:
+        return json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    except (ValueError, TypeError) as exc:
+        fallback = {"ok": False, "error": f"the reply could not be encoded as JSON: {exc}", "code": "internal"}
+        if "id" in obj:
+            fallback["id"] = obj["id"] if isinstance(obj["id"], (str, int, type(None))) else None
+        return json.dumps(fallback, ensure_ascii=True)
+
+
+def error_reply(exc: BaseException) -> dict:
+    if isinstance(exc, KBError):
+        return {"ok": False, "error": exc.message, "code": exc.code}
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return {"ok": False, "error": f"the library is busy (locked by another process): {exc}", "code": "busy"}
+    return {"ok": False, "error": f"{type(exc).__name__}: {_short_error(exc)}", "code": "internal"}
+
+
+def _read_protocol_line(stream) -> tuple[bytes | None, bool]:
+    """Next line (without newline) and whether it exceeded the size limit; (None, False) at EOF."""
+    line = stream.readline(MAX_PROTOCOL_LINE_BYTES + 1)
+    if not line:
+        return None, False
+    if len(line) > MAX_PROTOCOL_LINE_BYTES and not line.endswith(b"\n"):
+        while True:           # drain the rest of the oversized line
+            rest = stream.readline(1 << 20)
+            if not rest or rest.endswith(b"\n"):
+                break
+        return b"", True
+    return line.rstrip(b"\r\n"), False
+
+
+def parse_request(raw: bytes) -> tuple[object, str, dict]:
+    """(id, command, payload) of one protocol line; raises KBError with the id it could read."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KBError("invalid_utf8", "the request line is not valid UTF-8") from None
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):
+        raise KBError("invalid_json", "the request line is not valid JSON") from None
+    if not isinstance(message, dict):
+        raise KBError("bad_request", "a request must be a JSON object {id, command, payload}")
+    request_id = message.get("id")
+    if not isinstance(request_id, (str, int, float, type(None))) or isinstance(request_id, bool) or (
+            isinstance(request_id, float) and not math.isfinite(request_id)):
+        request_id = None
+    command, payload = message.get("command"), message.get("payload", {})
+    if not isinstance(command, str) or not command:
+        raise _with_id(KBError("bad_request", "command must be a non-empty string"), request_id)
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, dict):
+        raise _with_id(KBError("bad_request", "payload must be a JSON object"), request_id)
+    return request_id, command, payload
+
+
+def _with_id(error: KBError, request_id) -> KBError:
+    error.request_id = request_id
+    return error
+
+
+def serve(engine: Engine, stdin=None, stdout=None) -> int:
+    """JSON lines: exactly one reply for every non-empty request line; returns at EOF."""
+    stdin = stdin or sys.stdin.buffer
+    stdout = stdout or sys.stdout
+
+    def write(obj: dict) -> None:
+        stdout.write(to_json_line(obj) + "\n")
+        stdout.flush()
+
+    while True:
+        raw, oversized = _read_protocol_line(stdin)
+        if raw is None:
+            return 0
+        if oversized:
+            write({"id": None, "ok": False, "code": "too_large",
+                   "error": f"request line longer than {MAX_PROTOCOL_LINE_BYTES} bytes"})
+            continue
+        if not raw.strip():
+            continue
+        request_id = None
+        try:
+            request_id, command, payload = parse_request(raw)
+
+            def progress(event: dict, rid=request_id) -> None:
+                write({"id": rid, "event": "progress", **event})
+
+            response = engine.execute(command, payload, progress=progress)
+            write({"id": request_id, "ok": True, "response": response})
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:   # the daemon must outlive any request
+            reply = error_reply(exc)
+            write({"id": getattr(exc, "request_id", request_id), **reply})
+
+
+def run_one_shot(command: str, engine: Engine) -> int:
+    raw = sys.stdin.buffer.read()
+    try:
+        text = raw.decode("utf-8").strip()
+        payload = json.loads(text) if text else {}
+        if not isinstance(payload, dict):
+            raise KBError("bad_request", "the payload on stdin must be a JSON object")
+        response = engine.execute(command, payload)
+        reply = {"ok": True, **response}
+    except UnicodeDecodeError:
+        reply = {"ok": False, "error": "stdin is not valid UTF-8", "code": "invalid_utf8"}
+    except ValueError as exc:
+        reply = error_reply(exc) if isinstance(exc, KBError) else {
+            "ok": False, "error": "stdin is not valid JSON", "code": "invalid_json"}
+    except Exception as exc:
+        reply = error_reply(exc)
+    reply.setdefault("engine", __version__)
+    print(to_json_line(reply))
+    return 0 if reply["ok"] else 1
+
+
+# -- human CLI ------------------------------------------------------------------
+
+def _progress_bar(event: dict) -> None:
+    done, total = event["done"], event["total"]
+    width = 30
+    filled = int(width * done / total) if total else width
+    name = Path(event["path"]).name[:40]
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name:<40}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _print_ingest(response: dict) -> None:
+    for entry in response["files"]:
+        if entry["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED):
+            detail = f"{entry['chunks']} chunks"
+        else:
+            detail = entry.get("error") or entry.get("reason") or ""
+        print(f"{entry['status']:>9}  {entry['path']}  {detail}")
+    totals = response["totals"]
+    print(", ".join(f"{totals[s]} {s}" for s in INGEST_STATUSES if totals[s]) + f"  ({totals['files']} files, "
+          f"{totals['chunks_written']} chunks written, {response['ms']} ms)")
+
+
+def _print_search(response: dict) -> None:
+    if response.get("note"):
+        print(f"note: {response['note']}")
+    for rank, hit in enumerate(response["results"], start=1):
+        where = [hit["section"] or None,
+                 (f"p.{hit['page']}" + (f"-{hit['page_end']}" if hit["page_end"] != hit["page"] else ""))
+                 if hit["page"] else None]
+        byline = " · ".join(x for x in (", ".join(hit["authors"][:3]) or None,
+                                        str(hit["year"]) if hit["year"] else None, *where) if x)
+        print(f"{rank}. {hit['title']}  [{hit['file']}]")
+        if byline:
+            print(f"   {byline}")
+        print(f"   score {hit['score']:.3f}" + (f" · doi:{hit['doi']}" if hit["doi"] else ""))
+        print("   > " + hit["snippet"].replace("\n", " "))
+        print()
+
+
+def _print_stats(response: dict) -> None:
+    for key, value in response.items():
+        if key not in ("engine", "ms"):
+            print(f"{key:>18}: {json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value}")
+
+
+def human_cli(argv: list[str], engine: Engine) -> int:
+    parser = argparse.ArgumentParser(prog="kb-engine", description="kb-rag: local literature knowledge base")
+    parser.add_argument("--kb-root", help="library folder (default: $KB_ROOT or ./.kb)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ingest = sub.add_parser("ingest", help="index files or folders")
+    ingest.add_argument("paths", nargs="+")
+    ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
+    search = sub.add_parser("search", help="keyword search")
+    search.add_argument("query")
+    search.add_argument("-k", "--top-k", type=int, default=DEFAULT_TOP_K)
+    search.add_argument("--snippet", type=int, default=DEFAULT_SNIPPET_CHARS)
+    search.add_argument("--section")
+    search.add_argument("--year")
+    search.add_argument("--author")
+    for name in ("stats", "docs", "dedup", "clear"):
+        command = sub.add_parser(name)
+        if name == "clear":
+            command.add_argument("--yes", action="store_true", help="confirm deleting everything")
+        if name == "dedup":
+            command.add_argument("--apply", action="store_true")
+    for command in sub.choices.values():
+        command.add_argument("--json", action="store_true", help="print the JSON response")
+        command.add_argument("--kb-root", dest="kb_root_sub", default=None)
+    args = parser.parse_args(argv)
+    payload: dict = {}
+    kb_root = args.kb_root_sub or args.kb_root
+    if kb_root:
+        payload["kb_root"] = kb_root
+    progress = None
+    if args.command == "ingest":
+        payload.update(paths=args.paths, force=args.force)
+        progress = _progress_bar if sys.stderr.isatty() and not args.json else None
+    elif args.command == "search":
+        filters = {k: v for k, v in (("section", args.section), ("year", args.year), ("authors", args.author)) if v}
+        payload.update(query=args.query, top_k=args.top_k, snippet=args.snippet, filters=filters or None)
+    elif args.command == "clear":
+        payload["confirm"] = args.yes
+    elif args.command == "dedup":
+        payload["apply"] = args.apply
+    try:
+        response = engine.execute(args.command, payload, progress=progress)
+    except KBError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
+    elif args.command == "ingest":
+        _print_ingest(response)
+    elif args.command == "search":
+        _print_search(response)
+    elif args.command == "docs":
+        for doc in response["docs"]:
+            print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
+        print(f"{response['total']} documents")
+    else:
+        _print_stats(response)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    engine = Engine()
+    try:
+        if not argv or argv[0] in ("-h", "--help"):
+            print(__doc__.strip())
+            print("\nusage: kb_engine.py serve | <command> < payload.json | <command> ARGS... (human CLI)\n"
+                  f"commands: {', '.join(Engine.COMMANDS)}")
+            return 0
+        if argv[0] in ("--version", "version"):
+            print(__version__)
+            return 0
+        if argv == ["serve"]:
+            return serve(engine)
+        human = len(argv) > 1 or argv[0].startswith("-") or sys.stdin is None or sys.stdin.isatty()
+        if human:
+            return human_cli(argv, engine)
+        return run_one_shot(argv[0], engine)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
