@@ -697,7 +697,7 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
         return 0
     if "," in stripped and len(words) > 8:
         return 0
-    if numbering_depth(stripped) and re.search(r"(?:\s|\.{2,}|…)\s*\d{1,4}$", stripped):
+    if numbering_depth(stripped) and re.search(r"(?:\s|\.{2,}|…)\s*(?:\d{1,4}|[ivxlc]{1,6})$", stripped):
         return 0          # a table-of-contents line ("2. Methods ..... 4")
     ends_like_sentence = stripped.endswith(".") and len(words) > 8
     larger = body_size > 0 and size >= body_size * 1.15
@@ -1333,7 +1333,7 @@ _DOI = re.compile(r"\b(10\.\d{4,9}/[^\s\"<>{}]+)", re.IGNORECASE)
 _ARXIV_ID = re.compile(r"(?:arxiv[:\s]*|^|/)(\d{2})(\d{2})\.\d{4,5}(?:v\d+)?", re.IGNORECASE)
 _DATED_YEAR = re.compile(r"(?:©|\(c\)|copyright|published|received|accepted|available online|submitted)"
                          r"[^\n]{0,60}?\b((?:19|20)\d{2})\b", re.IGNORECASE)
-_JUNK_TITLE = re.compile(r"^(?:microsoft word|untitled|title|document\d*|slide \d+)\b|\.(?:pdf|docx?|tex|dvi|ps|txt)$",
+_JUNK_TITLE = re.compile(r"^(?:microsoft word|untitled|title|document\d*|slide \d+|proceedings template|paper template)\b|\.(?:pdf|docx?|tex|dvi|ps|txt)$",
                          re.IGNORECASE)
 
 

@@ -117,7 +117,8 @@ def main(argv=None) -> int:
             for k, v in report["first"]["by_status"].items():
                 print(f"  {k:<28} {v:5d}")
             if second_not_skipped:
-                print(f"re-ingest did not skip {len(second_not_skipped)} file(s):")
+                print(f"re-ingest statuses other than skipped: {len(second_not_skipped)} file(s) "
+                      f"{json.dumps(report['reingest']['by_status'], sort_keys=True)}:")
                 for f in second_not_skipped[:10]:
                     print(f"  {f.get('status')}/{f.get('reason')}: {f.get('path')}")
             print("slowest 5 files (first ingest):")
