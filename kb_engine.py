@@ -321,6 +321,7 @@ CREATE TABLE IF NOT EXISTS docs (
     size         INTEGER,
     mtime_ns     INTEGER,
     pages        INTEGER,
+    page_labels  TEXT,                     -- JSON list of printed page labels, when the PDF has them
     lang         TEXT,
     chunk_count  INTEGER NOT NULL DEFAULT 0,
     duplicate_of INTEGER REFERENCES docs(id) ON DELETE SET NULL,
@@ -433,12 +434,22 @@ class Library:
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if writable and version <= SCHEMA_VERSION:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                cls._migrate(conn, version)
+        except BaseException:
+            conn.close()
+            raise
+        if writable and version > SCHEMA_VERSION:
+            conn.close()
+            raise KBError("schema_too_new", f"{db_path} was written by a newer kb-rag (schema {version}); "
+                                            f"this engine knows schema {SCHEMA_VERSION}. Upgrade kb-rag.")
         if writable:
-            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            cls._migrate(conn, version)
+            pass
         elif version > SCHEMA_VERSION:
             conn.close()
             raise KBError("schema_too_new", f"{db_path} was written by a newer kb-rag (schema {version}); "
@@ -584,6 +595,7 @@ class Block:
     size: float = 0.0           # dominant font size (PDF only)
     bold: bool = False
     n_lines: int = 1
+    index: int = -1             # position in the document's block list (reading order)
 
 
 @dataclass
@@ -637,8 +649,18 @@ _NUMBERING = re.compile(
 _CAPTION = re.compile(r"^\s*(?:fig(?:ure)?s?\.?|table|tab\.|scheme|chart|plate|图|表)\s*"
                       r"(?:[A-Z]?\d+|[IVX]+|S\d+)(?:[.:：\-—–]|\s|$)", re.IGNORECASE)
 _RUN_IN_HEADING = re.compile(
-    r"^\s*(abstract|summary|keywords?|key words|index terms|摘\s*要|关键词)\s*(?:[:：.—–\-]+\s*|\s+(?=[A-Z\d\"“(]))",
-    re.IGNORECASE)
+    r"^\s*(?:(?i:abstract|summary|keywords?|key words|index terms)|摘\s*要|关键词)\s*[:：.—–\-]+\s*"
+    r"|^\s*(?:Abstract|ABSTRACT|摘\s*要)\s+(?=[A-Z\"“(\u4e00-\u9fff])")
+
+
+def run_in_abstract(text: str) -> int | None:
+    """End offset of a run-in abstract label ("Abstract—", "Summary:"), else None."""
+    match = _RUN_IN_HEADING.match(text)
+    if match and canonical_section(re.sub(r"[\s:：.—–\-]+$", "", match.group(0))) == "abstract":
+        return match.end()
+    return None
+
+
 _BARE_NUMBER = re.compile(r"^\s*\d{1,2}(?:\.\d{1,2}){0,3}\.?\s*$")
 _TERMINAL_PUNCT = tuple(".!?。！？;；:：)]\"”’")
 
@@ -1418,6 +1440,7 @@ class Piece:
     page: int | None
     offset: int
     joiner: str = ""            # text placed before this piece inside its chunk
+    block_index: int = -1       # source block; consecutive blocks are contiguous in the page text
 
 
 @dataclass
@@ -1450,7 +1473,14 @@ class _Para:
 
 
 def _piece_of(block: Block, start: int = 0) -> Piece:
-    return Piece(block.text[start:], block.page, block.offset + start)
+    return Piece(block.text[start:], block.page, block.offset + start, "", block.index)
+
+
+def _continues(para: _Para, block: Block) -> bool:
+    """True when ``block`` carries on the paragraph cut by a column or page break just before it."""
+    last = para.pieces[-1]
+    return (block.index == last.block_index + 1 and block.text[:1].islower() and para.open_ended()
+            and len(para.text) >= 60 and re.search(r"[^\W\d_][-,]?$", last.text) is not None)
 
 
 def _continue_para(para: _Para, block: Block) -> None:
@@ -1461,7 +1491,7 @@ def _continue_para(para: _Para, block: Block) -> None:
         para.pieces.append(_piece_of(block))
     else:
         joiner = "" if is_cjk(last.text[-1:] or " ") and is_cjk(block.text[:1] or " ") else " "
-        para.pieces.append(Piece(block.text, block.page, block.offset, joiner))
+        para.pieces.append(Piece(block.text, block.page, block.offset, joiner, block.index))
 
 
 class SectionTracker:
@@ -1472,6 +1502,7 @@ class SectionTracker:
         self.top_canonical: str | None = None
         self.sub: str | None = None
         self.seen_heading = False
+        self.body_started = False     # a section other than the abstract has begun
 
     @property
     def label(self) -> str:
@@ -1487,6 +1518,7 @@ class SectionTracker:
         self.seen_heading = True
         canonical = canonical_section(heading)
         name = section_display_name(heading)
+        self.body_started = self.body_started or canonical != "abstract"
         if canonical:
             self.top, self.top_canonical, self.sub = name, canonical, None
         elif not self.indexed:
@@ -1509,8 +1541,7 @@ def _promoted_abstract(blocks: list[Block]) -> Block | None:
     """Without an explicit abstract, the first long front-matter paragraph stands in for it."""
     if any(b.role == "heading" and canonical_section(b.text) == "abstract" for b in blocks):
         return None
-    if any(b.role == "body" and (m := _RUN_IN_HEADING.match(b.text)) and
-           canonical_section(m.group(1)) == "abstract" for b in blocks):
+    if any(b.role == "body" and run_in_abstract(b.text) is not None for b in blocks):
         return None
     first_heading = next((i for i, b in enumerate(blocks) if b.role == "heading"), None)
     if first_heading is None:
@@ -1528,7 +1559,8 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
     promoted = _promoted_abstract(blocks)
     paras: list[_Para] = []
     open_para: _Para | None = None
-    for block in blocks:
+    for index, block in enumerate(blocks):
+        block.index = index
         if block.role in ("title", "noise"):
             continue
         if block.role == "heading":
@@ -1540,17 +1572,17 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
                 paras.append(_Para([_piece_of(block)], tracker.label, tracker.top_canonical, "caption"))
             continue
         start = 0
-        run_in = _RUN_IN_HEADING.match(block.text)
-        if run_in and canonical_section(run_in.group(1)) == "abstract":
+        run_in = run_in_abstract(block.text) if tracker.top_canonical in (None, "abstract") else None
+        if run_in is not None and not tracker.body_started:
             tracker.enter_abstract()
-            start, open_para = run_in.end(), None
+            start, open_para = run_in, None
         elif block is promoted:
             tracker.enter_abstract()
             open_para = None
         if not tracker.indexed or start >= len(block.text):
             continue
         if (open_para is not None and start == 0 and open_para.section == tracker.label
-                and open_para.open_ended() and block.text[:1].islower()):
+                and _continues(open_para, block)):
             _continue_para(open_para, block)
             continue
         kind = "abstract" if tracker.top_canonical == "abstract" else "text"
@@ -1601,7 +1633,8 @@ def _slice_pieces(pieces: list[Piece], start: int, end: int) -> list[Piece]:
         lo, hi = max(start, pos), min(end, pos + len(piece.text))
         if lo < hi:
             joiner = piece.joiner if lo == pos and out else ""
-            out.append(Piece(piece.text[lo - pos:hi - pos], piece.page, piece.offset + lo - pos, joiner))
+            out.append(Piece(piece.text[lo - pos:hi - pos], piece.page, piece.offset + lo - pos, joiner,
+                             piece.block_index))
         pos += len(piece.text)
     # Cut boundaries fall after whitespace: trim it so every piece stays an exact page slice.
     if out:
@@ -1614,9 +1647,10 @@ def _slice_pieces(pieces: list[Piece], start: int, end: int) -> list[Piece]:
 
 def _make_chunk(pieces: list[Piece], para: _Para, labels: list[str]) -> Chunk:
     text, page_map = "", []
-    for piece in pieces:
+    for i, piece in enumerate(pieces):
         text += piece.joiner
-        page_map.append([len(text), piece.page, piece.offset, len(piece.text)])
+        follows = i > 0 and piece.block_index - pieces[i - 1].block_index in (0, 1)
+        page_map.append([len(text), piece.page, piece.offset, len(piece.text), int(follows)])
         text += piece.text
     pages = [p.page for p in pieces if p.page is not None]
     first_page = pages[0] if pages else None
@@ -1655,7 +1689,7 @@ def chunk_document(extracted: Extracted, max_chars: int = CHUNK_MAX_CHARS) -> li
             if para.kind == "caption":
                 flush()
             continue
-        para_pieces = [Piece(p.text, p.page, p.offset, p.joiner) for p in para.pieces]
+        para_pieces = [Piece(p.text, p.page, p.offset, p.joiner, p.block_index) for p in para.pieces]
         if pending:
             para_pieces[0].joiner = "\n\n"
         pending.extend(para_pieces)
@@ -1793,40 +1827,55 @@ def term_idf(lib: Library, terms: list[str]) -> dict[str, float]:
     return {t: math.log(1 + (total - f + 0.5) / (f + 0.5)) for t, f in freq.items()}
 
 
-def make_snippet(text: str, idf: dict[str, float], size: int) -> tuple[str, int, int]:
+def contiguous_runs(page_map: list, text_length: int) -> list[tuple[int, int]]:
+    """Spans of chunk text that appear unbroken in the page text (joined paragraphs may not)."""
+    starts = [entry[0] for entry in page_map if len(entry) < 5 or not entry[4]]
+    if not starts or starts[0] != 0:
+        starts = [0] + starts
+    return [(lo, hi) for lo, hi in zip(starts, starts[1:] + [text_length]) if hi > lo]
+
+
+def make_snippet(text: str, idf: dict[str, float], size: int,
+                 runs: list[tuple[int, int]] | None = None) -> tuple[str, int, int]:
     """A window of about ``size`` chars around the rarest matched terms: (snippet, start, end).
 
-    The snippet is verbatim chunk text cut at word boundaries (any character for CJK),
-    with an ellipsis where it was cut.
+    The snippet is verbatim chunk text cut at word boundaries (any character for CJK), with an
+    ellipsis where it was cut, and never spans two runs that are apart on the page.
     """
-    if size <= 0 or len(text) <= size:
+    if size <= 0:
         return text, 0, len(text)
+    runs = runs or [(0, len(text))]
     hits = [(start, end, idf[term]) for term, start, end in analyze(text, with_offsets=True) if term in idf]
-    if not hits:
-        start, end = 0, size
+    best_run, best, best_score = runs[0], (runs[0][0], runs[0][0]), -1.0
+    for i, (anchor, anchor_end, _) in enumerate(hits):
+        run = next((r for r in runs if r[0] <= anchor < r[1]), runs[0])
+        seen: dict[int, float] = {}
+        last_end = anchor_end
+        for start, end, weight in hits[i:]:
+            if end - anchor > size or end > run[1]:
+                break
+            seen[start] = weight
+            last_end = end
+        # each distinct term counts once: rare terms outweigh repeats of a common one
+        score = sum(set(seen.values()))
+        if score > best_score:
+            best_run, best, best_score = run, (anchor, last_end), score
+    run_start, run_end = best_run
+    if run_end - run_start <= size:
+        start, end = run_start, run_end
     else:
-        best, best_score = (hits[0][0], hits[0][1]), -1.0
-        for i, (anchor, _, _) in enumerate(hits):
-            seen: dict[int, float] = {}
-            last_end = hits[i][1]
-            for start, end, weight in hits[i:]:
-                if end - anchor > size:
-                    break
-                seen[start] = weight
-                last_end = end
-            # count each distinct term once: rare terms outweigh repeats of a common one
-            score = sum(sorted(set(seen.values()), reverse=True))
-            if score > best_score:
-                best, best_score = (anchor, last_end), score
         slack = size - (best[1] - best[0])
-        start = max(0, best[0] - slack // 3)
-        end = min(len(text), start + size)
-        start = max(0, min(start, end - size))
+        start = max(run_start, best[0] - slack // 3)
+        end = min(run_end, start + size)
+        start = max(run_start, min(start, end - size))
     start, end = _snap_to_words(text, start, end)
-    snippet = text[start:end].strip()
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
     prefix = "…" if start > 0 else ""
     suffix = "…" if end < len(text) else ""
-    return f"{prefix}{snippet}{suffix}", start, end
+    return f"{prefix}{text[start:end]}{suffix}", start, end
 
 
 def _snap_to_words(text: str, start: int, end: int) -> tuple[int, int]:
@@ -1842,7 +1891,7 @@ def _snap_to_words(text: str, start: int, end: int) -> tuple[int, int]:
 
 def pages_of_span(page_map: list, start: int, end: int) -> tuple[int | None, int | None]:
     """Physical pages covered by chunk characters ``[start, end)``."""
-    pages = [page for offset, page, _, length in page_map
+    pages = [page for offset, page, _, length, *_ in page_map
              if page is not None and offset < end and offset + length > start]
     if not pages:
         fallback = [entry[1] for entry in page_map if entry[1] is not None]
@@ -1863,40 +1912,29 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
     ids = [h.chunk_id for h in hits]
     rows = {row["id"]: row for row in lib.conn.execute(
         "SELECT c.id, c.doc_id, c.section, c.text, c.page, c.page_end, c.page_label, c.page_map, "
-        "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind FROM chunks c JOIN docs d ON d.id = c.doc_id "
+        "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels "
+        "FROM chunks c JOIN docs d ON d.id = c.doc_id "
         f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
-    labels = _page_label_lookup(lib, rows.values())
     records = []
     for hit in hits:
         row = rows.get(hit.chunk_id)
         if row is None:
             continue
-        snippet, start, end = make_snippet(row["text"], idf, snippet_size)
-        page, page_end = pages_of_span(json.loads(row["page_map"]), start, end)
+        page_map = json.loads(row["page_map"])
+        snippet, start, end = make_snippet(row["text"], idf, snippet_size, contiguous_runs(page_map, len(row["text"])))
+        page, page_end = pages_of_span(page_map, start, end)
         if page is None:
             page, page_end = row["page"], row["page_end"]
-        label = row["page_label"] if page == row["page"] else labels.get((row["doc_id"], page))
+        labels = json.loads(row["page_labels"]) if row["page_labels"] else []
+        label = (labels[page - 1] or None) if page and page <= len(labels) else None
         records.append({
             "chunk_id": row["id"], "doc_id": row["doc_id"], "path": row["path"], "file": Path(row["path"]).name,
             "title": row["title"], "authors": json.loads(row["authors"] or "[]"), "year": row["year"],
             "journal": row["journal"], "doi": row["doi"], "kind": row["kind"], "section": row["section"],
             "page": page, "page_end": page_end, "page_label": label,
-            "score": round(hit.score, 6) if math.isfinite(hit.score) else 0.0, "snippet": snippet,
+            "score": hit.score if math.isfinite(hit.score) else 0.0, "snippet": snippet,
         })
     return records
-
-
-def _page_label_lookup(lib: Library, rows) -> dict:
-    """Printed labels of pages where a snippet starts on a later page than its chunk."""
-    wanted = {(row["doc_id"], p) for row in rows for _, p, _, _ in json.loads(row["page_map"])
-              if p is not None and p != row["page"]}
-    labels = {}
-    for doc_id, page in wanted:
-        found = lib.conn.execute("SELECT page_label FROM chunks WHERE doc_id = ? AND page = ? AND page_label IS NOT NULL "
-                                 "LIMIT 1", (doc_id, page)).fetchone()
-        if found:
-            labels[(doc_id, page)] = found[0]
-    return labels
 
 
 # =============================================================================
@@ -1973,9 +2011,13 @@ def _stored_outcome(row: sqlite3.Row, started: float) -> dict:
     if row["status"] == "indexed":
         return _file_entry(row["path"], STATUS_SKIPPED, started, row["chunk_count"], row["title"], "unchanged")
     if row["status"] == "duplicate":
-        return _file_entry(row["path"], STATUS_DUPLICATE, started, 0, row["title"], "same_content", row["error"])
-    status = STATUS_ERROR if row["status"] == "error" else STATUS_SKIPPED
-    return _file_entry(row["path"], status, started, 0, row["title"], row["reason"], row["error"])
+        return _file_entry(row["path"], STATUS_DUPLICATE, started, 0, row["title"], row["reason"], row["error"])
+    # Unchanged and still not indexable: skipped, but say why it is not in the library.
+    entry = _file_entry(row["path"], STATUS_SKIPPED, started, 0, row["title"], "unchanged",
+                        f"not indexed: {row['error']}")
+    entry["previous"] = {"status": STATUS_ERROR if row["status"] == "error" else STATUS_SKIPPED,
+                         "reason": row["reason"]}
+    return entry
 
 
 def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
@@ -1993,6 +2035,8 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
     row = lib.doc_by_path(path)
     current = row is not None and row["indexed_with"] == PARSER_REVISION and not force
     if current and row["size"] == stat.st_size and row["mtime_ns"] == stat.st_mtime_ns:
+        if row["status"] == "duplicate" and _original_is_gone(lib, row):
+            return _take_over_original(lib, path, stat, row, started)
         return _stored_outcome(row, started)
     try:
         sha = sha256_of_file(path)
@@ -2002,12 +2046,32 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
         with lib.transaction():
             lib.conn.execute("UPDATE docs SET size = ?, mtime_ns = ? WHERE id = ?",
                              (stat.st_size, stat.st_mtime_ns, row["id"]))
+        if row["status"] == "duplicate" and _original_is_gone(lib, row):
+            return _take_over_original(lib, path, stat, row, started)
         return _stored_outcome(row, started)
-    if not force:
-        twin = next((d for d in lib.docs_by_sha(sha) if d["path"] != path and d["status"] == "indexed"), None)
-        if twin is not None:
-            return _ingest_twin(lib, path, stat, sha, kind, row, twin, started)
+    twin = next((d for d in lib.docs_by_sha(sha) if d["path"] != path and d["status"] == "indexed"), None)
+    if twin is not None:
+        return _ingest_twin(lib, path, stat, sha, kind, row, twin, started)
     return _ingest_content(lib, path, stat, sha, kind, row, started)
+
+
+def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
+    original = lib.conn.execute("SELECT path, status, sha256 FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+    return (original is not None and original["status"] == "indexed" and original["sha256"] == row["sha256"]
+            and not os.path.exists(original["path"]))
+
+
+def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, started: float) -> dict:
+    """A recorded duplicate whose original file was deleted inherits the original's chunks."""
+    original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+    with lib.transaction():
+        lib.conn.execute("DELETE FROM docs WHERE id = ?", (row["id"],))
+        lib.conn.execute("UPDATE docs SET path = ?, size = ?, mtime_ns = ? WHERE id = ?",
+                         (path, stat.st_size, stat.st_mtime_ns, original["id"]))
+        lib.invalidate_cache()
+    entry = _file_entry(path, STATUS_MOVED, started, original["chunk_count"], original["title"], reason="moved")
+    entry["moved_from"] = original["path"]
+    return entry
 
 
 def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, started: float) -> dict:
@@ -2017,8 +2081,9 @@ def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, 
             lib.conn.execute("UPDATE docs SET path = ?, size = ?, mtime_ns = ? WHERE id = ?",
                              (path, stat.st_size, stat.st_mtime_ns, twin["id"]))
             lib.invalidate_cache()
-            return _file_entry(path, STATUS_MOVED, started, twin["chunk_count"], twin["title"],
-                               error=None, reason=f"moved from {twin['path']}")
+            entry = _file_entry(path, STATUS_MOVED, started, twin["chunk_count"], twin["title"], reason="moved")
+            entry["moved_from"] = twin["path"]
+            return entry
         if row is not None:
             lib.delete_chunks(row["id"])
             lib.invalidate_cache()
@@ -2057,7 +2122,9 @@ def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, sta
         doc_id = lib.upsert_doc(path, {**base, "status": "indexed", "reason": None, "error": None,
                                        "title": meta.title, "authors": json.dumps(meta.authors, ensure_ascii=False),
                                        "year": meta.year, "journal": meta.journal, "doi": meta.doi,
-                                       "lang": meta.lang, "pages": extracted.pages, "chunk_count": len(chunks)})
+                                       "lang": meta.lang, "pages": extracted.pages, "chunk_count": len(chunks),
+                                       "page_labels": json.dumps(extracted.page_labels)
+                                       if any(extracted.page_labels) else None})
         lib.delete_chunks(doc_id)
         lib.insert_chunks(doc_id, chunks, meta.title)
         lib.invalidate_cache()
@@ -2178,14 +2245,10 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
     """Find copies of one work: identical files, one DOI, or one title and year; ``apply`` removes extras."""
     apply = _opt_bool(payload, "apply")
     if lib is None:
-        return {"groups": [], "removed": 0, "applied": apply}
-    rows = lib.conn.execute("SELECT * FROM docs WHERE status IN ('indexed', 'duplicate') ORDER BY id").fetchall()
-    by_id = {r["id"]: r for r in rows}
+        return {"groups": [], "removed": 0, "applied": apply, "recorded_duplicates": 0}
+    indexed = lib.conn.execute("SELECT * FROM docs WHERE status = 'indexed' ORDER BY id").fetchall()
+    recorded = lib.conn.execute("SELECT COUNT(*) FROM docs WHERE status = 'duplicate'").fetchone()[0]
     groups: dict[tuple, list] = {}
-    for row in rows:
-        if row["status"] == "duplicate" and row["duplicate_of"] in by_id:
-            groups.setdefault(("same_file", row["duplicate_of"]), [by_id[row["duplicate_of"]]]).append(row)
-    indexed = [r for r in rows if r["status"] == "indexed"]
     for key_name, key_of in (("same_doi", lambda r: r["doi"]),
                              ("same_title", lambda r: (_normalised_title(r["title"]), r["year"])
                               if len(_normalised_title(r["title"])) >= 20 else None)):
@@ -2205,14 +2268,19 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
         report.append({"reason": reason, "keep": keep["id"],
                        "docs": [{"doc_id": m["id"], "path": m["path"], "title": m["title"], "status": m["status"],
                                  "chunks": m["chunk_count"]} for m in members]})
-        if apply and reason != "same_file":
+        if apply:
             with lib.transaction():
                 for member in members:
                     if member["id"] != keep["id"] and member["status"] == "indexed":
-                        lib.delete_doc(member["id"])
+                        lib.delete_chunks(member["id"])
+                        lib.conn.execute(
+                            "UPDATE docs SET status = 'duplicate', reason = ?, error = ?, duplicate_of = ?, "
+                            "chunk_count = 0 WHERE id = ?",
+                            (reason, f"removed by dedup: same work as {keep['path']}", keep["id"], member["id"]))
                         removed += 1
                 lib.invalidate_cache()
-    return {"groups": report, "removed": removed, "applied": apply}
+    # Identical files never get indexed twice; they are only counted here.
+    return {"groups": report, "removed": removed, "applied": apply, "recorded_duplicates": recorded}
 
 
 def cmd_clear(lib: Library, payload: dict) -> dict:
@@ -2266,6 +2334,7 @@ class Engine:
             payload = {}
         if not isinstance(payload, dict):
             raise KBError("bad_request", "payload must be a JSON object")
+        payload = scrub_surrogates(payload)
         if command not in self.COMMANDS:
             raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
         root = _kb_root(payload)
@@ -2347,10 +2416,7 @@ def parse_request(raw: bytes) -> tuple[object, str, dict]:
         raise KBError("invalid_json", "the request line is not valid JSON") from None
     if not isinstance(message, dict):
         raise KBError("bad_request", "a request must be a JSON object {id, command, payload}")
-    request_id = message.get("id")
-    if not isinstance(request_id, (str, int, float, type(None))) or isinstance(request_id, bool) or (
-            isinstance(request_id, float) and not math.isfinite(request_id)):
-        request_id = None
+    request_id = message.get("id")     # echoed as received (ensure_ascii escapes any surrogate)
     command, payload = message.get("command"), message.get("payload", {})
     if not isinstance(command, str) or not command:
         raise _with_id(KBError("bad_request", "command must be a non-empty string"), request_id)
@@ -2359,6 +2425,20 @@ def parse_request(raw: bytes) -> tuple[object, str, dict]:
     if not isinstance(payload, dict):
         raise _with_id(KBError("bad_request", "payload must be a JSON object"), request_id)
     return request_id, command, payload
+
+
+def scrub_surrogates(value):
+    """Replace lone UTF-16 surrogates (legal in JSON escapes, not in UTF-8) inside any JSON value."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _with_id(error: KBError, request_id) -> KBError:
@@ -2412,9 +2492,8 @@ def run_one_shot(command: str, engine: Engine) -> int:
         reply = {"ok": True, **response}
     except UnicodeDecodeError:
         reply = {"ok": False, "error": "stdin is not valid UTF-8", "code": "invalid_utf8"}
-    except ValueError as exc:
-        reply = error_reply(exc) if isinstance(exc, KBError) else {
-            "ok": False, "error": "stdin is not valid JSON", "code": "invalid_json"}
+    except json.JSONDecodeError:
+        reply = {"ok": False, "error": "stdin is not valid JSON", "code": "invalid_json"}
     except Exception as exc:
         reply = error_reply(exc)
     reply.setdefault("engine", __version__)
@@ -2511,8 +2590,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         payload["apply"] = args.apply
     try:
         response = engine.execute(args.command, payload, progress=progress)
-    except KBError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+    except Exception as exc:
+        print(f"error: {error_reply(exc)['error']}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))

@@ -50,6 +50,20 @@ def _font(key: str) -> pymupdf.Font:
     return _FONTS[key]
 
 
+_ADVANCE: dict[tuple[str, str], float] = {}
+
+
+def _width(font: str, text: str, size: float) -> float:
+    """Text width in points from cached glyph advances (what TextWriter uses)."""
+    total = 0.0
+    for ch in text:
+        adv = _ADVANCE.get((font, ch))
+        if adv is None:
+            adv = _ADVANCE[(font, ch)] = _font(font).text_length(ch, 1.0)
+        total += adv
+    return total * size
+
+
 # ---------------------------------------------------------------------------
 # a tiny flowing layout: regions (columns) on pages, lines placed top to bottom
 
@@ -121,7 +135,7 @@ class Flow:
         if self.y + step > self.region[3] + 0.01:
             self.advance()
         x0, x1 = self.region[0], self.region[1]
-        length = _font(font).text_length(text, size)
+        length = _width(font, text, size)
         if length > (x1 - x0 - indent) + 0.5:
             raise ValueError(f"line too wide for its column ({length:.0f} pt): {text!r}")
         x = x0 + (x1 - x0 - length) / 2 if align == "center" else x0 + indent
@@ -136,7 +150,6 @@ class Flow:
                   align="left"):
         """Wrap text to the current column width (word-wise; CJK character-wise)."""
         tokens = _TOKEN.findall(" ".join(text.split()) if not re.search(f"[{_CJK}]", text) else text)
-        fnt = _font(font)
         first = True
         while tokens:
             step = size * leading
@@ -146,7 +159,7 @@ class Flow:
             line = ""
             while tokens:
                 cand = line + tokens[0]
-                if line and fnt.text_length(cand.rstrip(), size) > avail:
+                if line and _width(font, cand.rstrip(), size) > avail:
                     break
                 line = cand
                 tokens.pop(0)
@@ -172,10 +185,10 @@ class Flow:
         self.space(after)
 
     def lines_needed(self, text, font="tiro", size=10.5) -> int:
-        fnt, n, line = _font(font), 1, ""
+        n, line = 1, ""
         for tok in _TOKEN.findall(" ".join(text.split())):
             cand = line + tok
-            if line and fnt.text_length(cand.rstrip(), size) > self.width:
+            if line and _width(font, cand.rstrip(), size) > self.width:
                 n, line = n + 1, tok.lstrip()
             else:
                 line = cand
@@ -222,7 +235,7 @@ class Flow:
                     _draw_figure(page, pymupdf.Rect(it["rect"]))
             if self.page_numbers:
                 label = str(pno + 1)
-                x = (self.w - _font("tiro").text_length(label, 9)) / 2
+                x = (self.w - _width("tiro", label, 9)) / 2
                 writer.append((x, self.h - self.mb / 2), label, font=_font("tiro"), fontsize=9)
             writer.write_text(page)
         if metadata:

@@ -1,0 +1,333 @@
+"""Shared helpers for the kb-rag engine tests (imported by conftest and tests)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pymupdf
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = ROOT / "kb_engine.py"
+EXAMPLES = ROOT / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import sample_papers as sp  # noqa: E402
+
+RESULT_KEYS = {"chunk_id", "doc_id", "path", "file", "title", "authors", "year", "journal", "doi", "kind",
+               "section", "page", "page_end", "page_label", "score", "snippet"}
+FILE_STATUSES = {"added", "updated", "skipped", "duplicate", "moved", "error"}
+# codes a request that cannot be parsed may carry (the contract's list is open-ended)
+PARSE_ERROR_CODES = {"bad_request", "invalid_json", "invalid_utf8", "parse_error"}
+# docs.status of a document whose ingest said "added"/"updated"/"moved"
+INDEXED_DOC_STATUSES = {"indexed", "added", "updated", "moved"}
+
+
+# ---------------------------------------------------------------------------
+# running the engine
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONIOENCODING"] = "utf-8"
+    env.update({k: str(v) for k, v in extra.items() if v is not None})
+    return env
+
+
+class CliResult:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.rc = proc.returncode
+        self.stdout = proc.stdout.decode("utf-8", "replace") if isinstance(proc.stdout, bytes) else proc.stdout
+        self.stderr = proc.stderr.decode("utf-8", "replace") if isinstance(proc.stderr, bytes) else proc.stderr
+        self.lines = [ln for ln in self.stdout.splitlines() if ln.strip()]
+
+    @property
+    def json(self) -> dict:
+        """The single JSON line a one-shot command must print."""
+        assert len(self.lines) == 1, f"expected exactly one stdout line, got {len(self.lines)}:\n{self.stdout[:2000]}\n" \
+                                     f"stderr:\n{self.stderr[-2000:]}"
+        return json.loads(self.lines[0])
+
+    def __repr__(self):
+        return f"<rc={self.rc} stdout={self.stdout[:500]!r} stderr={self.stderr[-800:]!r}>"
+
+
+def run_cli(cmd: str, payload=None, *args: str, stdin: bytes | str | None = None, cwd=None, env=None,
+            timeout=300) -> CliResult:
+    """Run `python kb_engine.py CMD [args]` with a JSON payload (or raw stdin) on stdin."""
+    if stdin is None:
+        stdin = b"" if payload is None else json.dumps(payload).encode("utf-8")
+    elif isinstance(stdin, str):
+        stdin = stdin.encode("utf-8")
+    proc = subprocess.run([sys.executable, str(ENGINE), cmd, *args], input=stdin, capture_output=True,
+                          cwd=str(cwd or ROOT), env=env or clean_env(), timeout=timeout)
+    return CliResult(proc)
+
+
+def serve(lines: list[bytes], env=None, cwd=None, timeout=120) -> tuple[int, list[dict], str]:
+    """Feed raw request lines to `kb_engine.py serve`, close stdin, return
+    (exit code, every stdout line parsed as JSON, stderr)."""
+    data = b"".join(ln if ln.endswith(b"\n") else ln + b"\n" for ln in lines)
+    proc = subprocess.run([sys.executable, str(ENGINE), "serve"], input=data, capture_output=True,
+                          cwd=str(cwd or ROOT), env=env or clean_env(), timeout=timeout)
+    out = []
+    for raw in proc.stdout.decode("utf-8", "strict").splitlines():
+        if raw.strip():
+            out.append(json.loads(raw))
+    return proc.returncode, out, proc.stderr.decode("utf-8", "replace")
+
+
+def req(id_, command, payload=None) -> bytes:
+    obj = {"id": id_, "command": command}
+    if payload is not None:
+        obj["payload"] = payload
+    return json.dumps(obj).encode("utf-8")
+
+
+def replies_only(lines: list[dict]) -> list[dict]:
+    return [ln for ln in lines if ln.get("event") != "progress"]
+
+
+# ---------------------------------------------------------------------------
+# response checks
+
+def by_name(ingest_resp: dict) -> dict:
+    """files of an ingest response keyed by file name (names are unique in our fixtures)."""
+    out = {}
+    for f in ingest_resp["files"]:
+        name = Path(f["path"]).name
+        assert name not in out, f"file listed twice: {f['path']}"
+        out[name] = f
+    return out
+
+
+def assert_totals(resp: dict):
+    files, totals = resp["files"], resp["totals"]
+    assert totals["files"] == len(files), (totals, len(files))
+    for status in FILE_STATUSES:
+        assert totals.get(status, 0) == sum(1 for f in files if f["status"] == status), (status, totals)
+    assert sum(totals.get(s, 0) for s in FILE_STATUSES) == totals["files"], totals
+    assert totals["chunks"] == sum(int(f.get("chunks") or 0) for f in files), totals
+    for f in files:
+        assert f["status"] in FILE_STATUSES, f
+        assert isinstance(f.get("chunks", 0), int) and f.get("chunks", 0) >= 0, f
+
+
+def err_code(exc) -> str | None:
+    """The code of a KBError (attribute .code, else the first argument)."""
+    code = getattr(exc, "code", None)
+    if code is None and getattr(exc, "args", None):
+        code = exc.args[0]
+    return code
+
+
+def assert_readable_error(f: dict):
+    """An error entry carries a reason code and a human-readable message."""
+    assert f["status"] == "error", f
+    assert isinstance(f.get("reason"), str) and f["reason"], f
+    msg = f.get("error")
+    assert isinstance(msg, str) and len(msg.strip()) >= 5, f
+    assert "Traceback" not in msg, f
+
+
+# ---------------------------------------------------------------------------
+# text normalisation and snippet provenance
+
+ELLIPSES = ("\u2026", "...")
+
+
+def norm(text: str) -> str:
+    """NFKC, casefold, no ellipsis markers, hyphen line breaks joined, whitespace collapsed."""
+    text = unicodedata.normalize("NFKC", text or "")
+    for e in ELLIPSES:
+        text = text.replace(e, " ")
+    text = re.sub(r"-[ \t]*\r?\n[ \t]*", "", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return text.casefold()
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[^\W_]+", norm(text))
+
+
+def compact(text: str) -> str:
+    """Only letters/digits: robust against hyphenation and spacing differences."""
+    return re.sub(r"[\W_]+", "", norm(text))
+
+
+def words_in_order(snippet: str, text: str) -> tuple[bool, str | None]:
+    """Every word of the snippet occurs in text, in the same order."""
+    hay = compact(text)
+    pos = 0
+    for w in words(snippet):
+        i = hay.find(w, pos)
+        if i < 0:
+            return False, w
+        pos = i + len(w)
+    return True, None
+
+
+def phrase_in(phrase: str, text: str) -> bool:
+    """phrase occurs contiguously in text (after normalisation, ignoring punctuation/spacing)."""
+    return compact(phrase) in compact(text)
+
+
+def _column_order_text(page) -> str:
+    """Text of a page read column-wise: full-width blocks, then left, then right column."""
+    mid = page.rect.width / 2
+    blocks = [b for b in page.get_text("blocks") if b[6] == 0]
+    full = [b for b in blocks if b[0] < mid - 20 and b[2] > mid + 20]
+    left = [b for b in blocks if b not in full and b[0] < mid]
+    right = [b for b in blocks if b not in full and b[0] >= mid]
+    key = lambda b: (b[1], b[0])  # noqa: E731
+    return "\n".join(b[4] for b in sorted(full, key=key) + sorted(left, key=key) + sorted(right, key=key))
+
+
+def pdf_page_texts(path, first: int, last: int) -> list[str]:
+    """Several readings (stream order, sorted, column-wise) of pages first..last (1-based)."""
+    with pymupdf.open(path) as doc:
+        pages = [doc[i] for i in range(first - 1, last)]
+        return ["\n".join(p.get_text() for p in pages),
+                "\n".join(p.get_text(sort=True) for p in pages),
+                "\n".join(_column_order_text(p) for p in pages)]
+
+
+def pdf_page_count(path) -> int:
+    with pymupdf.open(path) as doc:
+        return doc.page_count
+
+
+def check_hit_provenance(hit: dict, kb_engine=None):
+    """The snippet of a hit stands on the page(s) it names: checked against
+    PyMuPDF's own text of those pages and (when given) against the engine's
+    page_texts()."""
+    snippet = hit["snippet"]
+    assert isinstance(snippet, str) and snippet.strip(), hit
+    path = hit["path"]
+    if hit["kind"] == "pdf":
+        page, page_end = hit["page"], hit["page_end"]
+        assert isinstance(page, int) and isinstance(page_end, int), hit
+        n = pdf_page_count(path)
+        assert 1 <= page <= page_end <= n, (page, page_end, n, hit["file"])
+        readings = pdf_page_texts(path, page, page_end)
+        results = [words_in_order(snippet, t) for t in readings]
+        assert any(ok for ok, _ in results), \
+            f"snippet not on pages {page}-{page_end} of {hit['file']}: missing {results[0][1]!r}\n{snippet!r}"
+        if kb_engine is not None:
+            texts = kb_engine.page_texts(path)
+            assert len(texts) == n, (len(texts), n)
+            ok, missing = words_in_order(snippet, "\n".join(texts[page - 1:page_end]))
+            assert ok, f"snippet not in engine page_texts {page}-{page_end} of {hit['file']}: {missing!r}"
+    else:
+        assert hit["page"] is None and hit["page_end"] is None, hit
+        if kb_engine is not None:
+            texts = kb_engine.page_texts(path)
+            assert len(texts) == 1
+            ok, missing = words_in_order(snippet, texts[0])
+            assert ok, f"snippet not in engine text of {hit['file']}: {missing!r}"
+
+
+# ---------------------------------------------------------------------------
+# SQLite integrity (only for integrity checks)
+
+def db_path(kb_root) -> Path:
+    return Path(kb_root) / "kb.sqlite"
+
+
+def integrity_report(kb_root) -> dict:
+    """integrity_check, orphan chunks, FTS consistency and per-doc chunk counts."""
+    con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+    try:
+        rep = {"integrity": con.execute("PRAGMA integrity_check").fetchone()[0],
+               "foreign_key_violations": len(con.execute("PRAGMA foreign_key_check").fetchall())}
+        doc_pk = _pk(con, "docs")
+        chunk_pk = _pk(con, "chunks")
+        rep["orphan_chunks"] = con.execute(
+            f"SELECT count(*) FROM chunks WHERE doc_id NOT IN (SELECT {doc_pk} FROM docs)").fetchone()[0]
+        fts_sql = con.execute("SELECT sql FROM sqlite_master WHERE name='chunks_fts'").fetchone()
+        rep["fts_present"] = fts_sql is not None
+        if fts_sql:
+            sql = fts_sql[0].lower().replace(" ", "")
+            external = "content=" in sql and "content=''" not in sql and 'content=""' not in sql
+            rep["fts_external_content"] = external
+            if not external:
+                rep["orphan_fts_rows"] = con.execute(
+                    f"SELECT count(*) FROM chunks_fts WHERE rowid NOT IN (SELECT {chunk_pk} FROM chunks)").fetchone()[0]
+                rep["chunks_missing_in_fts"] = con.execute(
+                    f"SELECT count(*) FROM chunks WHERE {chunk_pk} NOT IN (SELECT rowid FROM chunks_fts)").fetchone()[0]
+            else:
+                rep["orphan_fts_rows"] = 0
+                rep["chunks_missing_in_fts"] = 0
+            rw = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+            try:
+                rw.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('integrity-check', 1)")
+                rep["fts_integrity"] = "ok"
+            except sqlite3.OperationalError as exc:
+                # a read-only connection cannot run the command on some versions; retry read-write
+                if "readonly" in str(exc).lower():
+                    rw.close()
+                    rw = sqlite3.connect(str(db_path(kb_root)))
+                    try:
+                        rw.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('integrity-check', 1)")
+                        rep["fts_integrity"] = "ok"
+                    except sqlite3.DatabaseError as exc2:
+                        rep["fts_integrity"] = str(exc2)
+                    rw.rollback()
+                else:
+                    rep["fts_integrity"] = str(exc)
+            except sqlite3.DatabaseError as exc:
+                rep["fts_integrity"] = str(exc)
+            finally:
+                rw.close()
+        return rep
+    finally:
+        con.close()
+
+
+def assert_db_ok(kb_root):
+    rep = integrity_report(kb_root)
+    assert rep["integrity"] == "ok", rep
+    assert rep["orphan_chunks"] == 0, rep
+    assert rep["fts_present"], "chunks_fts table missing"
+    assert rep["orphan_fts_rows"] == 0 and rep["chunks_missing_in_fts"] == 0, rep
+    assert rep["fts_integrity"] == "ok", rep
+    return rep
+
+
+def _pk(con, table) -> str:
+    for cid, name, typ, notnull, default, pk in con.execute(f"PRAGMA table_info({table})"):
+        if pk:
+            return name
+    return "rowid"
+
+
+def chunk_texts_by_path(kb_root) -> dict:
+    """{doc path: sorted list of chunk texts} straight from kb.sqlite."""
+    con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+    try:
+        doc_pk = _pk(con, "docs")
+        cols = {r[1] for r in con.execute("PRAGMA table_info(chunks)")}
+        text_col = "text" if "text" in cols else sorted(cols)[0]
+        out: dict[str, list[str]] = {}
+        for path, text in con.execute(
+                f"SELECT d.path, c.{text_col} FROM chunks c JOIN docs d ON c.doc_id = d.{doc_pk}"):
+            out.setdefault(path, []).append(text)
+        return {k: sorted(v) for k, v in out.items()}
+    finally:
+        con.close()
+
+
+def user_version(kb_root) -> int:
+    con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+    try:
+        return con.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        con.close()

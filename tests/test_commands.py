@@ -1,0 +1,171 @@
+"""docs, stats, dedup, clear; read-only commands do not write."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from helpers import INDEXED_DOC_STATUSES, assert_db_ok, db_path, err_code, sp, user_version
+
+
+def _ingest(engine, kb_root, *paths):
+    return engine.execute("ingest", {"paths": [str(p) for p in paths], "kb_root": str(kb_root)})
+
+
+def test_docs_lists_every_file(engine, indexed):
+    root, ing = indexed
+    resp = engine.execute("docs", {"kb_root": str(root), "limit": 100})
+    assert resp["total"] == len(resp["docs"]) == len(ing["files"]) == 13
+    by_name = {Path(d["path"]).name: d for d in resp["docs"]}
+    for f in ing["files"]:
+        d = by_name[Path(f["path"]).name]
+        if f["status"] == "added":
+            assert d["status"] in INDEXED_DOC_STATUSES, (d, f)
+        else:
+            assert d["status"] == f["status"], (d, f)
+            assert d["reason"] == f["reason"], (d, f)
+        assert d["chunks"] == f["chunks"], (d, f)
+        assert d["file"] == Path(d["path"]).name
+    assert by_name["encrypted_user_password.pdf"]["reason"] == "encrypted"
+    assert by_name["scanned_no_text.pdf"]["reason"] == "no_text_layer"
+    assert len({d["doc_id"] for d in resp["docs"]}) == 13
+
+
+def test_docs_paging(engine, indexed):
+    root, _ = indexed
+    every = engine.execute("docs", {"kb_root": str(root), "limit": 100})["docs"]
+    pages = []
+    for offset in range(0, 13, 4):
+        chunk = engine.execute("docs", {"kb_root": str(root), "limit": 4, "offset": offset})
+        assert chunk["total"] == 13
+        assert len(chunk["docs"]) == min(4, 13 - offset)
+        pages += chunk["docs"]
+    assert [d["doc_id"] for d in pages] == [d["doc_id"] for d in every]
+    assert engine.execute("docs", {"kb_root": str(root), "limit": 5, "offset": 50})["docs"] == []
+
+
+def test_stats_agree_with_docs(engine, indexed):
+    root, ing = indexed
+    stats = engine.execute("stats", {"kb_root": str(root)})
+    docs = engine.execute("docs", {"kb_root": str(root), "limit": 100})["docs"]
+    assert stats["chunks"] == sum(d["chunks"] for d in docs) == ing["totals"]["chunks"]
+    assert sum(stats["by_status"].values()) == len(docs)
+    indexed = sum(n for s, n in stats["by_status"].items() if s in INDEXED_DOC_STATUSES)
+    assert indexed == 9 and stats["by_status"].get("error") == 3 and stats["by_status"].get("skipped") == 1
+    assert stats["docs"] in (len(docs), 9)  # all rows, or the indexed ones
+    assert isinstance(stats["schema_version"], int) and stats["schema_version"] >= 1
+    assert stats["schema_version"] == user_version(root)
+
+
+def _snapshot(kb_root):
+    con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+    try:
+        out = {}
+        for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                   "AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '%fts_%'"):
+            out[name] = sorted(map(repr, con.execute(f"SELECT * FROM {name}").fetchall()))
+        out["user_version"] = con.execute("PRAGMA user_version").fetchone()[0]
+        return out
+    finally:
+        con.close()
+
+
+def test_read_only_commands_do_not_write(engine, papers, kb_root):
+    _ingest(engine, kb_root, papers)
+    before = _snapshot(kb_root)
+    for cmd, payload in [("search", {"query": "graphene nucleation"}), ("search", {"query": "the of and"}),
+                         ("docs", {}), ("stats", {}), ("dedup", {}), ("dedup", {"apply": False})]:
+        engine.execute(cmd, {"kb_root": str(kb_root), **payload})
+    after = _snapshot(kb_root)
+    changed = [t for t in before if t != "cache" and before[t] != after.get(t)]
+    assert not changed, f"read-only commands changed tables {changed}"
+
+
+def test_dedup_finds_same_paper_in_two_files(engine, tmp_path, kb_root):
+    lib = tmp_path / "lib"
+    a = sp.make_onecolumn_paper(lib)
+    # the same paper saved again with a different modification date: other bytes, same text
+    b = lib / "graphene_cvd_copper_v2.pdf"
+    with pymupdf.open(a) as doc:
+        meta = dict(doc.metadata)
+        meta["modDate"] = "D:20200101120000Z"
+        doc.set_metadata({k: v for k, v in meta.items() if k in (
+            "title", "author", "subject", "keywords", "creator", "producer", "creationDate", "modDate")})
+        doc.save(str(b))
+    assert a.read_bytes() != b.read_bytes()
+    sp.make_hyphenated_paper(lib)
+    ing = _ingest(engine, kb_root, lib)
+    status = {Path(f["path"]).name: f["status"] for f in ing["files"]}
+    if status["graphene_cvd_copper_v2.pdf"] == "duplicate":
+        # the engine already recognised the same text at ingest: nothing left to dedup
+        assert engine.execute("dedup", {"kb_root": str(kb_root)})["groups"] == []
+        return
+    assert ing["totals"]["added"] == 3, ing["files"]
+    dry = engine.execute("dedup", {"kb_root": str(kb_root)})
+    assert dry["removed"] == 0
+    groups = dry["groups"]
+    assert isinstance(groups, list) and len(groups) == 1, groups
+    text = json.dumps(groups, ensure_ascii=False)
+    assert "graphene_cvd_copper.pdf" in text and "graphene_cvd_copper_v2.pdf" in text
+    assert "battery_electrolytes.pdf" not in text
+    assert engine.execute("docs", {"kb_root": str(kb_root)})["total"] == 3
+    applied = engine.execute("dedup", {"kb_root": str(kb_root), "apply": True})
+    assert applied["removed"] == 1
+    docs = engine.execute("docs", {"kb_root": str(kb_root)})
+    statuses = sorted(d["status"] for d in docs["docs"])
+    assert statuses == ["duplicate", "indexed", "indexed"], statuses   # the copy stays recorded, not indexed
+    hits = engine.execute("search", {"query": "graphene nucleation copper", "kb_root": str(kb_root), "top_k": 50})
+    graphene = {r["doc_id"] for r in hits["results"] if r["file"].startswith("graphene_cvd_copper")}
+    assert len(graphene) == 1, hits["results"]
+    assert engine.execute("dedup", {"kb_root": str(kb_root)})["groups"] == []
+    again = engine.execute("ingest", {"paths": [str(p) for p in (a, b)], "kb_root": str(kb_root)})
+    assert again["totals"]["added"] == 0 and again["totals"]["updated"] == 0, again["files"]
+    assert engine.execute("dedup", {"kb_root": str(kb_root)})["groups"] == []
+    assert_db_ok(kb_root)
+
+
+def test_dedup_on_clean_library(engine, indexed):
+    root, _ = indexed
+    resp = engine.execute("dedup", {"kb_root": str(root)})
+    assert resp["groups"] == [] and resp["removed"] == 0
+
+
+def test_clear_needs_confirm(engine, kb_engine, papers, kb_root):
+    _ingest(engine, kb_root, papers)
+    stats = engine.execute("stats", {"kb_root": str(kb_root)})
+    for payload in ({}, {"confirm": False}):
+        with pytest.raises(kb_engine.KBError) as info:
+            engine.execute("clear", {"kb_root": str(kb_root), **payload})
+        assert err_code(info.value) == "confirm_required"
+    assert engine.execute("stats", {"kb_root": str(kb_root)})["chunks"] == stats["chunks"] > 0
+    resp = engine.execute("clear", {"kb_root": str(kb_root), "confirm": True})
+    assert resp["cleared"]["chunks"] == stats["chunks"]
+    assert resp["cleared"]["docs"] in (sum(stats["by_status"].values()), stats["docs"])
+    after = engine.execute("stats", {"kb_root": str(kb_root)})
+    assert after["docs"] == 0 and after["chunks"] == 0
+    assert engine.execute("search", {"query": "graphene", "kb_root": str(kb_root)})["results"] == []
+    assert engine.execute("docs", {"kb_root": str(kb_root)})["total"] == 0
+    assert_db_ok(kb_root)
+    con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+    assert con.execute("SELECT count(*) FROM chunks").fetchone()[0] == 0
+    con.close()
+    # the library is usable again afterwards
+    again = _ingest(engine, kb_root, papers / "graphene_cvd_copper.pdf")
+    assert again["files"][0]["status"] == "added"
+
+
+def test_engine_keeps_libraries_apart(engine, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _ingest(engine, a, sp.make_onecolumn_paper(tmp_path / "pa"))
+    _ingest(engine, b, sp.make_hyphenated_paper(tmp_path / "pb"))
+    ra = engine.execute("search", {"query": "lithium electrolyte", "kb_root": str(a)})
+    rb = engine.execute("search", {"query": "lithium electrolyte", "kb_root": str(b)})
+    assert ra["results"] == [] and rb["results"]
+    assert engine.execute("stats", {"kb_root": str(a)})["docs"] == 1
+
+
+def test_version(kb_engine):
+    assert isinstance(kb_engine.__version__, str) and kb_engine.__version__.strip()
