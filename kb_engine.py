@@ -920,7 +920,7 @@ class _PdfBlock:
 
 def _pdf_page_blocks(page) -> list[_PdfBlock]:
     import pymupdf
-    flags = pymupdf.TEXT_PRESERVE_LIGATURES | pymupdf.TEXT_PRESERVE_WHITESPACE | pymupdf.TEXT_MEDIABOX_CLIP
+    flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # PyMuPDF's own defaults, no images
     data = page.get_text("dict", flags=flags)
     text_blocks = [raw for raw in data.get("blocks", []) if raw.get("type") == 0]
     # Keep the page's main writing direction: drops rotated margin stamps (arXiv ids),
@@ -1889,6 +1889,15 @@ def _snap_to_words(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
+def page_offsets_of_span(page_map: list, start: int, end: int) -> tuple[int | None, int | None]:
+    """Offsets of chunk characters ``[start, end)`` in the page texts (start page, end page)."""
+    first = next((e for e in page_map if e[0] <= start < e[0] + e[3]), None)
+    last = next((e for e in reversed(page_map) if e[0] < end <= e[0] + e[3]), None)
+    if first is None or last is None:
+        return None, None
+    return first[2] + start - first[0], last[2] + end - last[0]
+
+
 def pages_of_span(page_map: list, start: int, end: int) -> tuple[int | None, int | None]:
     """Physical pages covered by chunk characters ``[start, end)``."""
     pages = [page for offset, page, _, length, *_ in page_map
@@ -1925,13 +1934,14 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
         page, page_end = pages_of_span(page_map, start, end)
         if page is None:
             page, page_end = row["page"], row["page_end"]
+        char_start, char_end = page_offsets_of_span(page_map, start, end)
         labels = json.loads(row["page_labels"]) if row["page_labels"] else []
         label = (labels[page - 1] or None) if page and page <= len(labels) else None
         records.append({
             "chunk_id": row["id"], "doc_id": row["doc_id"], "path": row["path"], "file": Path(row["path"]).name,
             "title": row["title"], "authors": json.loads(row["authors"] or "[]"), "year": row["year"],
             "journal": row["journal"], "doi": row["doi"], "kind": row["kind"], "section": row["section"],
-            "page": page, "page_end": page_end, "page_label": label,
+            "page": page, "page_end": page_end, "page_label": label, "char_start": char_start, "char_end": char_end,
             "score": hit.score if math.isfinite(hit.score) else 0.0, "snippet": snippet,
         })
     return records

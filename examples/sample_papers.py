@@ -87,6 +87,7 @@ class Flow:
         self.ml, self.mr, self.mt, self.mb = margins
         self.columns, self.gutter = columns, gutter
         self.page_numbers = page_numbers
+        self.footer_labels: list[str] | None = None  # printed numbers, when not 1, 2, 3...
         self.items: list[dict] = []
         self.page = -1
         self.new_page()
@@ -217,10 +218,11 @@ class Flow:
 
     # output ---------------------------------------------------------------
     def save(self, path, metadata: dict | None = None, stream_order: str = "reading",
-             **save_options) -> Path:
+             page_labels: list[dict] | None = None, **save_options) -> Path:
         """Write the PDF. stream_order='right-first' writes, on every page, the
         full-width text first and then the columns from right to left, so that
-        the content stream order differs from the reading order."""
+        the content stream order differs from the reading order. page_labels are
+        PyMuPDF label rules (printed page numbers such as i, ii, 1, 2)."""
         doc = pymupdf.open()
         for pno in range(self.page + 1):
             page = doc.new_page(width=self.w, height=self.h)
@@ -234,12 +236,14 @@ class Flow:
                 else:
                     _draw_figure(page, pymupdf.Rect(it["rect"]))
             if self.page_numbers:
-                label = str(pno + 1)
+                label = self.footer_labels[pno] if self.footer_labels else str(pno + 1)
                 x = (self.w - _width("tiro", label, 9)) / 2
                 writer.append((x, self.h - self.mb / 2), label, font=_font("tiro"), fontsize=9)
             writer.write_text(page)
         if metadata:
             doc.set_metadata(metadata)
+        if page_labels:
+            doc.set_page_labels(page_labels)
         return _save(doc, path, **save_options)
 
 
@@ -937,6 +941,35 @@ def make_markdown(outdir, name="sparse_attention.md") -> Path:
 
 
 # ---------------------------------------------------------------------------
+# 8b. printed page labels (roman front matter, arabic body)
+
+LABELS_TITLE = "Winter Plumage Moult in Rock Ptarmigan"
+LABELS_PAGES = {  # physical page -> (printed label, sentence unique to that page)
+    1: ("i", "This report on rock ptarmigan was prepared for the alpine wildlife survey committee."),
+    2: ("ii", "The preface thanks the volunteer observers who counted ptarmigan flocks on snowfields."),
+    3: ("1", "Ptarmigan replace their brown summer feathers with white winter plumage in October."),
+    4: ("2", "Moult timing shifted by nine days earlier at sites where snow arrived later in autumn."),
+}
+
+
+def make_page_labels_paper(outdir, name="ptarmigan_page_labels.pdf") -> Path:
+    """Four pages whose printed labels are i, ii, 1, 2 (PDF page labels)."""
+    f = Flow(A4)
+    f.footer_labels = [label for label, _ in LABELS_PAGES.values()]
+    for pno, (label, sentence) in LABELS_PAGES.items():
+        if pno > 1:
+            f.new_page()
+        if pno == 1:
+            f.paragraph(LABELS_TITLE, font="tibo", size=16, after=6)
+            f.line("Greta Halvorsen", size=11)
+        f.heading({1: "Abstract", 2: "Preface", 3: "1 Introduction", 4: "2 Results"}[pno])
+        f.paragraph(sentence + " " + " ".join([sentence] * 2))
+    labels = [{"startpage": 0, "prefix": "", "style": "r", "firstpagenum": 1},
+              {"startpage": 2, "prefix": "", "style": "D", "firstpagenum": 1}]
+    return f.save(Path(outdir) / name, _meta(LABELS_TITLE, ["Greta Halvorsen"], 2012), page_labels=labels)
+
+
+# ---------------------------------------------------------------------------
 # 9. filler papers: many distinct multi-page documents (for bulk / crash tests)
 
 _FILLER_TOPICS = ["soil nitrogen cycling", "wind turbine wakes", "bird song learning", "concrete carbonation",
@@ -1082,6 +1115,9 @@ def verify(path) -> str:
         assert "electro-\nchemical" in text and "de-\nsolvation" in text, "hyphen must end a line"
     elif name.startswith("photocatalysis"):
         assert FFI in text and FI in text, "ligature characters must be in the text layer"
+    elif name.startswith("ptarmigan"):
+        with pymupdf.open(path) as doc:
+            assert [p.get_label() for p in doc] == [lab for lab, _ in LABELS_PAGES.values()]
     elif name.startswith("perovskite"):
         for head in ("摘要", "一、引言", "二、方法", "参考文献"):
             assert head in text, head

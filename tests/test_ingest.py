@@ -257,3 +257,27 @@ def test_unchanged_means_path_size_mtime(engine, papers, kb_root):
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
     f = by_name(ingest(engine, kb_root, target))[target.name]
     assert f["status"] == "error", f
+
+
+def test_unicode_and_space_in_paths(engine, tmp_path, kb_root):
+    lib = tmp_path / "文献 library (2024)"
+    paper = sp.make_onecolumn_paper(lib, name="石墨烯 graphene – Chen et al. (2019).pdf")
+    note = sp.make_markdown(lib / "sub dir", name="notes é.md")
+    resp = ingest(engine, kb_root, lib)
+    files = by_name(resp)
+    assert files[paper.name]["status"] == "added" and files[note.name]["status"] == "added"
+    hits, _ = search_paths(engine, kb_root, "graphene nucleation copper")
+    assert hits and hits[0] == paper and hits[0].is_file()
+    again = by_name(ingest(engine, kb_root, lib))
+    assert again[paper.name]["status"] == "skipped"
+
+
+def test_symlink_loop_in_directory(engine, tmp_path, kb_root):
+    lib = tmp_path / "lib"
+    sp.make_hyphenated_paper(lib)
+    (lib / "loop").symlink_to(lib, target_is_directory=True)
+    (lib / "dangling.pdf").symlink_to(tmp_path / "does-not-exist.pdf")
+    resp = ingest(engine, kb_root, lib)
+    added = [f for f in resp["files"] if f["status"] == "added"]
+    assert len(added) == 1 and Path(added[0]["path"]).name == "battery_electrolytes.pdf", resp["files"]
+    assert all(f["status"] in ("added", "error", "skipped", "duplicate") for f in resp["files"])

@@ -87,6 +87,15 @@ def test_special_pdfs(sample_dir):
             raise ValueError("no pages")
 
 
+def test_page_labels_fixture(tmp_path):
+    path = sp.make_page_labels_paper(tmp_path)
+    sp.verify(path)
+    with pymupdf.open(path) as doc:
+        for pno, (label, sentence) in sp.LABELS_PAGES.items():
+            assert doc[pno - 1].get_label() == label
+            assert sentence in " ".join(doc[pno - 1].get_text().split())
+
+
 def test_cli_writes_quickstart(tmp_path):
     proc = subprocess.run([sys.executable, str(EXAMPLES / "sample_papers.py"), str(tmp_path), "--verify"],
                           capture_output=True, text=True, timeout=120)

@@ -334,3 +334,24 @@ def test_result_kind_matches_file(search):
     for r in resp["results"]:
         assert Path(r["path"]).suffix == ext[r["kind"]], r
         assert re.fullmatch(r".+", r["file"]) and r["file"] == Path(r["path"]).name
+
+
+def test_page_labels(engine, tmp_path, kb_engine):
+    paper = sp.make_page_labels_paper(tmp_path / "lib")
+    kb = tmp_path / "kb"
+    engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+    for pno, (label, sentence) in sp.LABELS_PAGES.items():
+        query = " ".join(sentence.split()[:8])
+        resp = engine.execute("search", {"query": query, "kb_root": str(kb), "top_k": 3})
+        top = resp["results"][0]
+        assert top["page"] <= pno <= top["page_end"], (pno, top["page"], top["page_end"], top["snippet"][:80])
+        # the label belongs to the page the snippet starts on
+        assert top["page_label"] == sp.LABELS_PAGES[top["page"]][0], (pno, top["page"], top["page_label"])
+        check_hit_provenance(top, kb_engine)
+        labels = {r["page"]: r["page_label"] for r in resp["results"]}
+        assert all(sp.LABELS_PAGES[p][0] == lab for p, lab in labels.items()), labels
+
+
+def test_pdf_without_labels_has_null_or_numeric_label(search):
+    for r in search("graphene nucleation copper", top_k=20)["results"]:
+        assert r["page_label"] in (None, str(r["page"])), r["page_label"]
