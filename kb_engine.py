@@ -13,9 +13,10 @@ Contents (each layer only calls the layers above it):
     4. Extraction ........ PDF (PyMuPDF structured text), DOCX, TXT/MD -> blocks
     5. Metadata .......... title, authors, year, DOI, language
     6. Chunking .......... sections, weights, captions, size-capped chunks
-    7. Retrieval ......... FTS5 keyword search, filters, snippets
-    8. Commands .......... ingest, search, docs, stats, dedup, clear
-    9. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
+    7. Models ............ embedder, cross-encoder, devices, time-boxed downloads
+    8. Retrieval ......... FTS5 keyword, FAISS vectors, RRF fusion, rerank, snippets
+    9. Commands .......... ingest, search, rag, docs, stats, dedup, delete, reembed, ...
+   10. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -416,6 +417,9 @@ class Library:
         self.conn = conn
         self.writable = writable
         self.has_fts5 = self._table_exists("chunks_fts")
+        # chunk ids removed / vectors stored by this process since the engine last synced its index
+        self.removed_chunk_ids: list[int] = []
+        self.stored_vector_ids: list[int] = []
 
     @property
     def db_path(self) -> Path:
@@ -492,7 +496,16 @@ class Library:
 
     # -- transactions ---------------------------------------------------------
     def transaction(self):
-        return _Transaction(self.conn)
+        return _Transaction(self.conn, on_commit=self._bump_generation)
+
+    def generation(self) -> int:
+        """Counter bumped by every committed write, in any process: caches compare against it."""
+        value = self.get_meta("generation")
+        return int(value) if value and value.isdigit() else 0
+
+    def _bump_generation(self) -> None:
+        self.conn.execute("INSERT INTO meta(key, value) VALUES ('generation', '1') ON CONFLICT(key) DO UPDATE "
+                          "SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)")
 
     # -- meta -----------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -523,6 +536,7 @@ class Library:
         return existing["id"]
 
     def delete_chunks(self, doc_id: int) -> None:
+        self.removed_chunk_ids.extend(r[0] for r in self.conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,)))
         if not self.has_fts5:
             self.conn.execute("DELETE FROM chunk_terms WHERE chunk_id IN (SELECT id FROM chunks WHERE doc_id = ?)",
                               (doc_id,))
@@ -551,12 +565,32 @@ class Library:
     def invalidate_cache(self) -> None:
         self.conn.execute("DELETE FROM cache")
 
+    # -- vectors --------------------------------------------------------------
+    def vector_model(self) -> tuple[str | None, int | None]:
+        dim = self.get_meta("embed_dim")
+        return self.get_meta("embed_model"), int(dim) if dim and dim.isdigit() else None
+
+    def chunks_missing_vectors(self, limit: int) -> list[tuple[int, str]]:
+        return self.conn.execute("SELECT c.id, c.text FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
+                                 "WHERE v.chunk_id IS NULL ORDER BY length(c.text), c.id LIMIT ?", (limit,)).fetchall()
+
+    def count_missing_vectors(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
+                                 "WHERE v.chunk_id IS NULL").fetchone()[0]
+
+    def store_vectors(self, ids: list[int], matrix) -> None:
+        import numpy as np
+        rows = [(chunk_id, np.asarray(vector, dtype=np.float32).tobytes()) for chunk_id, vector in zip(ids, matrix)]
+        self.conn.executemany("INSERT OR REPLACE INTO vecs(chunk_id, vec) VALUES (?, ?)", rows)
+        self.stored_vector_ids.extend(ids)
+
 
 class _Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception."""
 
-    def __init__(self, conn: sqlite3.Connection):
+    def __init__(self, conn: sqlite3.Connection, on_commit: Callable[[], None] | None = None):
         self.conn = conn
+        self.on_commit = on_commit
 
     def __enter__(self):
         self.conn.execute("BEGIN IMMEDIATE")
@@ -564,6 +598,12 @@ class _Transaction:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
+            try:
+                if self.on_commit:
+                    self.on_commit()
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
             self.conn.execute("COMMIT")
         else:
             self.conn.execute("ROLLBACK")
@@ -1705,7 +1745,438 @@ def _joined(pieces: list[Piece]) -> str:
 
 
 # =============================================================================
-# 7. Retrieval
+# 7. Models
+# =============================================================================
+# Embedder and reranker load lazily, local files first.  A download is tried
+# only by calls that may wait (ingest, ``models``), always time-boxed; a query
+# never waits on one: it degrades and says so.
+
+DEFAULT_EMBED_MODEL = "BAAI/bge-small-zh-v1.5"
+DEFAULT_RERANK_MODEL = "BAAI/bge-reranker-base"
+DEFAULT_RERANK_FALLBACK = "BAAI/bge-large-en-v1.5"
+BGE_ZH_QUERY_PREFIX = "为这个句子生成表示以用于检索相关文章："
+DEFAULT_DOWNLOAD_TIMEOUT_S = 120.0
+CPU_BATCH = {"embed": 32, "rerank": 16}
+MIN_DEVICE_BATCH = 4
+
+
+class ModelUnavailable(Exception):
+    """A model that cannot be used now; the message says why and what to do."""
+
+
+def _env_model(var: str, default: str) -> str:
+    return (os.environ.get(var) or default).strip()
+
+
+def is_local_model(name: str) -> bool:
+    return os.path.isdir(os.path.expanduser(name))
+
+
+def model_id(name: str) -> str:
+    """Stable identifier recorded with vectors: the hub name, or the folder's absolute path."""
+    return os.path.abspath(os.path.expanduser(name)) if is_local_model(name) else name
+
+
+def offline_mode() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def download_timeout() -> float:
+    try:
+        return max(1.0, float(os.environ.get("KB_DOWNLOAD_TIMEOUT", DEFAULT_DOWNLOAD_TIMEOUT_S)))
+    except ValueError:
+        return DEFAULT_DOWNLOAD_TIMEOUT_S
+
+
+def quiet_model_libraries() -> None:
+    """Progress bars and advisory logs of the model libraries would clutter stderr (and never stdout)."""
+    for var, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TRANSFORMERS_VERBOSITY", "error"),
+                       ("TOKENIZERS_PARALLELISM", "false"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")):
+        os.environ.setdefault(var, value)
+
+
+def local_model_path(name: str) -> str | None:
+    """A folder holding the model without any network access, or None."""
+    if is_local_model(name):
+        return os.path.abspath(os.path.expanduser(name))
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(name, local_files_only=True)
+    except Exception:
+        return None
+
+
+class Downloads:
+    """Background hub downloads, one per model name; a caller waits at most its time box."""
+
+    def __init__(self):
+        import threading
+        self._lock = threading.Lock()
+        self._threads: dict[str, object] = {}
+        self._errors: dict[str, str] = {}
+
+    def fetch(self, name: str, wait_s: float) -> str:
+        """The model's local folder, downloading it for at most ``wait_s`` seconds."""
+        import threading
+        if offline_mode():
+            raise ModelUnavailable(f"{name} is not in the local model cache and HF_HUB_OFFLINE=1 forbids "
+                                   "downloading it; copy the model folder locally and point the variable at it")
+        with self._lock:
+            thread = self._threads.get(name)
+            if thread is None or (not thread.is_alive() and name in self._errors):
+                self._errors.pop(name, None)
+                thread = threading.Thread(target=self._download, args=(name,), daemon=True,
+                                          name=f"kb-download-{name}")
+                self._threads[name] = thread
+                thread.start()
+        thread.join(wait_s)
+        if thread.is_alive():
+            raise ModelUnavailable(f"downloading {name} did not finish within {wait_s:.0f}s; it goes on in the "
+                                   "background (set HF_ENDPOINT for a mirror, KB_DOWNLOAD_TIMEOUT to wait longer)")
+        if name in self._errors:
+            raise ModelUnavailable(f"{name} could not be downloaded: {self._errors[name]}")
+        path = local_model_path(name)
+        if path is None:
+            raise ModelUnavailable(f"{name} was downloaded but cannot be found in the local cache")
+        return path
+
+    def in_progress(self, name: str) -> bool:
+        thread = self._threads.get(name)
+        return bool(thread is not None and thread.is_alive())
+
+    def _download(self, name: str) -> None:
+        try:
+            from huggingface_hub import snapshot_download
+            snapshot_download(name)
+        except Exception as exc:
+            self._errors[name] = _short_error(exc)
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """Errors of the accelerator itself (out of memory, driver, kernel), as opposed to bugs or bad input."""
+    try:
+        import torch
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+    except Exception:
+        pass
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("cuda", "cudnn", "cublas", "out of memory", "device-side", "hip error",
+                                      "nccl", "mps backend"))
+
+
+class DeviceManager:
+    """Chooses cpu or cuda once per process (until ``rearm``) and records what happened."""
+
+    def __init__(self):
+        self.requested = (os.environ.get("KB_DEVICE") or "auto").strip().lower()
+        self.verdict: str | None = None
+        self.report: dict = {}
+
+    def rearm(self) -> None:
+        self.verdict = None
+        self.report = {}
+
+    def device(self) -> str:
+        if self.verdict is None:
+            self.verdict = self._decide()
+        return self.verdict
+
+    def _decide(self) -> str:
+        report = {"requested": self.requested, "probe": None, "cuda_available": False, "gpu": None, "vram_gb": None}
+        self.report = report
+        if self.requested not in ("auto", "cpu", "cuda") and not self.requested.startswith("cuda:"):
+            report["note"] = f"KB_DEVICE={self.requested!r} is not auto, cpu or cuda; using the CPU"
+            return "cpu"
+        if self.requested == "cpu":
+            return "cpu"
+        try:
+            import torch
+            report["cuda_available"] = bool(torch.cuda.is_available())
+        except Exception as exc:
+            report["gpu_disabled_reason"] = f"torch could not be imported: {_short_error(exc)}"
+            return "cpu"
+        if not report["cuda_available"]:
+            if self.requested != "auto":
+                report["gpu_disabled_reason"] = "CUDA was requested but torch sees no usable GPU"
+            return "cpu"
+        target = self.requested if self.requested.startswith("cuda:") else "cuda:0"
+        try:
+            props = torch.cuda.get_device_properties(torch.device(target))
+            report["gpu"], report["vram_gb"] = props.name, round(props.total_memory / 2**30, 1)
+        except Exception:
+            pass
+        if os.environ.get("KB_GPU_PROBE", "1") == "0":
+            report["probe"] = "skipped"
+            return target
+        try:
+            a = torch.ones((64, 64), device=target)
+            float((a @ a).sum().item())
+            torch.cuda.synchronize(torch.device(target))
+            report["probe"] = "ok"
+            return target
+        except Exception as exc:
+            report["probe"] = "failed"
+            report["gpu_disabled_reason"] = f"the GPU failed a test computation: {_short_error(exc)}"
+            return "cpu"
+
+    def default_batch(self, role: str, device: str) -> int:
+        env = os.environ.get("KB_EMBED_BATCH" if role == "embed" else "KB_RERANK_BATCH")
+        if env and env.isdigit() and int(env) > 0:
+            return int(env)
+        if device == "cpu":
+            return CPU_BATCH[role]
+        vram = self.report.get("vram_gb") or 8.0
+        base = 128 if role == "embed" else 64
+        return base if vram >= 8 else base // 2 if vram >= 4 else base // 4
+
+
+class _DeviceBoundModel:
+    """A model that runs batches with the spec's fallback: halve, then 4, then the CPU."""
+
+    role = "embed"
+
+    def __init__(self, name: str, devices: DeviceManager, model, device: str):
+        self.name = name
+        self.model_id = model_id(name)
+        self.devices = devices
+        self.model = model
+        self.device = device
+        self.batch = devices.default_batch(self.role, device)
+        self.note: str | None = None
+        self._halved = False
+
+    def _run(self, items: list, step: Callable[[list, int], list]) -> list:
+        out: list = []
+        i = 0
+        while i < len(items):
+            chunk = items[i:i + self.batch]
+            try:
+                out.extend(step(chunk, self.batch))
+                i += len(chunk)
+            except Exception as exc:
+                if self.device == "cpu" or not is_device_error(exc):
+                    raise
+                self._degrade(exc)
+        return out
+
+    def _degrade(self, exc: BaseException) -> None:
+        """Halve the batch, then drop it to 4, then move to the CPU; the call carries on each time."""
+        if self.batch > MIN_DEVICE_BATCH and not self._halved:
+            self.batch, self._halved = max(MIN_DEVICE_BATCH, self.batch // 2), True
+        elif self.batch > MIN_DEVICE_BATCH:
+            self.batch = MIN_DEVICE_BATCH
+        else:
+            self._to_cpu()
+            self.note = f"{self.role} model moved to the CPU after a device error: {_short_error(exc)}"
+            self.devices.report["gpu_disabled_reason"] = self.note
+            return
+        self.note = f"{self.role} batch reduced to {self.batch} after a device error: {_short_error(exc)}"
+
+    def _to_cpu(self) -> None:
+        try:
+            import torch
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+        except Exception:
+            pass
+        self.device = "cpu"
+        self.batch = self.devices.default_batch(self.role, "cpu")
+
+
+class Embedder(_DeviceBoundModel):
+    role = "embed"
+
+    @property
+    def dim(self) -> int:
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(getter())
+
+    @property
+    def query_prefix(self) -> str:
+        lowered = self.name.lower()
+        return BGE_ZH_QUERY_PREFIX if "bge" in lowered and "zh" in lowered else ""
+
+    def _encode(self, texts: list[str], batch: int) -> list:
+        import numpy as np
+        vectors = self.model.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True,
+                                    show_progress_bar=False)
+        return list(np.asarray(vectors, dtype=np.float32))
+
+    def encode_passages(self, texts: list[str]):
+        """Unit vectors in input order; texts are batched by length so padding stays small."""
+        import numpy as np
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        encoded = self._run([texts[i] for i in order], self._encode)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for position, index in enumerate(order):
+            out[index] = encoded[position]
+        return _finite_rows(out)
+
+    def encode_query(self, query: str):
+        return self.encode_passages([self.query_prefix + query])[0]
+
+
+class Reranker(_DeviceBoundModel):
+    role = "rerank"
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        def step(chunk, batch):
+            scores = self.model.predict([(query, p) for p in chunk], batch_size=batch, show_progress_bar=False)
+            return [float(s) for s in list(scores)]
+        return [s if math.isfinite(s) else 0.0 for s in self._run(passages, step)]
+
+
+class BiEncoderReranker:
+    """Fallback reranker: cosine between query and passage under a second embedding model."""
+
+    def __init__(self, embedder: Embedder):
+        self.embedder = embedder
+        self.name = embedder.name
+        self.device = embedder.device
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        query_vec = self.embedder.encode_query(query)
+        return [float(x) for x in self.embedder.encode_passages(passages) @ query_vec]
+
+
+def _finite_rows(matrix):
+    import numpy as np
+    bad = ~np.isfinite(matrix).all(axis=1)
+    if bad.any():
+        matrix[bad] = 0.0
+    return matrix
+
+
+class Models:
+    """The engine's models: created on first use, kept for the life of the process."""
+
+    def __init__(self):
+        quiet_model_libraries()
+        self.devices = DeviceManager()
+        self.downloads = Downloads()
+        self._embedder: Embedder | None = None
+        self._reranker = None
+        self._failures: dict[str, str] = {}
+
+    @property
+    def embed_name(self) -> str:
+        return _env_model("KB_EMBED_MODEL", DEFAULT_EMBED_MODEL)
+
+    @property
+    def rerank_name(self) -> str:
+        return _env_model("KB_RERANK_MODEL", DEFAULT_RERANK_MODEL)
+
+    @property
+    def rerank_fallback_name(self) -> str | None:
+        value = os.environ.get("KB_RERANK_FALLBACK", DEFAULT_RERANK_FALLBACK).strip()
+        return None if value.lower() in ("", "none", "off", "0") else value
+
+    def loaded(self) -> dict:
+        return {"embedder": self._embedder.model_id if self._embedder else None,
+                "reranker": getattr(self._reranker, "name", None)}
+
+    def drop(self) -> None:
+        self._embedder = None
+        self._reranker = None
+        self._failures.clear()
+        try:
+            import gc
+            import torch
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+    def _path(self, name: str, may_download: bool) -> str:
+        path = local_model_path(name)
+        if path is not None:
+            return path
+        if not may_download:
+            hint = " (a download is under way)" if self.downloads.in_progress(name) else ""
+            raise ModelUnavailable(f"{name} is not available locally{hint}")
+        return self.downloads.fetch(name, download_timeout())
+
+    def embedder(self, may_download: bool = False) -> Embedder:
+        """The configured embedder; raises ModelUnavailable with the reason."""
+        name = self.embed_name
+        if self._embedder is not None and self._embedder.name == name:
+            return self._embedder
+        path = self._path(name, may_download)
+        device = self.devices.device()
+        try:
+            from sentence_transformers import SentenceTransformer
+            model = SentenceTransformer(path, device=device, local_files_only=True)
+        except Exception as exc:
+            if device != "cpu" and is_device_error(exc):
+                self.devices.report["gpu_disabled_reason"] = f"embedder failed to load on {device}: {_short_error(exc)}"
+                device = "cpu"
+                from sentence_transformers import SentenceTransformer
+                model = SentenceTransformer(path, device=device, local_files_only=True)
+            else:
+                raise ModelUnavailable(f"{name} could not be loaded: {type(exc).__name__}: {_short_error(exc)}") from None
+        self._embedder = Embedder(name, self.devices, model, device)
+        self.devices.report["embed_device"] = device
+        return self._embedder
+
+    def reranker(self, may_download: bool = False):
+        """The cross-encoder, else the configured bi-encoder fallback; raises ModelUnavailable."""
+        name = self.rerank_name
+        if self._reranker is not None:
+            return self._reranker
+        try:
+            path = self._path(name, may_download)
+            device = self.devices.device()
+            from sentence_transformers import CrossEncoder
+            try:
+                model = CrossEncoder(path, device=device, local_files_only=True)
+            except Exception as exc:
+                if device == "cpu" or not is_device_error(exc):
+                    raise
+                device = "cpu"
+                model = CrossEncoder(path, device=device, local_files_only=True)
+            self._reranker = Reranker(name, self.devices, model, device)
+            self.devices.report["rerank_device"] = device
+            return self._reranker
+        except Exception as exc:
+            primary = str(exc) if isinstance(exc, ModelUnavailable) else f"{type(exc).__name__}: {_short_error(exc)}"
+        fallback = self.rerank_fallback_name
+        if fallback:
+            try:
+                path = self._path(fallback, may_download)
+                from sentence_transformers import SentenceTransformer
+                device = self.devices.device()
+                model = SentenceTransformer(path, device=device, local_files_only=True)
+                self._reranker = BiEncoderReranker(Embedder(fallback, self.devices, model, device))
+                return self._reranker
+            except Exception as exc:
+                primary += f"; fallback {fallback}: {exc}"
+        raise ModelUnavailable(f"no reranker: {primary}")
+
+    def start_background_download(self, name: str) -> None:
+        """Let a later query find the model, without making this one wait."""
+        if not offline_mode() and not is_local_model(name) and local_model_path(name) is None:
+            try:
+                self.downloads.fetch(name, 0.0)
+            except ModelUnavailable:
+                pass
+
+    def device_report(self) -> dict:
+        report = dict(self.devices.report) or {"requested": self.devices.requested, "probe": None}
+        report["batch"] = {role: getattr(model, "batch", None) for role, model in
+                           (("embed", self._embedder), ("rerank", self._reranker)) if model is not None}
+        for role, model in (("embed_device", self._embedder), ("rerank_device", self._reranker)):
+            if model is not None:
+                report[role] = model.device
+            if model is not None and getattr(model, "note", None):
+                report["note"] = model.note
+        return report
+
+
+# =============================================================================
+# 8. Retrieval
 # =============================================================================
 
 FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path")
@@ -1947,8 +2418,157 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
     return records
 
 
+# -- vectors ----------------------------------------------------------------------
+
+RRF_K = 60
+RERANK_POOL = 20
+
+
+class VectorIndex:
+    """Exact inner-product FAISS index over a library's vectors, keyed by chunk id."""
+
+    def __init__(self, dim: int, model: str):
+        import faiss
+        self.dim = dim
+        self.model = model
+        self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self.generation = -1
+
+    @classmethod
+    def load(cls, lib: Library, dim: int, model: str) -> "VectorIndex":
+        import numpy as np
+        index = cls(dim, model)
+        index.generation = lib.generation()
+        cursor = lib.conn.execute("SELECT chunk_id, vec FROM vecs")
+        while True:
+            rows = cursor.fetchmany(20_000)
+            if not rows:
+                break
+            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+            index.index.add_with_ids(matrix, ids)
+        return index
+
+    def __len__(self) -> int:
+        return self.index.ntotal
+
+    def add(self, lib: Library, chunk_ids: list[int]) -> None:
+        import numpy as np
+        for start in range(0, len(chunk_ids), 900):
+            batch = chunk_ids[start:start + 900]
+            rows = lib.conn.execute(f"SELECT chunk_id, vec FROM vecs WHERE chunk_id IN ({', '.join('?' * len(batch))})",
+                                    batch).fetchall()
+            if rows:
+                self.remove([r[0] for r in rows])
+                matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
+                self.index.add_with_ids(matrix, np.array([r[0] for r in rows], dtype=np.int64))
+
+    def remove(self, chunk_ids: list[int]) -> None:
+        import numpy as np
+        if chunk_ids:
+            self.index.remove_ids(np.array(chunk_ids, dtype=np.int64))
+
+    def search(self, query_vec, k: int, allowed_ids: list[int] | None) -> list[tuple[int, float]]:
+        """(chunk id, cosine) best first; ``allowed_ids`` restricts the search before top-k."""
+        import faiss
+        import numpy as np
+        if self.index.ntotal == 0 or k <= 0:
+            return []
+        params = None
+        if allowed_ids is not None:
+            if not allowed_ids:
+                return []
+            params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(np.array(allowed_ids, dtype=np.int64)))
+        k = min(k, self.index.ntotal)
+        scores, ids = self.index.search(np.asarray(query_vec, dtype=np.float32).reshape(1, -1), k, params=params)
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0 and math.isfinite(float(s))]
+
+
+def filtered_chunk_ids(lib: Library, filters: dict | None) -> list[int] | None:
+    """Chunk ids passing the filters (None when there are no filters)."""
+    where, params = filter_sql(filters)
+    if not where:
+        return None
+    rows = lib.conn.execute(f"SELECT c.id FROM chunks c JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where}", params)
+    return [r[0] for r in rows]
+
+
+def chunk_weights(lib: Library, ids: Iterable[int]) -> dict[int, float]:
+    ids = list(ids)
+    weights = {}
+    for start in range(0, len(ids), 900):
+        batch = ids[start:start + 900]
+        weights.update(lib.conn.execute(f"SELECT id, weight FROM chunks WHERE id IN ({', '.join('?' * len(batch))})",
+                                        batch).fetchall())
+    return weights
+
+
+def rrf_fuse(rankings: list[list[int]], weights: dict[int, float]) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion, sum of 1 / (60 + rank), times each chunk's section weight, best first."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, chunk_id in enumerate(ranking, start=1):
+            fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (RRF_K + rank)
+    scored = [(cid, score * weights.get(cid, 1.0)) for cid, score in fused.items()]
+    scored.sort(key=lambda item: (-item[1], item[0]))
+    return scored
+
+
+def chunk_texts(lib: Library, ids: list[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    return dict(lib.conn.execute(f"SELECT id, text FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids))
+
+
+def doc_centroids(lib: Library, dim: int):
+    """(doc ids, unit centroid matrix) of every document with vectors."""
+    import numpy as np
+    sums: dict[int, object] = {}
+    counts: dict[int, int] = {}
+    cursor = lib.conn.execute("SELECT c.doc_id, v.vec FROM vecs v JOIN chunks c ON c.id = v.chunk_id")
+    while True:
+        rows = cursor.fetchmany(20_000)
+        if not rows:
+            break
+        for doc_id, blob in rows:
+            vector = np.frombuffer(blob, dtype=np.float32)
+            if doc_id in sums:
+                sums[doc_id] = sums[doc_id] + vector
+            else:
+                sums[doc_id] = vector.copy()
+            counts[doc_id] = counts.get(doc_id, 0) + 1
+    ids = sorted(sums)
+    if not ids:
+        return [], np.zeros((0, dim), dtype=np.float32)
+    matrix = np.stack([sums[i] for i in ids]).astype(np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return ids, matrix / norms
+
+
+def query_language(query: str) -> str:
+    return "zh" if cjk_ratio(query) > 0.3 else "en"
+
+
+def language_note(query: str, library_langs: dict[str, int]) -> str | None:
+    """A note when the query's script differs from the language most of the library is written in."""
+    total = sum(library_langs.values())
+    if not total:
+        return None
+    dominant = max(library_langs, key=library_langs.get)
+    share = library_langs[dominant] / total
+    asked = query_language(query)
+    if asked == dominant or share < 0.8:
+        return None
+    if asked == "zh":
+        return (f"the query is Chinese but {share:.0%} of the library is English: keyword matching cannot bridge "
+                "the languages and results lean on vector similarity; an English term query retrieves better")
+    return (f"the query is English but {share:.0%} of the library is Chinese: keyword matching cannot bridge "
+            "the languages; a Chinese query retrieves better")
+
+
 # =============================================================================
-# 8. Commands
+# 9. Commands
 # =============================================================================
 
 def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
@@ -2142,7 +2762,41 @@ def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, sta
     return _file_entry(path, status, started, len(chunks), meta.title)
 
 
-def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None) -> dict:
+def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict], None] | None,
+                         may_download: bool = True) -> dict:
+    """Encode every chunk without a vector (new chunks, or ones stored while no model was available)."""
+    missing = lib.count_missing_vectors()
+    if not missing or embeddings_disabled(models):
+        return {"vectors_written": 0, "vectors_missing": missing}
+    recorded, _ = lib.vector_model()
+    try:
+        embedder = models.embedder(may_download=may_download)
+    except ModelUnavailable as exc:
+        return {"vectors_written": 0, "vectors_missing": missing,
+                "note": f"vectors not computed: {exc}. Keyword search works; the next ingest or reembed adds them"}
+    if recorded is not None and recorded != embedder.model_id:
+        return {"vectors_written": 0, "vectors_missing": missing,
+                "note": f"vectors not computed: the library's vectors were made with {recorded}, the configured "
+                        f"model is {embedder.model_id}; run reembed to re-encode the library with it"}
+    written = 0
+    while True:
+        batch = lib.chunks_missing_vectors(256)
+        if not batch:
+            break
+        matrix = embedder.encode_passages([text for _, text in batch])
+        with lib.transaction():
+            if recorded is None:
+                lib.set_meta("embed_model", embedder.model_id)
+                lib.set_meta("embed_dim", str(embedder.dim))
+                recorded = embedder.model_id
+            lib.store_vectors([chunk_id for chunk_id, _ in batch], matrix)
+        written += len(batch)
+        if progress:
+            progress({"phase": "embed", "done": written, "total": missing})
+    return {"vectors_written": written, "vectors_missing": lib.count_missing_vectors(), "model": embedder.model_id}
+
+
+def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
     paths = payload.get("paths", payload.get("path"))
     if isinstance(paths, str):
         paths = [paths]
@@ -2154,48 +2808,296 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     for done, (path, explicit) in enumerate(files, start=1):
         entries.append(ingest_file(lib, path, explicit, force))
         if progress:
-            progress({"done": done, "total": len(files), "path": path, "status": entries[-1]["status"]})
+            progress({"phase": "files", "done": done, "total": len(files), "path": path,
+                      "status": entries[-1]["status"]})
     totals = {status: 0 for status in INGEST_STATUSES}
     for entry in entries:
         totals[entry["status"]] += 1
     totals["files"] = len(entries)
     totals["chunks"] = sum(e["chunks"] for e in entries)
     totals["chunks_written"] = sum(e["chunks"] for e in entries if e["status"] in (STATUS_ADDED, STATUS_UPDATED))
-    return {"files": entries, "totals": totals, "kb_root": str(lib.root)}
+    vectors = embed_missing_chunks(lib, models, progress)
+    totals["vectors_written"], totals["vectors_missing"] = vectors["vectors_written"], vectors["vectors_missing"]
+    response = {"files": entries, "totals": totals, "kb_root": str(lib.root)}
+    if vectors.get("note"):
+        response["note"] = vectors["note"]
+    return response
 
 
-# -- search -------------------------------------------------------------------
+# -- search and rag -------------------------------------------------------------
 
 SEARCH_MODES = ("keyword", "vector", "hybrid")
+SEARCH_DEPTHS = ("quick", "deep")
+RAG_TOP_K, RAG_SNIPPET_CHARS = 3, 600
+QUERY_CACHE_SIZE = 256
+RELATED_MAX = 5
 
 
-def cmd_search(lib: Library | None, payload: dict) -> dict:
+class LibraryState:
+    """What the engine keeps in memory for one library between commands."""
+
+    def __init__(self):
+        from collections import OrderedDict
+        self.index: VectorIndex | None = None
+        self.query_cache: "OrderedDict[str, tuple[int, dict]]" = OrderedDict()
+        self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
+
+    def reset(self) -> None:
+        self.index = None
+        self.query_cache.clear()
+        self.centroids = None
+
+    def cached(self, key: str, generation: int) -> dict | None:
+        entry = self.query_cache.get(key)
+        if entry is None or entry[0] != generation:
+            return None
+        self.query_cache.move_to_end(key)
+        return json.loads(entry[1])
+
+    def remember(self, key: str, generation: int, response: dict) -> None:
+        self.query_cache[key] = (generation, json.dumps(response))
+        self.query_cache.move_to_end(key)
+        while len(self.query_cache) > QUERY_CACHE_SIZE:
+            self.query_cache.popitem(last=False)
+
+
+def embeddings_disabled(models: Models) -> bool:
+    return models.embed_name.lower() in ("none", "off", "0")
+
+
+def library_embedder(lib: Library, models: Models) -> Embedder:
+    """The embedder whose vectors this library holds; raises ModelUnavailable otherwise."""
+    if embeddings_disabled(models):
+        raise ModelUnavailable("embeddings are switched off (KB_EMBED_MODEL=none)")
+    recorded, _ = lib.vector_model()
+    if recorded is None:
+        raise ModelUnavailable("the library has no vectors yet (run ingest with an embedding model available)")
+    embedder = models.embedder(may_download=False)
+    if embedder.model_id != recorded:
+        raise ModelUnavailable(f"the library's vectors were made with {recorded} but the configured model is "
+                               f"{embedder.model_id}; run reembed to switch")
+    return embedder
+
+
+def vector_index(lib: Library, state: LibraryState, embedder: Embedder) -> VectorIndex:
+    """The in-memory index, loaded once and reloaded only when another process changed the library."""
+    index = state.index
+    if index is None or index.model != embedder.model_id or index.generation != lib.generation():
+        state.index = index = VectorIndex.load(lib, embedder.dim, embedder.model_id)
+    return index
+
+
+def _search_request(payload: dict, rag: bool) -> dict:
     query = payload.get("query")
     if not isinstance(query, str) or not query.strip():
         raise KBError("bad_request", "query must be a non-empty string")
-    top_k = _opt_int(payload, "top_k", DEFAULT_TOP_K, 1, MAX_TOP_K)
-    snippet = _opt_int(payload, "snippet", DEFAULT_SNIPPET_CHARS, 0, 100_000)
-    mode = _opt_str(payload, "mode", "keyword") or "keyword"
+    mode = _opt_str(payload, "mode", "hybrid") or "hybrid"
     if mode not in SEARCH_MODES:
         raise KBError("bad_request", f"unknown mode {mode!r}; use one of {', '.join(SEARCH_MODES)}")
-    if mode != "keyword":
-        raise KBError("mode_unavailable", f"mode {mode!r} needs the embedding model layer, which this engine "
-                                          "version does not include yet; use mode \"keyword\"")
+    depth = _opt_str(payload, "depth", "deep" if rag else "quick") or ("deep" if rag else "quick")
+    if depth not in SEARCH_DEPTHS:
+        raise KBError("bad_request", f"unknown depth {depth!r}; use quick or deep")
     filters = payload.get("filters")
-    filter_sql(filters)          # validate even when the library is empty
-    response = {"query": query, "mode": mode, "results": [], "count": 0}
+    filter_sql(filters)
+    return {"query": query, "mode": mode, "depth": depth, "filters": filters or None,
+            "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
+            "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
+            "cache": _opt_bool(payload, "cache", True)}
+
+
+def _cache_key(request: dict, models: Models, rag: bool) -> str:
+    normalised = " ".join(normalize_text(request["query"]).lower().split())
+    parts = [normalised, request["filters"], request["top_k"], request["snippet"], request["mode"], request["depth"],
+             models.rerank_name, models.embed_name, rag]
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object]:
+    """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None)."""
+    query, mode, top_k, filters = request["query"], request["mode"], request["top_k"], request["filters"]
     terms = query_terms(query)
-    if not terms:
+    pool = max(50, top_k * 5)
+    notes: list[str] = []
+    keyword: list[tuple[int, float]] = []
+    vector: list[tuple[int, float]] = []
+    query_vec = None
+    if mode in ("vector", "hybrid"):
+        try:
+            embedder = library_embedder(lib, models)
+            index = vector_index(lib, state, embedder)
+            query_vec = embedder.encode_query(query)
+            vector = index.search(query_vec, pool, filtered_chunk_ids(lib, filters))
+        except ModelUnavailable as exc:
+            notes.append(f"vector search unavailable: {exc}; using keyword search")
+            if mode == "vector":
+                mode = "keyword"
+            if not embeddings_disabled(models):
+                models.start_background_download(models.embed_name)
+    if mode in ("keyword", "hybrid") and terms:
+        keyword = keyword_candidates(lib, terms, filters, pool)
+    if keyword and vector:
+        weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
+        fused = rrf_fuse([[cid for cid, _ in keyword], [cid for cid, _ in vector]], weights)
+        kind = "rrf"
+    elif vector:
+        weights = chunk_weights(lib, (cid for cid, _ in vector))
+        fused = sorted(((cid, score * weights.get(cid, 1.0)) for cid, score in vector), key=lambda x: (-x[1], x[0]))
+        kind = "cosine"
+    else:
+        fused, kind = keyword, "bm25"
+    hits = [SearchHit(cid, score) for cid, score in fused]
+    if request["depth"] == "deep" and hits:
+        hits, kind = rerank(lib, query, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
+    return hits[:top_k], kind, notes, query_vec
+
+
+def rerank(lib: Library, query: str, pool: list[SearchHit], models: Models, notes: list, kind: str):
+    try:
+        reranker = models.reranker(may_download=False)
+    except ModelUnavailable as exc:
+        notes.append(f"not reranked ({exc}); results in fused order")
+        models.start_background_download(models.rerank_name)
+        return pool, kind
+    texts = chunk_texts(lib, [h.chunk_id for h in pool])
+    scores = reranker.score(query, [texts.get(h.chunk_id, "") for h in pool])
+    reranked = sorted((SearchHit(h.chunk_id, s) for h, s in zip(pool, scores)), key=lambda h: (-h.score, h.chunk_id))
+    if isinstance(reranker, BiEncoderReranker):
+        notes.append(f"cross-encoder unavailable; reranked with the bi-encoder {reranker.name}")
+        return reranked, "bi-encoder"
+    return reranked, "rerank"
+
+
+def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState, rag: bool = False) -> tuple[dict, object]:
+    request = _search_request(payload, rag)
+    response = {"query": request["query"], "mode": request["mode"], "depth": request["depth"], "results": [],
+                "count": 0, "cached": False}
+    if not query_terms(request["query"]):
         response["note"] = "the query has no searchable terms (only stopwords or punctuation); add content words"
-        return response
+        return response, None
     if lib is None:
         response["note"] = "the library is empty: ingest documents first"
-        return response
-    hits = [SearchHit(cid, score) for cid, score in keyword_candidates(lib, terms, filters, top_k)]
-    response["results"] = hit_records(lib, hits, terms, snippet)
+        return response, None
+    generation = lib.generation()
+    key = _cache_key(request, models, rag)
+    if request["cache"]:
+        cached = state.cached(key, generation)
+        if cached is not None:
+            cached["cached"] = True
+            return cached, None
+    hits, kind, notes, query_vec = retrieve(lib, request, models, state)
+    response["results"] = hit_records(lib, hits, query_terms(request["query"]), request["snippet"])
     response["count"] = len(response["results"])
+    response["score_kind"] = kind
+    if request["depth"] == "deep" and kind in ("rerank", "bi-encoder"):
+        response["reranker"] = models.rerank_name if kind == "rerank" else models.rerank_fallback_name
     if not response["results"]:
-        response["note"] = "no passage matches the query" + (" with these filters" if filters else "")
+        notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
+    langs = dict(lib.conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
+                                  "GROUP BY lang").fetchall())
+    lang_note = language_note(request["query"], langs)
+    if lang_note:
+        response["lang_note"] = lang_note
+    if notes:
+        response["notes"] = notes
+        response["note"] = "; ".join(notes)
+    if request["cache"]:
+        state.remember(key, generation, response)
+    return response, query_vec
+
+
+def cmd_search(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
+    return run_search(lib, payload, models, state)[0]
+
+
+GUIDANCE = {
+    "en": ("Answer only from the evidence below. Quote the passages you rely on and cite each one as (first author, "
+           "year, section, p. page), with its DOI when it has one. If the evidence does not answer the question, "
+           "say so plainly rather than filling the gap from memory."),
+    "zh": ("请只依据下面的证据作答。引用所依据的原文段落，并按（第一作者，年份，章节，页码）注明出处，有 DOI 时一并给出。"
+           "如果证据不足以回答问题，请直接说明，不要凭记忆补充。"),
+}
+
+
+def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:
+    """Other library papers close to the evidence: by topic (document centroids) or shared authors."""
+    import numpy as np
+    if query_vec is None or not evidence:
+        return []
+    embedder = library_embedder(lib, models)
+    generation = lib.generation()
+    if state.centroids is None or state.centroids[:2] != (generation, embedder.model_id):
+        ids, matrix = doc_centroids(lib, embedder.dim)
+        state.centroids = (generation, embedder.model_id, ids, matrix)
+    _, _, ids, matrix = state.centroids
+    if not ids:
+        return []
+    position = {doc_id: i for i, doc_id in enumerate(ids)}
+    evidence_docs = [e["doc_id"] for e in evidence if e["doc_id"] in position]
+    if not evidence_docs:
+        return []
+    anchor = matrix[[position[d] for d in dict.fromkeys(evidence_docs)]].mean(axis=0)
+    anchor /= np.linalg.norm(anchor) or 1.0
+    to_evidence, to_query = matrix @ anchor, matrix @ np.asarray(query_vec, dtype=np.float32)
+    min_topic, min_query = related_thresholds()
+    evidence_authors = {_surname(a) for e in evidence for a in e["authors"]} - {""}
+    candidates = []
+    for doc_id, i in position.items():
+        if doc_id in evidence_docs or to_query[i] < min_query:
+            continue
+        candidates.append((float(to_evidence[i]), float(to_query[i]), doc_id))
+    candidates.sort(reverse=True)
+    rows = {r["id"]: r for r in lib.conn.execute(
+        f"SELECT id, title, authors, year, doi, path FROM docs WHERE id IN ({', '.join('?' * len(candidates))})",
+        [c[2] for c in candidates])} if candidates else {}
+    related = []
+    for topic, relevance, doc_id in candidates:
+        row = rows[doc_id]
+        authors = json.loads(row["authors"] or "[]")
+        shared = evidence_authors & {_surname(a) for a in authors}
+        if topic < min_topic and not (shared and topic >= min_topic - 0.1):
+            continue
+        related.append({"doc_id": doc_id, "title": row["title"], "authors": authors, "year": row["year"],
+                        "doi": row["doi"], "path": row["path"], "similarity": round(topic, 4),
+                        "reason": "same author, related topic" if shared else "related topic"})
+        if len(related) >= RELATED_MAX:
+            break
+    return related
+
+
+def related_thresholds() -> tuple[float, float]:
+    def env_float(name, default):
+        try:
+            return float(os.environ.get(name, default))
+        except ValueError:
+            return default
+    return env_float("KB_RELATED_MIN_SIM", 0.6), env_float("KB_RELATED_MIN_QUERY_SIM", 0.35)
+
+
+def _surname(name: str) -> str:
+    name = name.strip()
+    if "," in name:
+        return name.split(",")[0].strip().lower()
+    return name.split()[-1].lower() if name.split() else ""
+
+
+def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
+    response, query_vec = run_search(lib, payload, models, state, rag=True)
+    evidence = response.pop("results")
+    if query_vec is None and evidence and lib is not None and response.get("score_kind") != "bm25":
+        try:   # a cached answer: the query vector is cheap to recompute for related work
+            query_vec = library_embedder(lib, models).encode_query(response["query"])
+        except ModelUnavailable:
+            query_vec = None
+    response.pop("count", None)
+    related = []
+    if lib is not None and evidence:
+        try:
+            related = related_work(lib, models, state, query_vec, evidence)
+        except ModelUnavailable:
+            related = []
+    response["evidence"] = evidence
+    response["guidance"] = GUIDANCE[query_language(response["query"])]
+    response["related"] = related
     return response
 
 
@@ -2222,10 +3124,13 @@ def cmd_docs(lib: Library | None, payload: dict) -> dict:
     return {"docs": [_doc_record(r) for r in rows], "total": total, "limit": limit, "offset": offset}
 
 
-def cmd_stats(lib: Library | None, kb_root: Path) -> dict:
+def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
+    configured = {"embedder": models.embed_name, "reranker": models.rerank_name,
+                  "rerank_fallback": models.rerank_fallback_name}
     if lib is None:
-        return {"kb_root": str(kb_root), "exists": False, "docs": 0, "chunks": 0, "vectors": 0,
-                "by_status": {}, "schema_version": None, "note": "the library is empty: ingest documents first"}
+        return {"kb_root": str(kb_root), "exists": False, "docs": 0, "chunks": 0, "vectors": 0, "vectors_missing": 0,
+                "by_status": {}, "schema_version": None, "models": configured, "device": models.device_report(),
+                "note": "the library is empty: ingest documents first"}
     conn = lib.conn
     by_status = dict(conn.execute("SELECT status, COUNT(*) FROM docs GROUP BY status").fetchall())
     kinds = dict(conn.execute("SELECT kind, COUNT(*) FROM docs WHERE status = 'indexed' GROUP BY kind").fetchall())
@@ -2236,12 +3141,14 @@ def cmd_stats(lib: Library | None, kb_root: Path) -> dict:
     stale = conn.execute("SELECT COUNT(*) FROM docs WHERE status = 'indexed' AND indexed_with < ?",
                          (PARSER_REVISION,)).fetchone()[0]
     size = sum(p.stat().st_size for p in (lib.db_path, Path(f"{lib.db_path}-wal")) if p.exists())
+    embed_model, embed_dim = lib.vector_model()
     return {
         "kb_root": str(lib.root), "db_path": str(lib.db_path), "exists": True,
         "docs": sum(by_status.values()), "indexed_docs": by_status.get("indexed", 0), "by_status": by_status,
         "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.get) if langs else None,
-        "chunks": chunks, "vectors": vectors, "vectors_missing": max(0, chunks - vectors) if vectors else chunks,
-        "embedding_model": lib.get_meta("embed_model"), "embedding_dim": lib.get_meta("embed_dim"),
+        "chunks": chunks, "vectors": vectors, "vectors_missing": lib.count_missing_vectors(),
+        "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
+        "device": models.device_report(),
         "schema_version": conn.execute("PRAGMA user_version").fetchone()[0], "parser_revision": PARSER_REVISION,
         "stale_docs": stale, "keyword_index": "fts5" if lib.has_fts5 else "python-bm25", "db_bytes": size,
     }
@@ -2313,29 +3220,108 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
     return {"cleared": counts, "kb_root": str(lib.root)}
 
 
-class Engine:
-    """Holds the open libraries of one process; ``execute`` runs one command."""
+def cmd_delete(lib: Library, payload: dict) -> dict:
+    """Remove documents by path (a folder removes everything under it) or by doc_id."""
+    paths = payload.get("paths", [])
+    doc_ids = payload.get("doc_ids", [])
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise KBError("bad_request", "paths must be a list of file or folder paths")
+    if not isinstance(doc_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in doc_ids):
+        raise KBError("bad_request", "doc_ids must be a list of integers")
+    if not paths and not doc_ids:
+        raise KBError("bad_request", "give paths or doc_ids to delete")
+    targets: dict[int, str] = {}
+    not_found = []
+    for raw in paths:
+        path = os.path.abspath(os.path.expanduser(raw))
+        rows = lib.conn.execute("SELECT id, path FROM docs WHERE path = ? OR substr(path, 1, ?) = ?",
+                                (path, len(path) + 1, path.rstrip(os.sep) + os.sep)).fetchall()
+        if not rows:
+            not_found.append(raw)
+        targets.update((r[0], r[1]) for r in rows)
+    for doc_id in doc_ids:
+        row = lib.conn.execute("SELECT id, path FROM docs WHERE id = ?", (doc_id,)).fetchone()
+        if row is None:
+            not_found.append(doc_id)
+        else:
+            targets[row[0]] = row[1]
+    chunks = 0
+    with lib.transaction():
+        for doc_id in targets:
+            chunks += lib.conn.execute("SELECT COUNT(*) FROM chunks WHERE doc_id = ?", (doc_id,)).fetchone()[0]
+            lib.conn.execute("UPDATE docs SET duplicate_of = NULL WHERE duplicate_of = ?", (doc_id,))
+            lib.delete_doc(doc_id)
+        lib.invalidate_cache()
+    return {"deleted": [{"doc_id": i, "path": p} for i, p in targets.items()], "chunks_deleted": chunks,
+            "not_found": not_found}
 
-    WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear"})
-    COMMANDS = ("ingest", "search", "docs", "stats", "dedup", "clear")
+
+def cmd_reembed(lib: Library, payload: dict, models: Models, progress: Callable[[dict], None] | None) -> dict:
+    """Re-encode the whole library with the configured embedding model."""
+    if embeddings_disabled(models):
+        raise KBError("model_unavailable", "KB_EMBED_MODEL=none: there is no embedding model to re-encode with")
+    try:
+        embedder = models.embedder(may_download=True)
+    except ModelUnavailable as exc:
+        raise KBError("model_unavailable", str(exc)) from None
+    previous, _ = lib.vector_model()
+    with lib.transaction():
+        lib.conn.execute("DELETE FROM vecs")
+        lib.conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim')")
+    result = embed_missing_chunks(lib, models, progress)
+    return {"previous_model": previous, "model": embedder.model_id, "dim": embedder.dim,
+            "vectors": result["vectors_written"], "vectors_missing": result["vectors_missing"]}
+
+
+def cmd_models(models: Models, payload: dict) -> dict:
+    """Which models are configured, present locally and loaded; ``download`` fetches missing ones (time-boxed)."""
+    download = _opt_bool(payload, "download")
+    report = {}
+    for role, name in (("embedder", models.embed_name), ("reranker", models.rerank_name),
+                       ("rerank_fallback", models.rerank_fallback_name)):
+        if not name or (role == "embedder" and embeddings_disabled(models)):
+            report[role] = {"name": name, "enabled": False}
+            continue
+        entry = {"name": name, "local_path": local_model_path(name)}
+        if download and entry["local_path"] is None:
+            try:
+                entry["local_path"] = models.downloads.fetch(name, download_timeout())
+            except ModelUnavailable as exc:
+                entry["error"] = str(exc)
+        entry["available"] = entry["local_path"] is not None
+        entry["downloading"] = models.downloads.in_progress(name)
+        report[role] = entry
+    return {"models": report, "loaded": models.loaded(), "offline": offline_mode(), "device": models.device_report()}
+
+
+class Engine:
+    """The one stateful object: open libraries, their in-memory indexes and caches, and the models."""
+
+    WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear", "delete", "reembed"})
+    COMMANDS = ("ingest", "search", "rag", "docs", "stats", "dedup", "delete", "reembed", "clear", "reload", "models")
 
     def __init__(self):
         self._libraries: dict[Path, Library] = {}
+        self._states: dict[Path, LibraryState] = {}
+        self.models = Models()
 
     def library(self, root: Path, writable: bool) -> Library | None:
         cached = self._libraries.get(root)
-        if cached is not None and (cached.writable or not writable):
-            if cached.db_path.exists():
-                return cached
+        if cached is not None and (cached.writable or not writable) and cached.db_path.exists():
+            return cached
+        if cached is not None:
             cached.close()
             self._libraries.pop(root)
-        elif cached is not None:
-            cached.close()
-            self._libraries.pop(root)
+            self._states.pop(root, None)
         lib = Library.open(root, writable)
         if lib is not None:
             self._libraries[root] = lib
         return lib
+
+    def state(self, root: Path) -> LibraryState:
+        return self._states.setdefault(root, LibraryState())
 
     def execute(self, command: str, payload: dict | None = None,
                 progress: Callable[[dict], None] | None = None) -> dict:
@@ -2347,6 +3333,17 @@ class Engine:
         payload = scrub_surrogates(payload)
         if command not in self.COMMANDS:
             raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
+        if command == "reload":
+            response = self._reload(payload)
+        elif command == "models":
+            response = cmd_models(self.models, payload)
+        else:
+            response = self._library_command(command, payload, progress)
+        response["engine"] = __version__
+        response["ms"] = int((time.perf_counter() - started) * 1000)
+        return response
+
+    def _library_command(self, command: str, payload: dict, progress) -> dict:
         root = _kb_root(payload)
         needs_write = command in self.WRITE_COMMANDS and not (command == "dedup" and not payload.get("apply"))
         if command == "clear" and payload.get("confirm") is not True:
@@ -2355,30 +3352,63 @@ class Engine:
             lib = self.library(root, writable=needs_write)
         except sqlite3.DatabaseError as exc:
             raise KBError("storage_error", f"cannot open the library at {root / DB_FILENAME}: {exc}") from None
-        if command == "ingest":
-            response = cmd_ingest(lib, payload, progress)
-        elif command == "search":
-            response = cmd_search(lib, payload)
-        elif command == "docs":
-            response = cmd_docs(lib, payload)
-        elif command == "stats":
-            response = cmd_stats(lib, root)
-        elif command == "dedup":
-            response = cmd_dedup(lib, payload)
-        else:
-            response = cmd_clear(lib, payload)
-        response["engine"] = __version__
-        response["ms"] = int((time.perf_counter() - started) * 1000)
-        return response
+        state = self.state(root)
+        generation_before = lib.generation() if lib is not None else None
+        try:
+            if command == "ingest":
+                return cmd_ingest(lib, payload, progress, self.models)
+            if command == "search":
+                return cmd_search(lib, payload, self.models, state)
+            if command == "rag":
+                return cmd_rag(lib, payload, self.models, state)
+            if command == "docs":
+                return cmd_docs(lib, payload)
+            if command == "stats":
+                return cmd_stats(lib, root, self.models)
+            if command == "dedup":
+                return cmd_dedup(lib, payload)
+            if command == "delete":
+                return cmd_delete(lib, payload)
+            if command == "reembed":
+                return cmd_reembed(lib, payload, self.models, progress)
+            return cmd_clear(lib, payload)
+        finally:
+            if lib is not None and lib.writable:
+                self._sync_index(lib, state, generation_before, reset=command in ("clear", "reembed"))
+
+    def _sync_index(self, lib: Library, state: LibraryState, generation_before: int | None, reset: bool) -> None:
+        """Apply this process's own writes to the in-memory index instead of reloading it."""
+        removed, added = lib.removed_chunk_ids, lib.stored_vector_ids
+        lib.removed_chunk_ids, lib.stored_vector_ids = [], []
+        index = state.index
+        if reset or index is None or index.generation != generation_before:
+            state.index = None if reset or (index is not None and index.generation != generation_before) else index
+            return
+        try:
+            index.remove(removed)
+            index.add(lib, added)
+            index.generation = lib.generation()
+        except Exception:
+            state.index = None      # reloaded from the database on the next vector query
+
+    def _reload(self, payload: dict) -> dict:
+        drop = _opt_bool(payload, "drop_models")
+        self.models.devices.rearm()
+        if drop:
+            self.models.drop()
+        for state in self._states.values():
+            state.query_cache.clear()
+        return {"device_rearmed": True, "models_dropped": drop, "loaded": self.models.loaded()}
 
     def close(self) -> None:
         for lib in self._libraries.values():
             lib.close()
         self._libraries.clear()
+        self._states.clear()
 
 
 # =============================================================================
-# 9. Protocol / CLI
+# 10. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -2460,7 +3490,14 @@ def serve(engine: Engine, stdin=None, stdout=None) -> int:
     """JSON lines: exactly one reply for every non-empty request line; returns at EOF."""
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout
+    original, sys.stdout = sys.stdout, sys.stderr   # stray prints from libraries must not corrupt the stream
+    try:
+        return _serve_loop(engine, stdin, stdout)
+    finally:
+        sys.stdout = original
 
+
+def _serve_loop(engine: Engine, stdin, stdout) -> int:
     def write(obj: dict) -> None:
         stdout.write(to_json_line(obj) + "\n")
         stdout.flush()
@@ -2493,6 +3530,17 @@ def serve(engine: Engine, stdin=None, stdout=None) -> int:
 
 def run_one_shot(command: str, engine: Engine) -> int:
     raw = sys.stdin.buffer.read()
+    reply_stream, sys.stdout = sys.stdout, sys.stderr     # only the reply goes to stdout
+    try:
+        reply = _one_shot_reply(command, engine, raw)
+    finally:
+        sys.stdout = reply_stream
+    reply_stream.write(to_json_line(reply) + "\n")
+    reply_stream.flush()
+    return 0 if reply["ok"] else 1
+
+
+def _one_shot_reply(command: str, engine: Engine, raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8").strip()
         payload = json.loads(text) if text else {}
@@ -2507,8 +3555,7 @@ def run_one_shot(command: str, engine: Engine) -> int:
     except Exception as exc:
         reply = error_reply(exc)
     reply.setdefault("engine", __version__)
-    print(to_json_line(reply))
-    return 0 if reply["ok"] else 1
+    return reply
 
 
 # -- human CLI ------------------------------------------------------------------
@@ -2517,7 +3564,7 @@ def _progress_bar(event: dict) -> None:
     done, total = event["done"], event["total"]
     width = 30
     filled = int(width * done / total) if total else width
-    name = Path(event["path"]).name[:40]
+    name = (Path(event["path"]).name if event.get("path") else "encoding chunks")[:40]
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name:<40}")
     if done == total:
         sys.stderr.write("\n")
@@ -2532,6 +3579,8 @@ def _print_ingest(response: dict) -> None:
             detail = entry.get("error") or entry.get("reason") or ""
         print(f"{entry['status']:>9}  {entry['path']}  {detail}")
     totals = response["totals"]
+    if response.get("note"):
+        print(f"note: {response['note']}")
     print(", ".join(f"{totals[s]} {s}" for s in INGEST_STATUSES if totals[s]) + f"  ({totals['files']} files, "
           f"{totals['chunks_written']} chunks written, {response['ms']} ms)")
 
