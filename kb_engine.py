@@ -3586,8 +3586,9 @@ def _print_ingest(response: dict) -> None:
 
 
 def _print_search(response: dict) -> None:
-    if response.get("note"):
-        print(f"note: {response['note']}")
+    for key in ("note", "lang_note"):
+        if response.get(key):
+            print(f"{key.replace('_', ' ')}: {response[key]}")
     for rank, hit in enumerate(response["results"], start=1):
         where = [hit["section"] or None,
                  (f"p.{hit['page']}" + (f"-{hit['page_end']}" if hit["page_end"] != hit["page"] else ""))
@@ -3600,6 +3601,16 @@ def _print_search(response: dict) -> None:
         print(f"   score {hit['score']:.3f}" + (f" · doi:{hit['doi']}" if hit["doi"] else ""))
         print("   > " + hit["snippet"].replace("\n", " "))
         print()
+
+
+def _print_rag(response: dict) -> None:
+    _print_search({**response, "results": response["evidence"]})
+    print(f"guidance: {response['guidance']}")
+    if response["related"]:
+        print("related work:")
+        for item in response["related"]:
+            year = f" ({item['year']})" if item["year"] else ""
+            print(f"  - {item['title']}{year}  [{item['reason']}, similarity {item['similarity']:.2f}]")
 
 
 def _print_stats(response: dict) -> None:
@@ -3615,19 +3626,26 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     ingest = sub.add_parser("ingest", help="index files or folders")
     ingest.add_argument("paths", nargs="+")
     ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
-    search = sub.add_parser("search", help="keyword search")
-    search.add_argument("query")
-    search.add_argument("-k", "--top-k", type=int, default=DEFAULT_TOP_K)
-    search.add_argument("--snippet", type=int, default=DEFAULT_SNIPPET_CHARS)
-    search.add_argument("--section")
-    search.add_argument("--year")
-    search.add_argument("--author")
-    for name in ("stats", "docs", "dedup", "clear"):
+    for name, helptext in (("search", "find passages"), ("rag", "evidence, answering guidance and related work")):
+        search = sub.add_parser(name, help=helptext)
+        search.add_argument("query")
+        search.add_argument("-k", "--top-k", type=int, default=None)
+        search.add_argument("--snippet", type=int, default=None)
+        search.add_argument("--mode", choices=SEARCH_MODES, default=None)
+        search.add_argument("--depth", choices=SEARCH_DEPTHS, default=None)
+        search.add_argument("--section")
+        search.add_argument("--year")
+        search.add_argument("--author")
+    delete = sub.add_parser("delete", help="remove documents (files or folders) from the library")
+    delete.add_argument("paths", nargs="+")
+    for name in ("stats", "docs", "dedup", "clear", "reembed", "models"):
         command = sub.add_parser(name)
         if name == "clear":
-            command.add_argument("--yes", action="store_true", help="confirm deleting everything")
+            command.add_argument("--yes", action="store_true", help="confirm deleting everything (required)")
         if name == "dedup":
             command.add_argument("--apply", action="store_true")
+        if name == "models":
+            command.add_argument("--download", action="store_true", help="fetch missing models (time-boxed)")
     for command in sub.choices.values():
         command.add_argument("--json", action="store_true", help="print the JSON response")
         command.add_argument("--kb-root", dest="kb_root_sub", default=None)
@@ -3640,9 +3658,14 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     if args.command == "ingest":
         payload.update(paths=args.paths, force=args.force)
         progress = _progress_bar if sys.stderr.isatty() and not args.json else None
-    elif args.command == "search":
+    elif args.command in ("search", "rag"):
         filters = {k: v for k, v in (("section", args.section), ("year", args.year), ("authors", args.author)) if v}
-        payload.update(query=args.query, top_k=args.top_k, snippet=args.snippet, filters=filters or None)
+        options = (("top_k", args.top_k), ("snippet", args.snippet), ("mode", args.mode), ("depth", args.depth))
+        payload.update(query=args.query, filters=filters or None, **{k: v for k, v in options if v is not None})
+    elif args.command == "delete":
+        payload["paths"] = args.paths
+    elif args.command == "models":
+        payload["download"] = args.download
     elif args.command == "clear":
         payload["confirm"] = args.yes
     elif args.command == "dedup":
@@ -3658,6 +3681,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         _print_ingest(response)
     elif args.command == "search":
         _print_search(response)
+    elif args.command == "rag":
+        _print_rag(response)
     elif args.command == "docs":
         for doc in response["docs"]:
             print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
