@@ -417,9 +417,11 @@ class Library:
         self.conn = conn
         self.writable = writable
         self.has_fts5 = self._table_exists("chunks_fts")
-        # chunk ids removed / vectors stored by this process since the engine last synced its index
+        # chunk ids removed / vectors stored by this process (committed) since the engine synced its index
         self.removed_chunk_ids: list[int] = []
         self.stored_vector_ids: list[int] = []
+        self._txn_removed: list[int] = []
+        self._txn_stored: list[int] = []
 
     @property
     def db_path(self) -> Path:
@@ -496,7 +498,13 @@ class Library:
 
     # -- transactions ---------------------------------------------------------
     def transaction(self):
-        return _Transaction(self.conn, on_commit=self._bump_generation)
+        return _Transaction(self.conn, on_commit=self._bump_generation, on_end=self._after_transaction)
+
+    def _after_transaction(self, committed: bool) -> None:
+        if committed:
+            self.removed_chunk_ids.extend(self._txn_removed)
+            self.stored_vector_ids.extend(self._txn_stored)
+        self._txn_removed, self._txn_stored = [], []
 
     def generation(self) -> int:
         """Counter bumped by every committed write, in any process: caches compare against it."""
@@ -536,7 +544,7 @@ class Library:
         return existing["id"]
 
     def delete_chunks(self, doc_id: int) -> None:
-        self.removed_chunk_ids.extend(r[0] for r in self.conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,)))
+        self._txn_removed.extend(r[0] for r in self.conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,)))
         if not self.has_fts5:
             self.conn.execute("DELETE FROM chunk_terms WHERE chunk_id IN (SELECT id FROM chunks WHERE doc_id = ?)",
                               (doc_id,))
@@ -570,9 +578,14 @@ class Library:
         dim = self.get_meta("embed_dim")
         return self.get_meta("embed_model"), int(dim) if dim and dim.isdigit() else None
 
-    def chunks_missing_vectors(self, limit: int) -> list[tuple[int, str]]:
-        return self.conn.execute("SELECT c.id, c.text FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
-                                 "WHERE v.chunk_id IS NULL ORDER BY length(c.text), c.id LIMIT ?", (limit,)).fetchall()
+    def chunk_ids_missing_vectors(self) -> list[int]:
+        return [r[0] for r in self.conn.execute("SELECT c.id FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
+                                                "WHERE v.chunk_id IS NULL ORDER BY length(c.text), c.id")]
+
+    def chunk_texts_by_id(self, ids: list[int]) -> list[tuple[int, str]]:
+        """(id, text) of the chunks that still exist, in the order given."""
+        found = dict(self.conn.execute(f"SELECT id, text FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids))
+        return [(i, found[i]) for i in ids if i in found]
 
     def count_missing_vectors(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
@@ -582,31 +595,39 @@ class Library:
         import numpy as np
         rows = [(chunk_id, np.asarray(vector, dtype=np.float32).tobytes()) for chunk_id, vector in zip(ids, matrix)]
         self.conn.executemany("INSERT OR REPLACE INTO vecs(chunk_id, vec) VALUES (?, ?)", rows)
-        self.stored_vector_ids.extend(ids)
+        self._txn_stored.extend(ids)
 
 
 class _Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception."""
 
-    def __init__(self, conn: sqlite3.Connection, on_commit: Callable[[], None] | None = None):
+    def __init__(self, conn: sqlite3.Connection, on_commit: Callable[[], None] | None = None,
+                 on_end: Callable[[bool], None] | None = None):
         self.conn = conn
         self.on_commit = on_commit
+        self.on_end = on_end
 
     def __enter__(self):
         self.conn.execute("BEGIN IMMEDIATE")
         return self.conn
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            try:
-                if self.on_commit:
-                    self.on_commit()
-            except BaseException:
+        committed = False
+        try:
+            if exc_type is None:
+                try:
+                    if self.on_commit:
+                        self.on_commit()
+                except BaseException:
+                    self.conn.execute("ROLLBACK")
+                    raise
+                self.conn.execute("COMMIT")
+                committed = True
+            else:
                 self.conn.execute("ROLLBACK")
-                raise
-            self.conn.execute("COMMIT")
-        else:
-            self.conn.execute("ROLLBACK")
+        finally:
+            if self.on_end:
+                self.on_end(committed)
         return False
 
 
@@ -1832,7 +1853,8 @@ class Downloads:
         thread.join(wait_s)
         if thread.is_alive():
             raise ModelUnavailable(f"downloading {name} did not finish within {wait_s:.0f}s; it goes on in the "
-                                   "background (set HF_ENDPOINT for a mirror, KB_DOWNLOAD_TIMEOUT to wait longer)")
+                                   "background while this process runs (`kb-engine models --download` fetches "
+                                   "models ahead of time; HF_ENDPOINT selects a mirror, KB_DOWNLOAD_TIMEOUT the wait)")
         if name in self._errors:
             raise ModelUnavailable(f"{name} could not be downloaded: {self._errors[name]}")
         path = local_model_path(name)
@@ -2058,7 +2080,6 @@ class Models:
         self.downloads = Downloads()
         self._embedder: Embedder | None = None
         self._reranker = None
-        self._failures: dict[str, str] = {}
 
     @property
     def embed_name(self) -> str:
@@ -2080,7 +2101,6 @@ class Models:
     def drop(self) -> None:
         self._embedder = None
         self._reranker = None
-        self._failures.clear()
         try:
             import gc
             import torch
@@ -2124,8 +2144,12 @@ class Models:
     def reranker(self, may_download: bool = False):
         """The cross-encoder, else the configured bi-encoder fallback; raises ModelUnavailable."""
         name = self.rerank_name
-        if self._reranker is not None:
-            return self._reranker
+        current = self._reranker
+        if current is not None:
+            upgrade = isinstance(current, BiEncoderReranker) and local_model_path(name) is not None
+            if current.name == name or (isinstance(current, BiEncoderReranker) and not upgrade):
+                return current
+            self._reranker = None
         try:
             path = self._path(name, may_download)
             device = self.devices.device()
@@ -2245,21 +2269,24 @@ def _escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, limit: int) -> list[tuple[int, float]]:
-    """(chunk id, score) best first: FTS5 BM25 (k1 1.2, b 0.75) times the section weight."""
+def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, limit: int,
+                       weighted: bool = True) -> list[tuple[int, float]]:
+    """(chunk id, score) best first: FTS5 BM25 (k1 1.2, b 0.75), times the section weight when ``weighted``."""
     where, params = filter_sql(filters)
     if lib.has_fts5:
         match = " OR ".join(f'"{t}"' for t in terms)
+        weight = "c.weight" if weighted else "1.0"
         sql = ("WITH hits AS (SELECT rowid AS id, bm25(chunks_fts, ?, ?) AS s FROM chunks_fts "
                "WHERE chunks_fts MATCH ?) "
-               "SELECT c.id, -hits.s * c.weight AS score FROM hits JOIN chunks c ON c.id = hits.id "
+               f"SELECT c.id, -hits.s * {weight} AS score FROM hits JOIN chunks c ON c.id = hits.id "
                f"JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where} ORDER BY score DESC, c.id LIMIT ?")
         rows = lib.conn.execute(sql, [*FTS_COLUMN_WEIGHTS, match, *params, limit]).fetchall()
         return [(row[0], float(row[1])) for row in rows]
-    return _python_bm25(lib, terms, where, params, limit)
+    return _python_bm25(lib, terms, where, params, limit, weighted)
 
 
-def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit: int) -> list[tuple[int, float]]:
+def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit: int,
+                 weighted: bool = True) -> list[tuple[int, float]]:
     """BM25 over the stored term strings, for a sqlite3 without FTS5 (slow on big libraries)."""
     stats = lib.conn.execute("SELECT body, heading FROM chunk_terms").fetchall()
     n_docs = len(stats) or 1
@@ -2282,7 +2309,7 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
                     idf = math.log(1 + (n_docs - doc_freq[t] + 0.5) / (doc_freq[t] + 0.5))
                     score += col_weight * idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(tokens) / avg))
         if score > 0:
-            scored.append((chunk_id, score * weight))
+            scored.append((chunk_id, score * weight if weighted else score))
     scored.sort(key=lambda item: (-item[1], item[0]))
     return scored[:limit]
 
@@ -2664,7 +2691,8 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
                            error=f"unsupported file type; supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
     row = lib.doc_by_path(path)
     current = row is not None and row["indexed_with"] == PARSER_REVISION and not force
-    if current and row["size"] == stat.st_size and row["mtime_ns"] == stat.st_mtime_ns:
+    orphaned = current and row["status"] == "duplicate" and _original_row(lib, row) is None
+    if current and not orphaned and row["size"] == stat.st_size and row["mtime_ns"] == stat.st_mtime_ns:
         if row["status"] == "duplicate" and _original_is_gone(lib, row):
             return _take_over_original(lib, path, stat, row, started)
         return _stored_outcome(row, started)
@@ -2672,7 +2700,7 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
         sha = sha256_of_file(path)
     except OSError as exc:
         return _file_entry(path, STATUS_ERROR, started, reason="unreadable", error=_short_error(exc))
-    if current and row["sha256"] == sha:
+    if current and not orphaned and row["sha256"] == sha:
         with lib.transaction():
             lib.conn.execute("UPDATE docs SET size = ?, mtime_ns = ? WHERE id = ?",
                              (stat.st_size, stat.st_mtime_ns, row["id"]))
@@ -2685,8 +2713,15 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
     return _ingest_content(lib, path, stat, sha, kind, row, started)
 
 
+def _original_row(lib: Library, row: sqlite3.Row) -> sqlite3.Row | None:
+    """The indexed document a recorded duplicate stands for (None once it was deleted)."""
+    if row["duplicate_of"] is None:
+        return None
+    return lib.conn.execute("SELECT path, status, sha256 FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+
+
 def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
-    original = lib.conn.execute("SELECT path, status, sha256 FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+    original = _original_row(lib, row)
     return (original is not None and original["status"] == "indexed" and original["sha256"] == row["sha256"]
             and not os.path.exists(original["path"]))
 
@@ -2779,10 +2814,11 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
                 "note": f"vectors not computed: the library's vectors were made with {recorded}, the configured "
                         f"model is {embedder.model_id}; run reembed to re-encode the library with it"}
     written = 0
-    while True:
-        batch = lib.chunks_missing_vectors(256)
+    pending = lib.chunk_ids_missing_vectors()          # shortest first: batches of similar length pad little
+    for start in range(0, len(pending), 256):
+        batch = lib.chunk_texts_by_id(pending[start:start + 256])
         if not batch:
-            break
+            continue
         matrix = embedder.encode_passages([text for _, text in batch])
         with lib.transaction():
             if recorded is None:
@@ -2908,7 +2944,7 @@ def _search_request(payload: dict, rag: bool) -> dict:
 def _cache_key(request: dict, models: Models, rag: bool) -> str:
     normalised = " ".join(normalize_text(request["query"]).lower().split())
     parts = [normalised, request["filters"], request["top_k"], request["snippet"], request["mode"], request["depth"],
-             models.rerank_name, models.embed_name, rag]
+             models.rerank_name, models.rerank_fallback_name, models.embed_name, rag]
     return hashlib.sha1(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -2934,7 +2970,7 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
             if not embeddings_disabled(models):
                 models.start_background_download(models.embed_name)
     if mode in ("keyword", "hybrid") and terms:
-        keyword = keyword_candidates(lib, terms, filters, pool)
+        keyword = keyword_candidates(lib, terms, filters, pool, weighted=not vector)
     if keyword and vector:
         weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
         fused = rrf_fuse([[cid for cid, _ in keyword], [cid for cid, _ in vector]], weights)
@@ -2944,7 +2980,7 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
         fused = sorted(((cid, score * weights.get(cid, 1.0)) for cid, score in vector), key=lambda x: (-x[1], x[0]))
         kind = "cosine"
     else:
-        fused, kind = keyword, "bm25"
+        fused, kind = keyword, "cosine" if mode == "vector" else "bm25"
     hits = [SearchHit(cid, score) for cid, score in fused]
     if request["depth"] == "deep" and hits:
         hits, kind = rerank(lib, query, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
@@ -2973,9 +3009,11 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
                 "count": 0, "cached": False}
     if not query_terms(request["query"]):
         response["note"] = "the query has no searchable terms (only stopwords or punctuation); add content words"
+        response["notes"] = [response["note"]]
         return response, None
     if lib is None:
         response["note"] = "the library is empty: ingest documents first"
+        response["notes"] = [response["note"]]
         return response, None
     generation = lib.generation()
     key = _cache_key(request, models, rag)
@@ -2985,6 +3023,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
             cached["cached"] = True
             return cached, None
     hits, kind, notes, query_vec = retrieve(lib, request, models, state)
+    degraded = bool(notes)
     response["results"] = hit_records(lib, hits, query_terms(request["query"]), request["snippet"])
     response["count"] = len(response["results"])
     response["score_kind"] = kind
@@ -3000,8 +3039,8 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
     if notes:
         response["notes"] = notes
         response["note"] = "; ".join(notes)
-    if request["cache"]:
-        state.remember(key, generation, response)
+    if request["cache"] and not degraded:
+        state.remember(key, generation, response)     # a degraded answer may improve once a model arrives
     return response, query_vec
 
 
@@ -3090,7 +3129,7 @@ def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibrarySt
             query_vec = None
     response.pop("count", None)
     related = []
-    if lib is not None and evidence:
+    if lib is not None and evidence and response["depth"] == "deep":
         try:
             related = related_work(lib, models, state, query_vec, evidence)
         except ModelUnavailable:
@@ -3251,8 +3290,7 @@ def cmd_delete(lib: Library, payload: dict) -> dict:
     with lib.transaction():
         for doc_id in targets:
             chunks += lib.conn.execute("SELECT COUNT(*) FROM chunks WHERE doc_id = ?", (doc_id,)).fetchone()[0]
-            lib.conn.execute("UPDATE docs SET duplicate_of = NULL WHERE duplicate_of = ?", (doc_id,))
-            lib.delete_doc(doc_id)
+            lib.delete_doc(doc_id)     # recorded copies of it (duplicate_of -> NULL) get indexed by the next ingest
         lib.invalidate_cache()
     return {"deleted": [{"doc_id": i, "path": p} for i, p in targets.items()], "chunks_deleted": chunks,
             "not_found": not_found}
