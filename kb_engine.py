@@ -1779,6 +1779,7 @@ BGE_ZH_QUERY_PREFIX = "为这个句子生成表示以用于检索相关文章：
 DEFAULT_DOWNLOAD_TIMEOUT_S = 120.0
 CPU_BATCH = {"embed": 32, "rerank": 16}
 MIN_DEVICE_BATCH = 4
+MAX_UNKNOWN_TOKEN_SHARE = 0.3    # above this the embedder cannot read the query: skip the vector half
 
 
 class ModelUnavailable(Exception):
@@ -2038,6 +2039,18 @@ class Embedder(_DeviceBoundModel):
 
     def encode_query(self, query: str):
         return self.encode_passages([self.query_prefix + query])[0]
+
+    def unknown_token_share(self, text: str) -> float:
+        """Share of the text's tokens the model's vocabulary does not know (its embedding is then noise)."""
+        tokenizer = getattr(self.model, "tokenizer", None)
+        unknown = getattr(tokenizer, "unk_token", None)
+        if tokenizer is None or unknown is None:
+            return 0.0
+        try:
+            tokens = tokenizer.tokenize(text)
+        except Exception:
+            return 0.0
+        return sum(1 for t in tokens if t == unknown) / len(tokens) if tokens else 0.0
 
 
 class Reranker(_DeviceBoundModel):
@@ -2960,6 +2973,10 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
     if mode in ("vector", "hybrid"):
         try:
             embedder = library_embedder(lib, models)
+            unknown = embedder.unknown_token_share(query)
+            if unknown > MAX_UNKNOWN_TOKEN_SHARE:
+                raise ModelUnavailable(f"the embedding model does not know {unknown:.0%} of this query's tokens "
+                                       "(its vocabulary lacks the script), so its vector would be noise")
             index = vector_index(lib, state, embedder)
             query_vec = embedder.encode_query(query)
             vector = index.search(query_vec, pool, filtered_chunk_ids(lib, filters))
@@ -3352,7 +3369,8 @@ class Engine:
         if cached is not None:
             cached.close()
             self._libraries.pop(root)
-            self._states.pop(root, None)
+            if not cached.db_path.exists():      # a new file restarts the generation count: forget the old state
+                self._states.pop(root, None)
         lib = Library.open(root, writable)
         if lib is not None:
             self._libraries[root] = lib
