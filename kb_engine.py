@@ -2744,11 +2744,16 @@ def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, started
     original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
     with lib.transaction():
         lib.conn.execute("DELETE FROM docs WHERE id = ?", (row["id"],))
-        lib.conn.execute("UPDATE docs SET path = ?, size = ?, mtime_ns = ? WHERE id = ?",
-                         (path, stat.st_size, stat.st_mtime_ns, original["id"]))
-        lib.invalidate_cache()
-    entry = _file_entry(path, STATUS_MOVED, started, original["chunk_count"], original["title"], reason="moved")
-    entry["moved_from"] = original["path"]
+        return _move_document(lib, original, path, stat, started)
+
+
+def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: float) -> dict:
+    """Point an indexed document at its new path (inside the caller's transaction); its chunks stay."""
+    lib.conn.execute("UPDATE docs SET path = ?, size = ?, mtime_ns = ? WHERE id = ?",
+                     (path, stat.st_size, stat.st_mtime_ns, doc["id"]))
+    lib.invalidate_cache()
+    entry = _file_entry(path, STATUS_MOVED, started, doc["chunk_count"], doc["title"], reason="moved")
+    entry["moved_from"] = doc["path"]
     return entry
 
 
@@ -2756,12 +2761,7 @@ def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, 
     """Same content as an indexed document: a move when the old path is gone, else a duplicate."""
     with lib.transaction():
         if row is None and not os.path.exists(twin["path"]):
-            lib.conn.execute("UPDATE docs SET path = ?, size = ?, mtime_ns = ? WHERE id = ?",
-                             (path, stat.st_size, stat.st_mtime_ns, twin["id"]))
-            lib.invalidate_cache()
-            entry = _file_entry(path, STATUS_MOVED, started, twin["chunk_count"], twin["title"], reason="moved")
-            entry["moved_from"] = twin["path"]
-            return entry
+            return _move_document(lib, twin, path, stat, started)
         if row is not None:
             lib.delete_chunks(row["id"])
             lib.invalidate_cache()

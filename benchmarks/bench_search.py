@@ -45,17 +45,42 @@ VOCABULARY = (
 FILLER = "the of and in to a with for on by was were is that as from this we at which".split()
 
 
-def sentence(rng: random.Random) -> str:
-    words = [rng.choice(VOCABULARY) if rng.random() < 0.6 else rng.choice(FILLER) for _ in range(rng.randint(12, 24))]
+class Vocabulary:
+    """Content words for the synthetic text.
+
+    ``zipf`` (default): the scientific words above plus 20,000 made-up words, drawn with Zipf frequencies, so a
+    query term occurs in a realistic share of chunks. ``small``: only the ~150 scientific words, uniformly, so
+    nearly every chunk matches every query: the worst case for keyword search.
+    """
+
+    def __init__(self, kind: str, seed: int = 5):
+        rng = random.Random(seed)
+        self.kind = kind
+        syllables = [a + b for a in "bcdfghklmnprstvz" for b in "aeiou"]
+        made_up = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(24_000)})
+        words = VOCABULARY + made_up[:20_000]
+        rng.shuffle(words)
+        self.words = VOCABULARY if kind == "small" else words
+        weights = np.array([1.0 / (rank + 10) for rank in range(len(self.words))])
+        self.cumulative = np.cumsum(weights / weights.sum())
+
+    def draw(self, rng: random.Random) -> str:
+        if self.kind == "small":
+            return rng.choice(self.words)
+        return self.words[min(int(np.searchsorted(self.cumulative, rng.random())), len(self.words) - 1)]
+
+
+def sentence(rng: random.Random, vocabulary: Vocabulary) -> str:
+    words = [vocabulary.draw(rng) if rng.random() < 0.6 else rng.choice(FILLER) for _ in range(rng.randint(12, 24))]
     return " ".join(words).capitalize() + "."
 
 
-def paragraph(rng: random.Random) -> str:
-    return " ".join(sentence(rng) for _ in range(rng.randint(4, 6)))
+def paragraph(rng: random.Random, vocabulary: Vocabulary) -> str:
+    return " ".join(sentence(rng, vocabulary) for _ in range(rng.randint(4, 6)))
 
 
-def write_corpus(folder: Path, n_chunks: int, seed: int = 7) -> int:
-    """Markdown papers whose paragraphs become roughly one chunk each."""
+def write_corpus(folder: Path, n_chunks: int, vocabulary: Vocabulary, seed: int = 7) -> int:
+    """Markdown papers whose paragraphs become roughly one chunk each (files already there are kept)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     files = max(1, n_chunks // CHUNKS_PER_FILE)
@@ -64,10 +89,10 @@ def write_corpus(folder: Path, n_chunks: int, seed: int = 7) -> int:
         if path.exists():
             continue
         sections = ["Introduction", "Methods", "Results", "Discussion"]
-        parts = [f"# Synthetic paper {i} on {rng.choice(VOCABULARY)} {rng.choice(VOCABULARY)}\n"]
+        parts = [f"# Synthetic paper {i} on {vocabulary.draw(rng)} {vocabulary.draw(rng)}\n"]
         for s, name in enumerate(sections):
             parts.append(f"## {name}\n")
-            parts.extend(paragraph(rng) + "\n" for _ in range(CHUNKS_PER_FILE // len(sections)))
+            parts.extend(paragraph(rng, vocabulary) + "\n" for _ in range(CHUNKS_PER_FILE // len(sections)))
         path.write_text("\n".join(parts), encoding="utf-8")
     return files
 
@@ -134,9 +159,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def bench_size(n_chunks: int, args, model: str) -> dict:
-    work = Path(args.work) / f"n{n_chunks}"
+    work = Path(args.work) / f"{args.vocabulary}-n{n_chunks}"
     corpus, kb_root = work / "papers", work / "kb"
-    files = write_corpus(corpus, n_chunks)
+    vocabulary = Vocabulary(args.vocabulary)
+    files = write_corpus(corpus, n_chunks, vocabulary)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     env["KB_EMBED_MODEL"] = model if args.real_vectors else "none"
     started = time.perf_counter()
@@ -150,16 +176,16 @@ def bench_size(n_chunks: int, args, model: str) -> dict:
     env["KB_EMBED_MODEL"] = model
     daemon = Daemon(env)
     rng = random.Random(3)
-    result = {"chunks": stats["chunks"], "files": files, "ingest_s": round(ingest_s, 1),
+    result = {"vocabulary": args.vocabulary, "chunks": stats["chunks"], "files": files, "ingest_s": round(ingest_s, 1),
               "new_files": ingest["totals"]["added"], "vectors": vectors_kind, "modes": {}}
     try:
         for mode in args.modes.split(","):
-            first_query = f"{rng.choice(VOCABULARY)} {rng.choice(VOCABULARY)} {rng.choice(VOCABULARY)}"
+            first_query = " ".join(vocabulary.draw(rng) for _ in range(3))
             _, first_ms = daemon.call("search", {"query": first_query, "mode": mode, "kb_root": str(kb_root),
                                                   "top_k": 10})
             warm = []
             for i in range(args.queries):
-                query = " ".join(rng.choice(VOCABULARY) for _ in range(rng.randint(2, 6))) + f" q{i}"
+                query = " ".join(vocabulary.draw(rng) for _ in range(rng.randint(2, 6))) + f" q{i}"
                 response, ms = daemon.call("search", {"query": query, "mode": mode, "kb_root": str(kb_root),
                                                       "top_k": 10, "cache": False})
                 warm.append(ms)
@@ -179,6 +205,8 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp/kb-bench-search")
     parser.add_argument("--real-vectors", action="store_true", help="encode every chunk with the real model")
     parser.add_argument("--dim", type=int, default=384, help="dimension of the random vectors")
+    parser.add_argument("--vocabulary", choices=("zipf", "small"), default="zipf",
+                        help="zipf: realistic term frequencies; small: every query matches nearly every chunk")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
     model = os.environ.get("KB_EMBED_MODEL")
@@ -190,7 +218,8 @@ def main() -> int:
         print(f"== ~{size} chunks", flush=True)
         figures = bench_size(size, args, model)
         results.append(figures)
-        print(f"  {figures['chunks']} chunks in {figures['files']} files; ingest {figures['ingest_s']} s "
+        print(f"  {figures['chunks']} chunks in {figures['files']} files ({args.vocabulary} vocabulary); "
+              f"ingest {figures['ingest_s']} s "
               f"({figures['new_files']} new files); vectors: {figures['vectors']}")
         print(f"  {'mode':<8} {'first ms':>9} {'p50 ms':>8} {'p95 ms':>8}  score")
         for mode, row in figures["modes"].items():

