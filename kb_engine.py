@@ -46,10 +46,10 @@ __version__ = "0.1.0"
 # 1. Config
 # =============================================================================
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 1
+PARSER_REVISION = 2
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"
@@ -393,7 +393,70 @@ def _migrate_0_to_1(conn: sqlite3.Connection, has_fts5: bool) -> None:
     run_statements(conn, FTS5_SCHEMA if has_fts5 else PLAIN_TERMS_SCHEMA)
 
 
+SCHEMA_V2 = """
+ALTER TABLE docs ADD COLUMN title_key TEXT;        -- normalised title, for matching cited works
+ALTER TABLE docs ADD COLUMN first_author_key TEXT; -- lower-cased surname of the first author
+CREATE INDEX IF NOT EXISTS docs_doi ON docs(doi);
+CREATE INDEX IF NOT EXISTS docs_title_key ON docs(title_key);
+CREATE INDEX IF NOT EXISTS docs_author_year ON docs(first_author_key, year);
+CREATE TABLE IF NOT EXISTS refs (
+    id           INTEGER PRIMARY KEY,
+    doc_id       INTEGER NOT NULL REFERENCES docs(id) ON DELETE CASCADE,
+    num          INTEGER NOT NULL,      -- number printed in a numbered list, else the entry's position
+    raw          TEXT NOT NULL,
+    doi          TEXT,
+    title        TEXT,
+    first_author TEXT,
+    year         INTEGER
+);
+CREATE INDEX IF NOT EXISTS refs_doc ON refs(doc_id, num);
+CREATE TABLE IF NOT EXISTS chunk_cites (
+    chunk_id INTEGER NOT NULL REFERENCES chunks(id) ON DELETE CASCADE,
+    ref_id   INTEGER NOT NULL REFERENCES refs(id) ON DELETE CASCADE,
+    marker   TEXT NOT NULL,              -- the marker as it stands in the chunk text, e.g. "[2-4]"
+    PRIMARY KEY (chunk_id, ref_id)
+);
+CREATE INDEX IF NOT EXISTS chunk_cites_ref ON chunk_cites(ref_id);
+"""
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection, has_fts5: bool) -> None:
+    run_statements(conn, SCHEMA_V2)
+    # keys for documents written before: titles and authors are already stored
+    for doc_id, title, authors in conn.execute("SELECT id, title, authors FROM docs").fetchall():
+        names = json.loads(authors or "[]")
+        conn.execute("UPDATE docs SET title_key = ?, first_author_key = ? WHERE id = ?",
+                     (title_key(title), surname_key(names[0]) if names else None, doc_id))
+
+
 MIGRATIONS[0] = _migrate_0_to_1
+MIGRATIONS[1] = _migrate_1_to_2
+
+
+def title_key(title: str | None) -> str | None:
+    """Title reduced to lower-case letters and digits: equal keys mean the same title."""
+    key = re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", title or "").casefold())
+    return key if len(key) >= 12 else None
+
+
+def surname_key(name: str | None) -> str | None:
+    """Lower-case family name of 'Given Family', 'Family, Given' or 'Family G.' (None when unclear)."""
+    name = re.sub(r"[\d*†‡§¶#,]+$", "", (name or "").strip()).strip()
+    if not name:
+        return None
+    if cjk_ratio(name) > 0.5:
+        return name.replace(" ", "")[:1]        # Chinese family names come first, almost always one character
+    if "," in name:
+        family = name.split(",")[0]
+    else:
+        parts = [p for p in re.split(r"\s+", name) if p]
+        initials = [p for p in parts if re.fullmatch(r"(?:[A-Z]\.?-?)+", p)]
+        if len(parts) > 1 and parts[-1] in initials:     # "Smith J." / "Smith JA"
+            family = next((p for p in parts if p not in initials), parts[0])
+        else:
+            family = parts[-1]
+    family = _strip_diacritics(family.strip(" .").casefold())
+    return family if re.search(r"\w", family) else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -1446,46 +1509,166 @@ def _split_authors(raw: str) -> list[str]:
     return [p.strip() for p in parts if p.strip() and any(ch.isalpha() for ch in p)][:50]
 
 
+_ARXIV_FULL = re.compile(r"arxiv[:\s]*(\d{4}\.\d{4,5})(?:v\d+)?", re.IGNORECASE)
+_DOI_YEAR = re.compile(r"[./(_-]((?:19|20)\d{2})[./)_-]")
+_BANNER = re.compile(r"^(?:physical review|journal of|proceedings of|ieee transactions|transactions on|acm transactions|"
+                     r"annals of|advances in|letters in|nature [a-z]+$|science advances)|\b(?:vol\.|volume \d|issn|"
+                     r"doi:|https?://|www\.|©|copyright|arxiv:|preprint|submitted to|accepted for|received \d|"
+                     r"published online|available online)", re.IGNORECASE)
+_AFFILIATION_WORDS = re.compile(r"\b(?:universit|department|dept\.|institut|laborator|school|college|centre|center|"
+                                r"faculty|hospital|academy|inc\.|ltd|gmbh|corporation|email|e-mail|@|"
+                                r"大学|学院|研究所|研究院|实验室|公司|医院)", re.IGNORECASE)
+_JOURNAL_LINE = re.compile(r"((?:journal of|proceedings of|transactions on|ieee transactions on|acm transactions on|"
+                           r"physical review|annals of|international journal of)[^\n,;()\d]{3,80})", re.IGNORECASE)
+_CN_JOURNAL = re.compile(r"《([^》]{2,30})》|^([\u4e00-\u9fff]{2,12}(?:学报|杂志|期刊|研究|通讯|科学))", re.MULTILINE)
+_BANNER_YEAR = re.compile(r"(?<![\d./-])((?:19|20)\d{2})(?![\d/-])")
+_CITATION_YEAR = re.compile(r"(?:et al\.?|and \w+|&\s*\w+),?\s*\(?$", re.IGNORECASE)
+
+
+def _doi_from_text(text: str) -> str | None:
+    """First DOI printed before any reference list, with trailing punctuation and brackets removed."""
+    cut = re.search(r"\n\s*(?:references|bibliography|参考文献)\s*\n", text, re.IGNORECASE)
+    return find_doi(text[:cut.start()] if cut else text)
+
+
 def find_doi(text: str) -> str | None:
     match = _DOI.search(text or "")
     if not match:
         return None
-    return re.sub(r"[.,;:)\]]+$", "", match.group(1)).lower()
+    doi = match.group(1)
+    # brackets belong to the DOI only when balanced inside it (10.1016/0021-9991(86)90196-1)
+    while doi and doi[-1] in ".,;:)]}>'\"”’":
+        if doi[-1] in ")]}" and doi.count({")": "(", "]": "[", "}": "{"}[doi[-1]]) >= doi.count(doi[-1]):
+            break
+        doi = doi[:-1]
+    return doi.lower() if len(doi) > 8 else None
 
 
-def guess_year(front_text: str, raw_meta: dict, path: str) -> int | None:
+def arxiv_doi(text: str, path: str) -> str | None:
+    match = _ARXIV_FULL.search(text or "") or re.search(r"(?<!\d)(\d{4}\.\d{4,5})(?:v\d+)?(?!\d)", Path(path).stem)
+    if not match:
+        return None
+    arxiv_id = match.group(1)
+    yy, mm = int(arxiv_id[:2]), int(arxiv_id[2:4])
+    if not (7 <= yy <= (time.gmtime().tm_year % 100) + 1 and 1 <= mm <= 12):
+        return None
+    return f"10.48550/arxiv.{arxiv_id}"
+
+
+def _banner_year(banner: str, plausible) -> int | None:
+    """The latest year printed in page 1's header and footer lines, ignoring citations ("Smith et al., 2010")."""
+    years = [int(m.group(1)) for m in _BANNER_YEAR.finditer(banner)
+             if plausible(int(m.group(1))) and not _CITATION_YEAR.search(banner[max(0, m.start() - 25):m.start()])]
+    return max(years) if years else None
+
+
+def guess_year(front_text: str, raw_meta: dict, path: str, doi: str | None, banner: str = "") -> int | None:
+    """Printed on page 1 (dated lines, then header/footer), else in the DOI or arXiv id, else the file's dates."""
     this_year = time.gmtime().tm_year + 1
+    plausible = lambda y: 1900 <= y <= this_year  # noqa: E731
+    match = _DATED_YEAR.search(front_text or "")
+    if match and plausible(int(match.group(1))):
+        return int(match.group(1))
+    banner_year = _banner_year(banner, plausible)
+    if banner_year:
+        return banner_year
+    if doi:
+        arxiv = re.match(r"10\.48550/arxiv\.(\d{2})\d{2}\.", doi)
+        if arxiv:
+            return 2000 + int(arxiv.group(1))
+        embedded = _DOI_YEAR.search(doi)
+        if embedded and plausible(int(embedded.group(1))):
+            return int(embedded.group(1))
     for source in (front_text, Path(path).name):
         match = _ARXIV_ID.search(source or "")
         if match and 7 <= int(match.group(1)) <= this_year % 100 and 1 <= int(match.group(2)) <= 12:
             return 2000 + int(match.group(1))
-    match = _DATED_YEAR.search(front_text or "")
-    if match and 1900 <= int(match.group(1)) <= this_year:
-        return int(match.group(1))
     if isinstance(raw_meta.get("year"), int):
         return raw_meta["year"]
     created = re.match(r"D:((?:19|20)\d{2})", raw_meta.get("creationDate") or "")
     return int(created.group(1)) if created else None
 
 
+def _front_blocks(extracted: Extracted) -> list[Block]:
+    """Page 1 (or the first blocks of a format without pages), up to the first section heading."""
+    blocks = [b for b in extracted.blocks if b.page in (1, None)][:40]
+    for i, block in enumerate(blocks):
+        if block.role == "heading" and i > 0:
+            return blocks[:i]
+    return blocks
+
+
+def _title_from_blocks(blocks: list[Block]) -> str | None:
+    title = " ".join(b.text for b in blocks if b.role == "title")
+    return title if _plausible_title(title) and not _BANNER.search(title) else None
+
+
+def _authors_from_blocks(blocks: list[Block]) -> list[str]:
+    """Names on the lines under the title, before affiliations and the abstract."""
+    after_title = False
+    for block in blocks:
+        if block.role == "title":
+            after_title = True
+            continue
+        if not after_title or block.role != "body":
+            continue
+        text = re.sub(r"[\d*†‡§¶⊥#✉]+|\[[^\]]*\]|\([^)]*\)", " ", block.text)
+        if _AFFILIATION_WORDS.search(text) or run_in_abstract(block.text) is not None or len(text) > 400:
+            return []
+        names = [n.strip(" .") for n in re.split(r"\s*(?:,|;|\band\b|&|，|、)\s*", text) if n.strip(" .")]
+        names = [re.sub(r"\s+", " ", n) for n in names]
+        good = [n for n in names if _looks_like_name(n)]
+        if good and len(good) >= 0.6 * len(names):
+            return good[:50]
+        return []
+    return []
+
+
+def _looks_like_name(name: str) -> bool:
+    if cjk_ratio(name) > 0.5:
+        return 2 <= len(name.replace(" ", "")) <= 4
+    words = name.split()
+    if not 2 <= len(words) <= 5 or any(ch.isdigit() for ch in name):
+        return False
+    return all(w[0].isupper() or w.lower() in ("de", "van", "von", "der", "den", "da", "di", "le", "la", "del")
+               for w in words if w[0].isalpha())
+
+
+def _journal_from_text(front: str, blocks: list[Block]) -> str | None:
+    head = "\n".join(b.text for b in blocks[:8])
+    match = _JOURNAL_LINE.search(head) or _JOURNAL_LINE.search(front[:1500])
+    if match:
+        return re.sub(r"\s+", " ", match.group(1)).strip(" .:")[:120]
+    match = _CN_JOURNAL.search(front[:800])
+    if match:
+        return (match.group(1) or match.group(2)).strip()
+    return None
+
+
 def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
+    """The identifier ladder: what page 1 prints first, then identifiers, then the file's own metadata."""
     raw = extracted.raw_meta
-    title_block = " ".join(b.text for b in extracted.blocks if b.role == "title")
-    first_heading = next((b.text for b in extracted.blocks if b.role in ("heading", "body")), "")
-    for candidate in (raw.get("title"), title_block, raw.get("first_page_title")):
-        if _plausible_title(candidate):
+    front = extracted.page_texts[0][:8000] if extracted.page_texts else ""
+    blocks = _front_blocks(extracted)
+    first_text = next((b.text for b in extracted.blocks if b.role in ("heading", "body")), "")
+    for candidate in (_title_from_blocks(blocks), raw.get("title")):
+        if _plausible_title(candidate) and not _BANNER.search(candidate):
             title = _clean_title(candidate)
             break
     else:
-        title = _clean_title(first_heading) if first_heading and len(first_heading) <= 200 else Path(path).stem
-    front = extracted.page_texts[0][:6000] if extracted.page_texts else ""
+        title = _clean_title(first_text) if first_text and len(first_text) <= 200 else Path(path).stem
+    doi = (_doi_from_text(front) or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
+           or arxiv_doi(front, path))
+    authors = _authors_from_blocks(blocks) or _split_authors(raw.get("author", ""))
     sample = " ".join(extracted.page_texts)[:200_000]
+    page_one = [b for b in extracted.blocks if b.page == 1] if extracted.kind == "pdf" else []
+    banner = "\n".join(b.text for b in page_one[:6] + page_one[-4:] if b.role != "title" and len(b.text) < 400)
     return DocMeta(
         title=title or Path(path).stem,
-        authors=_split_authors(raw.get("author", "")),
-        year=guess_year(front, raw, path),
-        journal=None,
-        doi=find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords", "title"))) or find_doi(front),
+        authors=authors,
+        year=guess_year(front, raw, path, doi, banner),
+        journal=_journal_from_text(front, blocks),
+        doi=doi,
         lang="zh" if cjk_ratio(sample) > 0.3 else "en",
     )
 
@@ -2799,6 +2982,8 @@ def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, sta
     with lib.transaction():
         doc_id = lib.upsert_doc(path, {**base, "status": "indexed", "reason": None, "error": None,
                                        "title": meta.title, "authors": json.dumps(meta.authors, ensure_ascii=False),
+                                       "title_key": title_key(meta.title),
+                                       "first_author_key": surname_key(meta.authors[0]) if meta.authors else None,
                                        "year": meta.year, "journal": meta.journal, "doi": meta.doi,
                                        "lang": meta.lang, "pages": extracted.pages, "chunk_count": len(chunks),
                                        "page_labels": json.dumps(extracted.page_labels)
