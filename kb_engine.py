@@ -730,6 +730,8 @@ class Extracted:
     page_labels: list[str] = field(default_factory=list)
     raw_meta: dict = field(default_factory=dict)
     body_size: float = 0.0
+    references: list = field(default_factory=list)   # (number, raw text) of each reference-list entry
+    numbered_references: bool = False
 
     @property
     def pages(self) -> int | None:
@@ -954,6 +956,142 @@ def join_lines(lines: Iterable[str]) -> str:
     return out
 
 
+def reference_blocks(blocks: list[Block]) -> list[Block]:
+    """Body blocks of the reference list: after a References heading, until an indexed section starts;
+    without such a heading, a trailing run of blocks numbered [1], [2], ... (APS and similar styles)."""
+    found = _blocks_under_references_heading(blocks)
+    return found if found else _trailing_numbered_list(blocks)
+
+
+_LIST_START = re.compile(r"^\s*(?:\[1\]|\(1\)|1\.)\s+\S")
+
+
+def _trailing_numbered_list(blocks: list[Block]) -> list[Block]:
+    """Blocks in the second half that hold entries [1], [2], ... in order (an APS-style list without heading)."""
+    for i in range(int(len(blocks) * 0.5), len(blocks)):
+        if blocks[i].role == "body" and _LIST_START.match(blocks[i].text):
+            tail = [b for b in blocks[i:] if b.role in ("body", "caption", "reference")]
+            offsets, joined = [], ""
+            for block in tail:
+                offsets.append(len(joined))
+                joined += block.text + "\n"
+            labels = _sequential_labels(joined)
+            if len(labels) >= 3:
+                last_label = labels[-1][1]
+                run = [b for b, offset in zip(tail, offsets) if offset <= last_label]
+                for block in run:
+                    block.role = "reference"      # kept out of the chunks, as under a heading
+                return run
+    return []
+
+
+def _blocks_under_references_heading(blocks: list[Block]) -> list[Block]:
+    inside, found = False, []
+    for block in blocks:
+        if block.role == "heading":
+            canonical = canonical_section(block.text)
+            if canonical == "references":
+                inside = True
+            elif inside and (canonical not in (None, "acknowledgements", "appendix")
+                             or re.match(r"^\s*(?:\d|第|chapter\b)", block.text, re.IGNORECASE)):
+                inside = False
+            continue
+        if inside and block.role in ("body", "caption", "reference"):
+            found.append(block)
+    return found
+
+
+_ENTRY_STYLES = (r"\[{n}\]\s*", r"\({n}\)\s*", r"(?:^|(?<=\s)){n}\.\s+(?=\S)",
+                 r"(?:^|(?<=\n)){n}\s+(?=[A-Z\u4e00-\u9fff])")
+
+
+def _sequential_labels(text: str) -> list[tuple[int, int, int]]:
+    """(number, label start, text start) of entries numbered 1, 2, 3 ... in the style that runs longest."""
+    best: list[tuple[int, int, int]] = []
+    for style in _ENTRY_STYLES:
+        labels, pos, n = [], 0, 1
+        while True:
+            match = re.compile(style.format(n=n)).search(text, pos)
+            if match is None or (n == 1 and match.start() > 20):
+                break
+            labels.append((n, match.start(), match.end()))
+            pos, n = match.end(), n + 1
+        if len(labels) > len(best):
+            best = labels
+    return best if len(best) >= 3 else []
+
+
+def _sequential_entries(text: str) -> list[tuple[int, str]]:
+    labels = _sequential_labels(text)
+    return [(num, text[body:(labels[i + 1][1] if i + 1 < len(labels) else len(text))].strip())
+            for i, (num, _, body) in enumerate(labels)]
+
+
+def reference_entries(blocks: list[Block]) -> tuple[list[tuple[int, str]], bool]:
+    """(number, raw text) of each reference-list entry, and whether the list is numbered
+    (an author-year list is numbered here by position)."""
+    texts = [re.sub(f"[{SUP_OPEN}{SUP_CLOSE}]", " ", b.text).strip() for b in reference_blocks(blocks)]
+    if not texts:
+        return [], False
+    numbered = _sequential_entries("\n".join(texts))
+    if numbered:
+        return numbered, True
+    entries: list[str] = []
+    for text in texts:      # author-year lists: one block per entry, or entries run together in a block
+        parts = re.split(r"(?<=[.)])\s+(?=[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*)+)", text)
+        entries.extend(p.strip() for p in parts if len(p.strip()) > 20)
+    return [(i, text) for i, text in enumerate(entries, start=1)], False
+
+
+_UNIT_BEFORE = re.compile(r"(?:^|[\s(/·])(?:[munpkMG]?m|[munpk]?s|[mk]?g|mol|K|eV|Hz|[mμ]?L|W|J|Pa|A|V|cm|mm|nm|km)$")
+
+
+def _numbers_of(marker: str) -> list[int]:
+    """Numbers a citation marker stands for: "1,3-5" is 1, 3, 4, 5 (ranges capped at 50 numbers)."""
+    numbers: list[int] = []
+    for part in re.split(r"\s*,\s*", marker.strip(" ,")):
+        bounds = re.split(r"\s*[\u2013\u2014-]\s*", part)
+        if not all(b.isdigit() for b in bounds) or not 1 <= len(bounds) <= 2:
+            return []
+        lo, hi = int(bounds[0]), int(bounds[-1])
+        if hi < lo or hi - lo > 50:
+            return []
+        numbers.extend(range(lo, hi + 1))
+    return numbers
+
+
+def _is_running_paragraph(block: Block) -> bool:
+    """Body prose, as opposed to title, author and affiliation lines of the front matter."""
+    return (block.role == "body" and len(block.text) >= 250 and block.text.count(".") >= 2
+            and not re.search(r"@|universit|institut|department|laborator", block.text, re.IGNORECASE))
+
+
+def resolve_superscripts(blocks: list[Block], max_reference: int) -> None:
+    """Turn raised citation numbers into "[1,2]"; anything else (affiliations, exponents, footnotes) stays as typeset.
+
+    A raised number counts as a citation only in a document with a numbered reference list, outside the
+    front matter, right after a word or closing punctuation (not after a digit or a unit), and when every
+    number it stands for is in the list.
+    """
+    pattern = re.compile(f"{SUP_OPEN}([^{SUP_CLOSE}]*){SUP_CLOSE}")
+    front_matter = True
+    for block in blocks:
+        if block.role == "heading" or (block.page or 1) > 1 or _is_running_paragraph(block):
+            front_matter = False
+
+        def judge(match, text=block.text, front=front_matter):
+            inner = match.group(1).strip(" ,")
+            before = text[:match.start()].rstrip(SUP_CLOSE)
+            numbers = _numbers_of(inner)
+            citation = (max_reference > 0 and not front and numbers and max(numbers) <= max_reference
+                        and before and (before[-1].isalpha() or before[-1] in ".,;:)]\u201d\u2019\"")
+                        and not _UNIT_BEFORE.search(before))
+            if citation:
+                return "[" + re.sub(r"\s*([,\u2013\u2014-])\s*", r"\1", inner) + "]"
+            return inner
+        block.text = pattern.sub(judge, block.text) if SUP_OPEN in block.text else block.text
+
+
 class PageTextBuilder:
     """Builds one page text from blocks and records each block's offset."""
 
@@ -998,10 +1136,21 @@ def _line_direction(line: dict) -> tuple[int, int]:
     return round(dx), round(dy)
 
 
+SUP_OPEN, SUP_CLOSE = "\u2983", "\u2984"      # brackets around superscript digits until they are judged
+_SUPERSCRIPT_TEXT = re.compile(r"[\d\s,\u2013\u2014-]+")
+
+
+def _is_raised(span: dict, line_size: float, baseline: float) -> bool:
+    if span.get("flags", 0) & 1:
+        return True
+    origin = span.get("origin")
+    return (line_size > 0 and span.get("size", line_size) <= 0.85 * line_size and origin is not None
+            and origin[1] < baseline - 0.15 * line_size)
+
+
 def _pdf_line(line: dict) -> _PdfLine | None:
     spans = [s for s in line.get("spans", []) if s.get("text")]
-    text = normalize_text("".join(s["text"] for s in spans))
-    if not text.strip():
+    if not "".join(s["text"] for s in spans).strip():
         return None
     weights: dict[float, int] = {}
     bold_chars = total_chars = 0
@@ -1013,6 +1162,16 @@ def _pdf_line(line: dict) -> _PdfLine | None:
         total_chars += n
         bold_chars += n if _span_is_bold(span) else 0
     size = max(weights, key=weights.get) if weights else 0.0
+    main = next((s for s in spans if round(s.get("size", 0.0), 1) == size and s.get("origin")), None)
+    baseline = main["origin"][1] if main else line["bbox"][3]
+    parts = []
+    for span in spans:
+        if _is_raised(span, size, baseline) and _SUPERSCRIPT_TEXT.fullmatch(span["text"]):
+            parts.append(SUP_OPEN + span["text"].strip() + SUP_CLOSE)
+        else:
+            parts.append(span["text"])
+    text = normalize_text("".join(parts))
+    text = re.sub(f"{SUP_CLOSE}\\s*{SUP_OPEN}", "", text)     # "1" "," "2" typeset as separate spans
     return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]))
 
 
@@ -1185,20 +1344,21 @@ def extract_pdf(path: str) -> Extracted:
                            "the PDF has no usable text layer (scanned pages?); OCR it first to index it")
     pages = _drop_running_heads(raw_pages)
     body_size = _pdf_body_size(pages)
-    blocks, page_texts = [], []
-    for number, page_blocks in enumerate(pages, start=1):
-        builder = PageTextBuilder(number)
-        for raw in page_blocks:
-            sizes = [line.size for line in raw.lines]
-            block = Block(text=raw.text, page=number, size=max(sizes), n_lines=len(raw.lines),
-                          bold=all(line.bold for line in raw.lines))
-            builder.add(block)
-            blocks.append(block)
-        page_texts.append(builder.text())
+    blocks = [Block(text=raw.text, page=number, size=max(line.size for line in raw.lines), n_lines=len(raw.lines),
+                    bold=all(line.bold for line in raw.lines))
+              for number, page_blocks in enumerate(pages, start=1) for raw in page_blocks]
     _mark_pdf_title(blocks, body_size)
     classify_blocks(blocks, body_size)
+    references, numbered = reference_entries(blocks)
+    resolve_superscripts(blocks, len(references) if numbered else 0)
+    page_texts = []
+    for number in range(1, len(pages) + 1):
+        builder = PageTextBuilder(number)
+        for block in (b for b in blocks if b.page == number):
+            builder.add(block)
+        page_texts.append(builder.text())
     raw_meta["first_page_title"] = " ".join(b.text for b in blocks if b.role == "title")
-    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size)
+    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered)
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:
@@ -1358,7 +1518,8 @@ def extract_docx(path: str) -> Extracted:
     if not any(b.text.strip() for b in blocks):
         raise FileRejected(STATUS_SKIPPED, "no_text", "the document contains no text")
     classify_blocks(blocks, 0.0)
-    return Extracted("docx", blocks, [builder.text()], [], meta)
+    references, numbered = reference_entries(blocks)
+    return Extracted("docx", blocks, [builder.text()], [], meta, references=references, numbered_references=numbered)
 
 
 # -- TXT / Markdown -------------------------------------------------------------
@@ -1436,7 +1597,8 @@ def extract_text_file(path: str, kind: str) -> Extracted:
             first.role = "title"
         _normalise_md_levels(blocks)
     classify_blocks(blocks, 0.0)
-    return Extracted(kind, blocks, [builder.text()], [], {})
+    references, numbered = reference_entries(blocks)
+    return Extracted(kind, blocks, [builder.text()], [], {}, references=references, numbered_references=numbered)
 
 
 def _normalise_md_levels(blocks: list[Block]) -> None:
@@ -1805,7 +1967,7 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
     open_para: _Para | None = None
     for index, block in enumerate(blocks):
         block.index = index
-        if block.role in ("title", "noise"):
+        if block.role in ("title", "noise", "reference"):
             continue
         if block.role == "heading":
             tracker.enter(block.text, block.level)
