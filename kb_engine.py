@@ -13,10 +13,11 @@ Contents (each layer only calls the layers above it):
     4. Extraction ........ PDF (PyMuPDF structured text), DOCX, TXT/MD -> blocks
     5. Metadata .......... title, authors, year, DOI, language
     6. Chunking .......... sections, weights, captions, size-capped chunks
-    7. Models ............ embedder, cross-encoder, devices, time-boxed downloads
-    8. Retrieval ......... FTS5 keyword, FAISS vectors, RRF fusion, rerank, snippets
-    9. Commands .......... ingest, search, rag, docs, stats, dedup, delete, reembed, ...
-   10. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
+    7. Citations ......... reference fields, citation markers, in-library matches
+    8. Models ............ embedder, cross-encoder, devices, time-boxed downloads
+    9. Retrieval ......... FTS5 keyword, FAISS vectors, RRF fusion, rerank, snippets
+   10. Commands .......... ingest, search, rag, cite, docs, stats, dedup, delete, ...
+   11. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -613,13 +614,15 @@ class Library:
                               (doc_id,))
         self.conn.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,))
 
-    def insert_chunks(self, doc_id: int, chunks: list["Chunk"], heading_prefix: str) -> None:
+    def insert_chunks(self, doc_id: int, chunks: list["Chunk"], heading_prefix: str) -> list[int]:
+        ids = []
         for seq, chunk in enumerate(chunks):
             cur = self.conn.execute(
                 "INSERT INTO chunks(doc_id, seq, section, block, weight, text, page, page_end, page_label, "
                 "char_start, char_end, page_map) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (doc_id, seq, chunk.section, chunk.block, chunk.weight, chunk.text, chunk.page, chunk.page_end,
                  chunk.page_label, chunk.char_start, chunk.char_end, json.dumps(chunk.page_map)))
+            ids.append(cur.lastrowid)
             body = analyzed_string(chunk.text)
             heading = analyzed_string(f"{heading_prefix} {chunk.section}")
             if self.has_fts5:
@@ -628,6 +631,20 @@ class Library:
             else:
                 self.conn.execute("INSERT INTO chunk_terms(chunk_id, body, heading) VALUES (?, ?, ?)",
                                   (cur.lastrowid, body, heading))
+        return ids
+
+    def replace_references(self, doc_id: int, references: list, chunk_ids: list[int], links: list) -> None:
+        """Store a document's reference entries and which chunk cites which (replacing earlier ones)."""
+        self.conn.execute("DELETE FROM refs WHERE doc_id = ?", (doc_id,))
+        ref_ids = []
+        for ref in references:
+            cur = self.conn.execute("INSERT INTO refs(doc_id, num, raw, doi, title, first_author, year) "
+                                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                    (doc_id, ref.num, ref.raw, ref.doi, ref.title, ref.first_author, ref.year))
+            ref_ids.append(cur.lastrowid)
+        self.conn.executemany("INSERT OR IGNORE INTO chunk_cites(chunk_id, ref_id, marker) VALUES (?, ?, ?)",
+                              [(chunk_id, ref_ids[index], marker) for chunk_id, chunk_links in zip(chunk_ids, links)
+                               for marker, index in chunk_links])
 
     def delete_doc(self, doc_id: int) -> None:
         self.delete_chunks(doc_id)
@@ -2111,7 +2128,145 @@ def _joined(pieces: list[Piece]) -> str:
 
 
 # =============================================================================
-# 7. Models
+# 7. Citations
+# =============================================================================
+# Reference entries become fields (DOI, title, first author, year); markers in
+# chunk text ("[2-4]", "[1,2]" from superscripts, "(Smith et al., 2010)") are
+# linked to them at ingest; at query time each cited work is looked up in the
+# library by DOI, normalised title, or first author + year.
+
+CITATIONS_PER_HIT = 8
+_BRACKET_MARKER = re.compile(r"\[(\d{1,3}(?:\s*[,\u2013\u2014-]\s*\d{1,3})*)\]")
+_AUTHOR = r"[A-Z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\u2019-]+(?: [A-Z][A-Za-z'-]+)?"
+_AUTHOR_YEAR = re.compile(rf"^(?:see |e\.g\.,? |cf\. )?({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})?,? ((?:19|20)\d{{2}})[a-z]?$")
+_NARRATIVE = re.compile(rf"({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})? \(((?:19|20)\d{{2}})[a-z]?\)")
+_PARENTHESES = re.compile(r"\(([^()]{6,300})\)")
+
+
+@dataclass
+class Reference:
+    num: int
+    raw: str
+    doi: str | None
+    title: str | None
+    first_author: str | None
+    year: int | None
+
+
+def parse_reference(num: int, raw: str) -> Reference:
+    """Fields of one reference entry, read leniently (numbered, Vancouver, APA, ACS, GB/T 7714 styles)."""
+    text = re.sub(r"\s+", " ", raw).strip()
+    year_match = re.search(r"(?<!\d)((?:19|20)\d{2})[a-z]?(?!\d)", text)
+    first_segment = re.split(r"[,;，.]| and | et al", text, maxsplit=1)[0]
+    return Reference(num=num, raw=text[:1000], doi=find_doi(text), title=_reference_title(text),
+                     first_author=surname_key(first_segment) if len(first_segment) < 60 else None,
+                     year=int(year_match.group(1)) if year_match else None)
+
+
+def _reference_title(text: str) -> str | None:
+    quoted = re.search(r"[\"\u201c]([^\"\u201d]{10,300})[\"\u201d]", text)
+    if quoted:
+        return quoted.group(1).strip(" ,.")
+    chinese = re.search(r"[.．。]\s*([^.．。\[]{4,120})\[[JMCDRPSNZ]\]", text)      # GB/T 7714: 题名[J]
+    if chinese:
+        return chinese.group(1).strip()
+    # the first sentence-like segment after the author list that is not a venue or a year
+    segments = [seg.strip() for seg in re.split(r"(?<=[a-z\u00e0-\u024f)\]?])\.\s+|(?<=\d{4})[a-z]?\.\s+|\(\d{4}[a-z]?\)\.?\s*",
+                                                 text) if seg.strip()]
+    for segment in segments[1:]:
+        words = segment.split()
+        initials = len(re.findall(r"\b[A-Z]\.", segment))
+        if len(words) >= 3 and initials < 2 and not re.match(r"^(?:in |proc|vol|pp|doi|http|arxiv)", segment, re.I):
+            return segment.strip(" ,.")
+    return None
+
+
+def citation_markers(text: str, references: list[Reference], numbered: bool) -> list[tuple[str, list[int]]]:
+    """(marker as written, reference numbers it resolves to) for every citation in ``text``."""
+    found: list[tuple[str, list[int]]] = []
+    if numbered:
+        limit = len(references)
+        for match in _BRACKET_MARKER.finditer(text):
+            numbers = [n for n in _numbers_of(match.group(1)) if 1 <= n <= limit]
+            if numbers:
+                found.append((match.group(0), numbers))
+        return found
+    by_author_year: dict[tuple[str, int], list[int]] = {}
+    for ref in references:
+        if ref.first_author and ref.year:
+            by_author_year.setdefault((ref.first_author, ref.year), []).append(ref.num)
+
+    def resolve(author: str, year: str) -> list[int]:
+        candidates = by_author_year.get((surname_key(author) or "", int(year)), [])
+        return candidates if len(candidates) == 1 else []     # only where it resolves unambiguously
+
+    for group in _PARENTHESES.finditer(text):
+        for part in group.group(1).split(";"):
+            match = _AUTHOR_YEAR.match(part.strip())
+            if match and (numbers := resolve(match.group(1), match.group(2))):
+                found.append((part.strip(), numbers))
+    for match in _NARRATIVE.finditer(text):
+        if numbers := resolve(match.group(1), match.group(2)):
+            found.append((match.group(0), numbers))
+    return found
+
+
+def document_references(extracted: Extracted) -> list[Reference]:
+    return [parse_reference(num, raw) for num, raw in extracted.references]
+
+
+def link_chunk_citations(chunks: list[Chunk], references: list[Reference],
+                         numbered: bool) -> list[list[tuple[str, int]]]:
+    """For each chunk, (marker, index into ``references``) of every reference it cites, first mention first."""
+    index_of = {ref.num: i for i, ref in enumerate(references)}
+    linked = []
+    for chunk in chunks:
+        seen: dict[int, str] = {}
+        for marker, numbers in citation_markers(chunk.text, references, numbered):
+            for number in numbers:
+                if number in index_of:
+                    seen.setdefault(index_of[number], marker)
+        linked.append([(marker, i) for i, marker in seen.items()])
+    return linked
+
+
+def in_library(lib: Library, doi: str | None, title: str | None, first_author: str | None, year: int | None,
+               exclude_doc: int) -> dict | None:
+    """The library document a cited work is, by DOI, then normalised title, then first author + year."""
+    conn = lib.conn
+    rows = []
+    if doi:
+        rows = conn.execute("SELECT id, title, doi, path FROM docs WHERE doi = ? AND status = 'indexed' AND id != ?",
+                            (doi.lower(), exclude_doc)).fetchall()
+    key = title_key(title)
+    if not rows and key:
+        rows = conn.execute("SELECT id, title, doi, path FROM docs WHERE title_key = ? AND status = 'indexed' "
+                            "AND id != ?", (key, exclude_doc)).fetchall()
+    if not rows and first_author and year:
+        rows = conn.execute("SELECT id, title, doi, path FROM docs WHERE first_author_key = ? AND year = ? "
+                            "AND status = 'indexed' AND id != ?", (first_author, year, exclude_doc)).fetchall()
+        rows = rows if len(rows) == 1 else []
+    if not rows:
+        return None
+    row = rows[0]
+    return {"doc_id": row["id"], "title": row["title"], "doi": row["doi"], "path": row["path"]}
+
+
+def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[dict], int]:
+    """The works a passage cites, with their library match; at most CITATIONS_PER_HIT, plus how many more."""
+    rows = lib.conn.execute(
+        "SELECT cc.marker, r.num, r.raw, r.doi, r.title, r.first_author, r.year FROM chunk_cites cc "
+        "JOIN refs r ON r.id = cc.ref_id WHERE cc.chunk_id = ? ORDER BY r.num", (chunk_id,)).fetchall()
+    citations = []
+    for row in rows[:CITATIONS_PER_HIT]:
+        citations.append({"marker": row["marker"], "ref": row["num"], "text": row["raw"][:300], "doi": row["doi"],
+                          "title": row["title"], "in_library": in_library(lib, row["doi"], row["title"],
+                                                                          row["first_author"], row["year"], doc_id)})
+    return citations, max(0, len(rows) - CITATIONS_PER_HIT)
+
+
+# =============================================================================
+# 8. Models
 # =============================================================================
 # Embedder and reranker load lazily, local files first.  A download is tried
 # only by calls that may wait (ingest, ``models``), always time-boxed; a query
@@ -2558,7 +2713,7 @@ class Models:
 
 
 # =============================================================================
-# 8. Retrieval
+# 9. Retrieval
 # =============================================================================
 
 FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path")
@@ -2770,7 +2925,8 @@ class SearchHit:
     score: float
 
 
-def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int) -> list[dict]:
+def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int,
+                with_citations: bool = False) -> list[dict]:
     if not hits:
         return []
     idf = term_idf(lib, terms)
@@ -2800,6 +2956,8 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
             "page": page, "page_end": page_end, "page_label": label, "char_start": char_start, "char_end": char_end,
             "score": hit.score if math.isfinite(hit.score) else 0.0, "snippet": snippet,
         })
+        if with_citations:
+            records[-1]["citations"], records[-1]["citations_more"] = hit_citations(lib, row["id"], row["doc_id"])
     return records
 
 
@@ -2953,7 +3111,7 @@ def language_note(query: str, library_langs: dict[str, int]) -> str | None:
 
 
 # =============================================================================
-# 9. Commands
+# 10. Commands
 # =============================================================================
 
 def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
@@ -3125,6 +3283,8 @@ def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, sta
         extracted = extract_file(path)
         meta = extract_metadata(extracted, path)
         chunks = chunk_document(extracted)
+        references = document_references(extracted)
+        links = link_chunk_citations(chunks, references, extracted.numbered_references)
         if not chunks:
             raise FileRejected(STATUS_SKIPPED, "no_text", "no indexable text (only front matter or references?)")
     except FileRejected as rejected:
@@ -3151,7 +3311,8 @@ def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, sta
                                        "page_labels": json.dumps(extracted.page_labels)
                                        if any(extracted.page_labels) else None})
         lib.delete_chunks(doc_id)
-        lib.insert_chunks(doc_id, chunks, meta.title)
+        chunk_ids = lib.insert_chunks(doc_id, chunks, meta.title)
+        lib.replace_references(doc_id, references, chunk_ids, links)
         lib.invalidate_cache()
     status = STATUS_UPDATED if row is not None else STATUS_ADDED
     return _file_entry(path, status, started, len(chunks), meta.title)
@@ -3388,7 +3549,8 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
             return cached, None
     hits, kind, notes, query_vec = retrieve(lib, request, models, state)
     degraded = bool(notes)
-    response["results"] = hit_records(lib, hits, query_terms(request["query"]), request["snippet"])
+    response["results"] = hit_records(lib, hits, query_terms(request["query"]), request["snippet"],
+                                      with_citations=request["depth"] == "deep")
     response["count"] = len(response["results"])
     response["score_kind"] = kind
     if request["depth"] == "deep" and kind in ("rerank", "bi-encoder"):
@@ -3811,7 +3973,7 @@ class Engine:
 
 
 # =============================================================================
-# 10. Protocol / CLI
+# 11. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
