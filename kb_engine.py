@@ -646,6 +646,15 @@ class Library:
                               [(chunk_id, ref_ids[index], marker) for chunk_id, chunk_links in zip(chunk_ids, links)
                                for marker, index in chunk_links])
 
+    def reindex_headings(self, doc_id: int, title: str) -> None:
+        """Rewrite the keyword index's heading column (title + section) after a title change."""
+        for chunk_id, section in self.conn.execute("SELECT id, section FROM chunks WHERE doc_id = ?", (doc_id,)).fetchall():
+            heading = analyzed_string(f"{title} {section}")
+            if self.has_fts5:
+                self.conn.execute("UPDATE chunks_fts SET heading = ? WHERE rowid = ?", (heading, chunk_id))
+            else:
+                self.conn.execute("UPDATE chunk_terms SET heading = ? WHERE chunk_id = ?", (heading, chunk_id))
+
     def delete_doc(self, doc_id: int) -> None:
         self.delete_chunks(doc_id)
         self.conn.execute("DELETE FROM docs WHERE id = ?", (doc_id,))
@@ -1339,11 +1348,13 @@ def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
     return max(weights, key=weights.get) if weights else 0.0
 
 
-def extract_pdf(path: str) -> Extracted:
+def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     doc = _open_pdf(path)
     try:
         raw_pages, labels, failed_pages = [], [], 0
-        for page in doc:
+        for number, page in enumerate(doc):
+            if max_pages is not None and number >= max_pages:
+                break
             try:
                 raw_pages.append((_pdf_page_blocks(page), page.rect.height))
             except Exception:
@@ -1628,10 +1639,11 @@ def _normalise_md_levels(blocks: list[Block]) -> None:
                 block.level -= shift
 
 
-def extract_file(path: str) -> Extracted:
+def extract_file(path: str, max_pages: int | None = None) -> Extracted:
+    """Blocks and page texts of a file; ``max_pages`` reads only the first pages of a PDF (metadata refresh)."""
     kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
     if kind == "pdf":
-        return extract_pdf(path)
+        return extract_pdf(path, max_pages)
     if kind == "docx":
         return extract_docx(path)
     if kind in ("txt", "md"):
@@ -3206,7 +3218,9 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
         return _file_entry(path, STATUS_ERROR, started, reason="unsupported",
                            error=f"unsupported file type; supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
     row = lib.doc_by_path(path)
-    current = row is not None and row["indexed_with"] == PARSER_REVISION and not force
+    # An older parser revision does not make a file "changed": stats reports it as stale and
+    # ingest {rebuild: true} (or force) re-parses it, so an everyday ingest stays fast.
+    current = row is not None and not force
     orphaned = current and row["status"] == "duplicate" and _original_row(lib, row) is None
     if current and not orphaned and row["size"] == stat.st_size and row["mtime_ns"] == stat.st_mtime_ns:
         if row["status"] == "duplicate" and _original_is_gone(lib, row):
@@ -3353,14 +3367,73 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
     return {"vectors_written": written, "vectors_missing": lib.count_missing_vectors(), "model": embedder.model_id}
 
 
-def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
+def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None) -> dict:
+    """Re-read title, authors, year, journal and DOI of indexed documents (first pages only); chunks,
+    vectors and references stay as they are."""
+    rows = _docs_under(lib, paths, statuses=("indexed",))
+    entries = []
+    for done, row in enumerate(rows, start=1):
+        started = time.perf_counter()
+        try:
+            extracted = extract_file(row["path"], max_pages=2)
+            meta = extract_metadata(extracted, row["path"])
+        except FileRejected as rejected:
+            entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], rejected.reason,
+                                       rejected.message))
+            continue
+        except OSError as exc:
+            entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], "unreadable",
+                                       _short_error(exc)))
+            continue
+        with lib.transaction():
+            lib.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
+                             "first_author_key = ? WHERE id = ?",
+                             (meta.title, json.dumps(meta.authors, ensure_ascii=False), meta.year, meta.journal,
+                              meta.doi, title_key(meta.title), surname_key(meta.authors[0]) if meta.authors else None,
+                              row["id"]))
+            lib.reindex_headings(row["id"], meta.title)
+        entry = _file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title, "metadata")
+        entries.append(entry)
+        if progress:
+            progress({"phase": "metadata", "done": done, "total": len(rows), "path": row["path"]})
+    totals = {status: sum(e["status"] == status for e in entries) for status in INGEST_STATUSES}
+    totals.update(files=len(entries), chunks=sum(e["chunks"] for e in entries), chunks_written=0)
+    return {"files": entries, "totals": totals, "kb_root": str(lib.root), "metadata_only": True}
+
+
+def _docs_under(lib: Library, paths: list[str] | None, statuses: tuple[str, ...]) -> list[sqlite3.Row]:
+    """Library documents with these statuses, all of them or those at/under the given paths."""
+    marks = ", ".join("?" * len(statuses))
+    rows = lib.conn.execute(f"SELECT * FROM docs WHERE status IN ({marks}) ORDER BY id", statuses).fetchall()
+    if not paths:
+        return rows
+    prefixes = [os.path.abspath(os.path.expanduser(p)) for p in paths]
+    return [r for r in rows if any(r["path"] == p or r["path"].startswith(p.rstrip(os.sep) + os.sep) for p in prefixes)]
+
+
+def _ingest_paths(payload: dict, required: bool) -> list[str] | None:
     paths = payload.get("paths", payload.get("path"))
+    if paths is None and not required:
+        return None
     if isinstance(paths, str):
         paths = [paths]
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
         raise KBError("bad_request", "paths must be a non-empty list of file or folder paths")
-    force = _opt_bool(payload, "force")
-    files = list(collect_files(paths, lib.root))
+    return paths
+
+
+def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
+    metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
+    if metadata_only and rebuild:
+        raise KBError("bad_request", "metadata_only and rebuild exclude each other")
+    paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
+    if metadata_only:
+        return refresh_metadata(lib, paths, progress)
+    force = _opt_bool(payload, "force") or rebuild
+    if rebuild:       # re-parse the library's own documents, from the paths it recorded
+        files = [(row["path"], True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
+    else:
+        files = list(collect_files(paths, lib.root))
     entries = []
     for done, (path, explicit) in enumerate(files, start=1):
         entries.append(ingest_file(lib, path, explicit, force))
@@ -3785,6 +3858,88 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
     return {"cleared": counts, "kb_root": str(lib.root)}
 
 
+CITE_FORMATS = ("bibtex", "csl-json")
+
+
+def _cite_key(doc: sqlite3.Row, authors: list[str], taken: set[str]) -> str:
+    family = surname_key(authors[0]) if authors else None
+    word = next((w for w in re.findall(r"[A-Za-z]{4,}", doc["title"] or "")), "work")
+    base = re.sub(r"[^a-z0-9]", "", f"{family or 'anon'}{doc['year'] or ''}{word.lower()}") or f"doc{doc['id']}"
+    key, n = base, 1
+    while key in taken:
+        n += 1
+        key = f"{base}{chr(ord('a') + n - 2)}" if n <= 27 else f"{base}{n}"
+    taken.add(key)
+    return key
+
+
+def _bibtex_value(text: str) -> str:
+    return re.sub(r"([{}])", r"\\\1", str(text)).replace("&", "\\&").replace("%", "\\%")
+
+
+def _split_name(name: str) -> dict:
+    if "," in name:
+        family, given = (part.strip() for part in name.split(",", 1))
+    elif cjk_ratio(name) > 0.5:
+        family, given = name[:1], name[1:].strip()
+    else:
+        parts = name.split()
+        family, given = parts[-1], " ".join(parts[:-1])
+    return {"family": family, "given": given} if given else {"family": family}
+
+
+def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "LibraryState") -> dict:
+    """BibTeX or CSL-JSON for documents given by id, or for the documents a query finds."""
+    fmt = _opt_str(payload, "format", "bibtex") or "bibtex"
+    if fmt not in CITE_FORMATS:
+        raise KBError("bad_request", f"unknown format {fmt!r}; use bibtex or csl-json")
+    doc_ids = payload.get("doc_ids")
+    query = payload.get("query")
+    if doc_ids is None and not query:
+        raise KBError("bad_request", "give doc_ids or a query")
+    if doc_ids is not None and (not isinstance(doc_ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in doc_ids)):
+        raise KBError("bad_request", "doc_ids must be a list of integers")
+    if lib is None:
+        return {"format": fmt, "count": 0, "entries": [], "not_found": doc_ids or [], "text": ""}
+    if doc_ids is None:
+        found = run_search(lib, {"query": query, "top_k": _opt_int(payload, "top_k", 10, 1, 200) * 3,
+                                 "mode": payload.get("mode", "hybrid"), "filters": payload.get("filters"),
+                                 "snippet": 0}, models, state)[0]
+        doc_ids = list(dict.fromkeys(r["doc_id"] for r in found["results"]))[:_opt_int(payload, "top_k", 10, 1, 200)]
+    rows = {r["id"]: r for r in lib.conn.execute(
+        f"SELECT * FROM docs WHERE status = 'indexed' AND id IN ({', '.join('?' * len(doc_ids))})", doc_ids)} \
+        if doc_ids else {}
+    taken: set[str] = set()
+    entries, blocks = [], []
+    for doc_id in doc_ids:
+        doc = rows.get(doc_id)
+        if doc is None:
+            continue
+        authors = json.loads(doc["authors"] or "[]")
+        key = _cite_key(doc, authors, taken)
+        if fmt == "csl-json":
+            item = {"id": key, "type": "article-journal" if doc["journal"] else "article", "title": doc["title"]}
+            if authors:
+                item["author"] = [_split_name(a) for a in authors]
+            if doc["year"]:
+                item["issued"] = {"date-parts": [[doc["year"]]]}
+            if doc["journal"]:
+                item["container-title"] = doc["journal"]
+            if doc["doi"]:
+                item["DOI"] = doc["doi"]
+            entries.append(item)
+        else:
+            fields = [("title", doc["title"]), ("author", " and ".join(authors) if authors else None),
+                      ("year", doc["year"]), ("journal", doc["journal"]), ("doi", doc["doi"])]
+            body = ",\n".join(f"  {name} = {{{_bibtex_value(value)}}}" for name, value in fields if value)
+            blocks.append(f"@{'article' if doc['journal'] else 'misc'}{{{key},\n{body}\n}}")
+            entries.append({"key": key, "doc_id": doc_id})
+    missing = [i for i in doc_ids if i not in rows]
+    text = json.dumps(entries, ensure_ascii=False, indent=2) if fmt == "csl-json" else "\n\n".join(blocks)
+    return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}
+
+
 def cmd_delete(lib: Library, payload: dict) -> dict:
     """Remove documents by path (a folder removes everything under it) or by doc_id."""
     paths = payload.get("paths", [])
@@ -3864,7 +4019,8 @@ class Engine:
     """The one stateful object: open libraries, their in-memory indexes and caches, and the models."""
 
     WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear", "delete", "reembed"})
-    COMMANDS = ("ingest", "search", "rag", "docs", "stats", "dedup", "delete", "reembed", "clear", "reload", "models")
+    COMMANDS = ("ingest", "search", "rag", "cite", "docs", "stats", "dedup", "delete", "reembed", "clear", "reload",
+                "models")
 
     def __init__(self):
         self._libraries: dict[Path, Library] = {}
@@ -3926,6 +4082,8 @@ class Engine:
                 return cmd_search(lib, payload, self.models, state)
             if command == "rag":
                 return cmd_rag(lib, payload, self.models, state)
+            if command == "cite":
+                return cmd_cite(lib, payload, self.models, state)
             if command == "docs":
                 return cmd_docs(lib, payload)
             if command == "stats":
@@ -4189,8 +4347,15 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     parser.add_argument("--kb-root", help="library folder (default: $KB_ROOT or ./.kb)")
     sub = parser.add_subparsers(dest="command", required=True)
     ingest = sub.add_parser("ingest", help="index files or folders")
-    ingest.add_argument("paths", nargs="+")
+    ingest.add_argument("paths", nargs="*")
     ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
+    ingest.add_argument("--metadata-only", action="store_true", help="refresh titles, authors, years and DOIs")
+    ingest.add_argument("--rebuild", action="store_true", help="re-parse the library's documents in place")
+    cite = sub.add_parser("cite", help="BibTeX or CSL-JSON for documents")
+    cite.add_argument("query", nargs="?")
+    cite.add_argument("--doc-ids", type=int, nargs="+")
+    cite.add_argument("--format", choices=CITE_FORMATS, default="bibtex")
+    cite.add_argument("-k", "--top-k", type=int, default=10)
     for name, helptext in (("search", "find passages"), ("rag", "evidence, answering guidance and related work")):
         search = sub.add_parser(name, help=helptext)
         search.add_argument("query")
@@ -4221,7 +4386,11 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         payload["kb_root"] = kb_root
     progress = None
     if args.command == "ingest":
-        payload.update(paths=args.paths, force=args.force)
+        if not args.paths and not (args.metadata_only or args.rebuild):
+            parser.error("ingest needs PATH... (or --metadata-only / --rebuild)")
+        payload.update(force=args.force, metadata_only=args.metadata_only, rebuild=args.rebuild)
+        if args.paths:
+            payload["paths"] = args.paths
         progress = _progress_bar if sys.stderr.isatty() and not args.json else None
     elif args.command in ("search", "rag"):
         filters = {k: v for k, v in (("section", args.section), ("year", args.year), ("authors", args.author)) if v}
@@ -4229,6 +4398,11 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         payload.update(query=args.query, filters=filters or None, **{k: v for k, v in options if v is not None})
     elif args.command == "delete":
         payload["paths"] = args.paths
+    elif args.command == "cite":
+        if not args.query and not args.doc_ids:
+            parser.error("cite needs a query or --doc-ids")
+        payload.update(format=args.format, top_k=args.top_k)
+        payload.update({"doc_ids": args.doc_ids} if args.doc_ids else {"query": args.query})
     elif args.command == "models":
         payload["download"] = args.download
     elif args.command == "clear":
@@ -4248,6 +4422,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         _print_search(response)
     elif args.command == "rag":
         _print_rag(response)
+    elif args.command == "cite":
+        print(response["text"])
     elif args.command == "docs":
         for doc in response["docs"]:
             print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")

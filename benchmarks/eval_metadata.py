@@ -248,7 +248,8 @@ def citation_linking(kb_root: Path, records: dict[str, dict], db_filename: str) 
         have_links = {"refs", "chunk_cites"} <= tables
         per_doc, tot_markers, tot_linked = [], 0, 0
         for rel, rec in sorted(records.items()):
-            if not any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in CITATION_PAPERS):
+            if not any(rel == p or (p.endswith("/") and rel.startswith(p) and rel.endswith(".pdf"))
+                       for p in CITATION_PAPERS):
                 continue
             if rec.get("status") != "indexed":
                 continue
