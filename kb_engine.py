@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import html
 import json
 import math
 import os
@@ -1227,7 +1228,8 @@ class _PdfBlock:
         return join_lines(line.text for line in self.lines)
 
 
-def _pdf_page_blocks(page) -> list[_PdfBlock]:
+def _pdf_page_blocks(page) -> tuple[list[_PdfBlock], str]:
+    """Blocks in reading order, and the text set in other directions (margin stamps: arXiv id, DOI)."""
     import pymupdf
     flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # PyMuPDF's own defaults, no images
     data = page.get_text("dict", flags=flags)
@@ -1241,6 +1243,8 @@ def _pdf_page_blocks(page) -> list[_PdfBlock]:
             weights[_line_direction(line)] = weights.get(_line_direction(line), 0) + chars
     main_direction = max(weights, key=weights.get) if weights else (1, 0)
     blocks: list[_PdfBlock] = []
+    margin = " ".join(normalize_text("".join(s.get("text", "") for s in line.get("spans", [])))
+                      for raw in text_blocks for line in raw.get("lines", []) if _line_direction(line) != main_direction)
     for raw in text_blocks:
         lines = [ln for ln in (_pdf_line(line) for line in raw.get("lines", [])
                                if _line_direction(line) == main_direction) if ln]
@@ -1248,7 +1252,7 @@ def _pdf_page_blocks(page) -> list[_PdfBlock]:
             bbox = (min(l.bbox[0] for l in group), min(l.bbox[1] for l in group),
                     max(l.bbox[2] for l in group), max(l.bbox[3] for l in group))
             blocks.append(_PdfBlock(group, bbox))
-    return _reading_order(blocks, page.rect.width)
+    return _reading_order(blocks, page.rect.width), margin
 
 
 def _reading_order(blocks: list[_PdfBlock], width: float) -> list[_PdfBlock]:
@@ -1351,17 +1355,21 @@ def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
 def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     doc = _open_pdf(path)
     try:
-        raw_pages, labels, failed_pages = [], [], 0
+        raw_pages, labels, failed_pages, margin_text = [], [], 0, ""
         for number, page in enumerate(doc):
             if max_pages is not None and number >= max_pages:
                 break
             try:
-                raw_pages.append((_pdf_page_blocks(page), page.rect.height))
+                page_blocks, margin = _pdf_page_blocks(page)
+                raw_pages.append((page_blocks, page.rect.height))
+                if number == 0:
+                    margin_text = margin
             except Exception:
                 failed_pages += 1
                 raw_pages.append(([], page.rect.height))
             labels.append(_page_label(page))
         raw_meta = dict(doc.metadata or {})
+        raw_meta["margin_text"] = margin_text
     finally:
         doc.close()
     text_chars = sum(ch.isalnum() for blocks, _ in raw_pages for b in blocks for ch in b.text)
@@ -1371,6 +1379,9 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
         raise FileRejected(STATUS_SKIPPED, "no_text_layer",
                            "the PDF has no usable text layer (scanned pages?); OCR it first to index it")
     pages = _drop_running_heads(raw_pages)
+    kept = {id(b) for b in pages[0]} if pages else set()
+    running_heads = " ".join(b.text for b in (raw_pages[0][0] if raw_pages else []) if id(b) not in kept)
+    raw_meta["margin_text"] = f"{raw_meta.get('margin_text', '')} {running_heads}".strip()
     body_size = _pdf_body_size(pages)
     blocks = [Block(text=raw.text, page=number, size=max(line.size for line in raw.lines), n_lines=len(raw.lines),
                     bold=all(line.bold for line in raw.lines))
@@ -1399,11 +1410,19 @@ def _is_mostly_unreadable(raw_pages) -> bool:
     return bad > 0.5 * len(visible)
 
 
+_BANNER = re.compile(r"^(?:physical review|journal of|proceedings of|ieee transactions|transactions on|acm transactions|"
+                     r"annals of|advances in|letters in|nature [a-z]+$|science advances)|\b(?:vol\.|volume \d|issn|"
+                     r"doi:|https?://|www\.|©|copyright|arxiv:|preprint|submitted to|accepted for|received \d|"
+                     r"published online|available online|draft version|typeset using|front cover)|"
+                     r"^(?:universidade|universidad|university of|universit[éeà]|université)\b[^.]{0,60}$",
+                     re.IGNORECASE)
+
+
 def _mark_pdf_title(blocks: list[Block], body_size: float) -> None:
     """The largest short text on page 1 is the title (with its continuation lines), not a section."""
     first_page = [b for b in blocks if b.page == 1]
     candidates = [b for b in first_page if 8 <= len(b.text) <= 300 and b.n_lines <= 4
-                  and b.size >= body_size * 1.2 and not canonical_section(b.text)]
+                  and b.size >= body_size * 1.2 and not canonical_section(b.text) and not _BANNER.search(b.text)]
     if not candidates:
         return
     title = max(candidates, key=lambda b: b.size)
@@ -1684,6 +1703,7 @@ def _plausible_title(text: str | None) -> bool:
 
 
 def _clean_title(text: str) -> str:
+    text = re.sub("[\u2010\u2011]", "-", text)
     return re.sub(r"\s+", " ", text).strip(" .:;-")[:300]
 
 
@@ -1702,10 +1722,6 @@ def _split_authors(raw: str) -> list[str]:
 
 _ARXIV_FULL = re.compile(r"arxiv[:\s]*(\d{4}\.\d{4,5})(?:v\d+)?", re.IGNORECASE)
 _DOI_YEAR = re.compile(r"[./(_-]((?:19|20)\d{2})[./)_-]")
-_BANNER = re.compile(r"^(?:physical review|journal of|proceedings of|ieee transactions|transactions on|acm transactions|"
-                     r"annals of|advances in|letters in|nature [a-z]+$|science advances)|\b(?:vol\.|volume \d|issn|"
-                     r"doi:|https?://|www\.|©|copyright|arxiv:|preprint|submitted to|accepted for|received \d|"
-                     r"published online|available online)", re.IGNORECASE)
 _AFFILIATION_WORDS = re.compile(r"\b(?:universit|department|dept\.|institut|laborator|school|college|centre|center|"
                                 r"faculty|hospital|academy|inc\.|ltd|gmbh|corporation|email|e-mail|@|"
                                 r"大学|学院|研究所|研究院|实验室|公司|医院)", re.IGNORECASE)
@@ -1735,8 +1751,9 @@ def find_doi(text: str) -> str | None:
     return doi.lower() if len(doi) > 8 else None
 
 
-def arxiv_doi(text: str, path: str) -> str | None:
-    match = _ARXIV_FULL.search(text or "") or re.search(r"(?<!\d)(\d{4}\.\d{4,5})(?:v\d+)?(?!\d)", Path(path).stem)
+def arxiv_doi(text: str) -> str | None:
+    """The DataCite DOI of an arXiv id printed in the text (the file name does not count)."""
+    match = _ARXIV_FULL.search(text or "")
     if not match:
         return None
     arxiv_id = match.group(1)
@@ -1757,12 +1774,10 @@ def guess_year(front_text: str, raw_meta: dict, path: str, doi: str | None, bann
     """Printed on page 1 (dated lines, then header/footer), else in the DOI or arXiv id, else the file's dates."""
     this_year = time.gmtime().tm_year + 1
     plausible = lambda y: 1900 <= y <= this_year  # noqa: E731
-    match = _DATED_YEAR.search(front_text or "")
-    if match and plausible(int(match.group(1))):
-        return int(match.group(1))
-    banner_year = _banner_year(banner, plausible)
-    if banner_year:
-        return banner_year
+    dated = [int(m.group(1)) for m in _DATED_YEAR.finditer((front_text or "")[:6000]) if plausible(int(m.group(1)))]
+    printed = dated + ([y] if (y := _banner_year(banner, plausible)) else [])
+    if printed:
+        return max(printed)      # received, accepted, published, ©: the publication is the latest
     if doi:
         arxiv = re.match(r"10\.48550/arxiv\.(\d{2})\d{2}\.", doi)
         if arxiv:
@@ -1842,14 +1857,16 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     front = extracted.page_texts[0][:8000] if extracted.page_texts else ""
     blocks = _front_blocks(extracted)
     first_text = next((b.text for b in extracted.blocks if b.role in ("heading", "body")), "")
-    for candidate in (_title_from_blocks(blocks), raw.get("title")):
+    for candidate in (_title_from_blocks(blocks), html.unescape(raw.get("title") or "")):
         if _plausible_title(candidate) and not _BANNER.search(candidate):
             title = _clean_title(candidate)
             break
     else:
         title = _clean_title(first_text) if first_text and len(first_text) <= 200 else Path(path).stem
-    doi = (_doi_from_text(front) or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
-           or arxiv_doi(front, path))
+    margin = raw.get("margin_text", "")
+    doi = (_doi_from_text(front) or find_doi(margin)
+           or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
+           or arxiv_doi(front) or arxiv_doi(margin))
     authors = _authors_from_blocks(blocks) or _split_authors(raw.get("author", ""))
     sample = " ".join(extracted.page_texts)[:200_000]
     page_one = [b for b in extracted.blocks if b.page == 1] if extracted.kind == "pdf" else []
@@ -1857,7 +1874,7 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     return DocMeta(
         title=title or Path(path).stem,
         authors=authors,
-        year=guess_year(front, raw, path, doi, banner),
+        year=guess_year(front, raw, path, doi, banner + "\n" + raw.get("margin_text", "")),
         journal=_journal_from_text(front, blocks),
         doi=doi,
         lang="zh" if cjk_ratio(sample) > 0.3 else "en",
