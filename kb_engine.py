@@ -990,18 +990,19 @@ def reference_blocks(blocks: list[Block]) -> list[Block]:
     return found if found else _trailing_numbered_list(blocks)
 
 
-_LIST_START = re.compile(r"^\s*(?:\[1\]|\(1\)|1\.)\s+\S")
+_LIST_START = re.compile(r"(?:^|(?<=\s))(?:\[1\]|\(1\)|1\.)\s+[A-Z\u00c0-\u024f]")
 
 
 def _trailing_numbered_list(blocks: list[Block]) -> list[Block]:
     """Blocks in the second half that hold entries [1], [2], ... in order (an APS-style list without heading)."""
     for i in range(int(len(blocks) * 0.5), len(blocks)):
-        if blocks[i].role == "body" and _LIST_START.match(blocks[i].text):
+        start = _LIST_START.search(blocks[i].text) if blocks[i].role == "body" else None
+        if start is not None and start.start() < 300:
             tail = [b for b in blocks[i:] if b.role in ("body", "caption", "reference")]
             offsets, joined = [], ""
-            for block in tail:
+            for k, block in enumerate(tail):
                 offsets.append(len(joined))
-                joined += block.text + "\n"
+                joined += (block.text[start.start():] if k == 0 else block.text) + "\n"
             labels = _sequential_labels(joined)
             if len(labels) >= 3:
                 last_label = labels[-1][1]
@@ -1060,7 +1061,9 @@ def reference_entries(blocks: list[Block]) -> tuple[list[tuple[int, str]], bool]
     texts = [re.sub(f"[{SUP_OPEN}{SUP_CLOSE}]", " ", b.text).strip() for b in reference_blocks(blocks)]
     if not texts:
         return [], False
-    numbered = _sequential_entries("\n".join(texts))
+    joined = "\n".join(texts)
+    first = _LIST_START.search(joined)
+    numbered = _sequential_entries(joined[first.start():] if first and first.start() < 300 else joined)
     if numbered:
         return numbered, True
     entries: list[str] = []

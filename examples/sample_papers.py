@@ -1025,6 +1025,454 @@ def make_filler_paper(outdir, index: int, pages: int = 3, name: str | None = Non
 
 
 # ---------------------------------------------------------------------------
+# 10. provenance papers: known DOIs, titles, authors, references and citation markers
+#
+# Used by tests/test_provenance.py. Each constant below is what the paper prints,
+# so a test can compare the engine's metadata and citation links against it.
+
+def _rich_runs(text: str) -> list[list[tuple[str, bool]]]:
+    """Words of text, each a list of (piece, raised): 'graphene^{1,2}' is [('graphene', False), ('1,2', True)]."""
+    words = []
+    for word in text.split():
+        pieces = [(m.group(1), True) if m.group(1) is not None else (m.group(2), False)
+                  for m in re.finditer(r"\^\{([^}]*)\}|([^^]+)", word)]
+        words.append(pieces)
+    return words
+
+
+def rich_paragraph(f: Flow, text: str, font="tiro", size=10.5, leading=1.3, sup_size=6.0, rise=3.0,
+                   after=None, align="left"):
+    """A wrapped paragraph in which '^{...}' is set as raised, smaller text (superscript digits
+    as journals set citations, exponents and affiliation marks): size sup_size, baseline raised by rise."""
+    words = _rich_runs(text)
+    space = _width(font, " ", size)
+
+    def word_width(pieces):
+        return sum(_width(font, t, sup_size if up else size) for t, up in pieces)
+
+    while words:
+        line, used = [], 0.0
+        while words:
+            w = word_width(words[0]) + (space if line else 0.0)
+            if line and used + w > f.width:
+                break
+            line.append(words.pop(0))
+            used += w
+        step = size * leading
+        if f.y + step > f.region[3] + 0.01:
+            f.advance()
+        runs: list[list] = []          # [text, raised] with the spaces inside the normal runs
+        for i, pieces in enumerate(line):
+            for j, (piece, up) in enumerate(pieces):
+                piece = (" " if i and j == 0 else "") + piece
+                if up and piece.startswith(" "):
+                    runs.append([" ", False])
+                    piece = piece[1:]
+                if runs and runs[-1][1] == up:
+                    runs[-1][0] += piece
+                else:
+                    runs.append([piece, up])
+        x = f.region[0] + ((f.width - used) / 2 if align == "center" else 0.0)
+        baseline = f.y + size
+        for piece, up in runs:
+            fs = sup_size if up else size
+            f.items.append(dict(kind="text", page=f.page, col=f.region[4], ncols=f.region[5], x=x,
+                                y=baseline - (rise if up else 0.0), text=piece, font=font, size=fs))
+            x += _width(font, piece, fs)
+        f.y += step
+    f.space(size * 0.55 if after is None else after)
+
+
+def _plain_meta(creation_year: int | None = None, **fields) -> dict:
+    """PDF metadata with only what is given (no title or author unless passed)."""
+    meta = {"creator": "kb-rag examples/sample_papers.py", "producer": "PyMuPDF"}
+    if creation_year:
+        meta["creationDate"] = meta["modDate"] = f"D:{creation_year}0601120000Z"
+    meta.update(fields)
+    return meta
+
+
+# -- paper A cites paper B (reference [2]) ----------------------------------------
+
+CITING_TITLE = "Citation Graphs of Sample Libraries Reveal Hidden Provenance Chains"
+CITING_AUTHORS = ["Alice M. Chen", "Rahul Verma"]
+CITING_DOI = "10.5555/kbrag.2024.001"
+CITING_YEAR = 2024
+CITING_TOKEN_1 = "lemurprovenance"       # only in the passage citing [1]
+CITING_TOKEN_23 = "marmosetlineage"      # only in the passage citing [2,3]
+CITING_TOKEN_456 = "tapirgenealogy"      # only in the passage citing [4–6]
+CITING_REF_TOKEN = "capybarareference"   # only in reference entry [5]
+
+CITED_TITLE = "Reference Parsing for Scholarly Sample Libraries"
+CITED_AUTHORS = ["Bola Okafor", "Lucia Santos"]
+CITED_DOI = "10.5555/kbrag.2023.042"
+CITED_YEAR = 2023
+
+ARXIV_TITLE = "Tokenizer Drift in Multilingual Sample Corpora"
+ARXIV_AUTHORS = ["Daniel Novak", "Mei Tanaka"]
+ARXIV_ID = "2301.01234"
+ARXIV_STAMP = f"arXiv:{ARXIV_ID}v2 [cs.CL] 5 Jan 2023"
+ARXIV_DOI = f"10.48550/arxiv.{ARXIV_ID}"
+ARXIV_YEAR = 2023
+
+CITING_REFERENCES = [
+    "[1] P. Lindgren, \u201cProvenance records in digital archives,\u201d Arch. Sci. Rev. 4, 1 (2012).",
+    f"[2] B. Okafor and L. Santos, \u201c{CITED_TITLE},\u201d J. Test. Libr. 5, 10 (2023), "
+    f"https://doi.org/{CITED_DOI}.",
+    "[3] R. Ito and J. Park, \u201cCritical nodes of citation networks,\u201d Phys. Chem. Notes 12, 301 (2017), "
+    "doi:10.5555/notinlibrary.2017.301.",
+    f"[4] D. Novak and M. Tanaka, \u201c{ARXIV_TITLE},\u201d arXiv preprint (2023).",
+    f"[5] K. Svensson, \u201cThe {CITING_REF_TOKEN.capitalize()} of library catalogues,\u201d Libr. Hist. 19, 144 (2018).",
+    "[6] H. Kim, \u201cShelf marks and their readers,\u201d Catal. Q. 33, 70 (2019).",
+]
+
+
+def make_citing_paper(outdir, name="citing_paper_a.pdf") -> Path:
+    """Paper A: bold title, author line, a DOI and dates on page 1, bracket markers [1], [2,3] and
+    [4\u20136] in the body and a References section of six numbered entries; [2] is paper B (by DOI and
+    title), [4] is the arXiv paper (by title, no DOI), [3] has a DOI that no library paper carries."""
+    f = Flow(A4)
+    f.paragraph(CITING_TITLE, font="tibo", size=17, leading=1.25, after=8)
+    f.line(", ".join(CITING_AUTHORS), size=11)
+    f.line("Department of Information Science, Northfield Institute of Technology, Leeds, UK", size=9.5)
+    f.line(f"https://doi.org/{CITING_DOI}", size=9.5)
+    f.line("Received 3 March 2024; published 12 June 2024", size=9.5)
+    f.heading("Abstract", before=12)
+    f.paragraph("Reference lists connect every paper to the works it builds on, yet most personal libraries "
+                "store papers as isolated files. We link the citation markers inside each passage to the "
+                "entries of the reference list and mark the cited works that the library already holds.",
+                size=10)
+    f.heading("1 Introduction")
+    f.paragraph(f"Provenance tracking in digital archives has a long history, and the {CITING_TOKEN_1} "
+                "records kept by early archivists already listed the sources of every catalogue entry [1]. "
+                "Modern libraries lost much of this information when catalogues moved to databases.")
+    f.paragraph(f"Citation graphs built from parsed reference lists connect each {CITING_TOKEN_23} claim to its "
+                "sources, and the parsers that build them have become accurate enough for personal "
+                "collections of a few thousand papers [2,3]. Errors remain where reference styles mix.")
+    f.heading("2 Methods")
+    f.paragraph(f"We follow the {CITING_TOKEN_456} approach of earlier tokenizer and catalogue studies, "
+                "in which every marker is resolved against the numbered list before it is stored, and "
+                "shelf marks are kept as printed [4\u20136]. Ranges are expanded into their members.")
+    f.heading("3 Results")
+    f.paragraph("Across the test collection, nine out of ten markers resolved to a parsed reference entry, "
+                "and the cited works found in the library were matched by their identifiers or titles.")
+    f.heading("References")
+    for ref in CITING_REFERENCES:
+        f.paragraph(ref, size=9.5, after=2)
+    return f.save(Path(outdir) / name, _plain_meta(CITING_YEAR))
+
+
+def make_cited_paper(outdir, name="cited_paper_b.pdf") -> Path:
+    """Paper B: the work that paper A cites as [2] (same title and DOI)."""
+    f = Flow(A4)
+    f.paragraph(CITED_TITLE, font="tibo", size=17, leading=1.25, after=8)
+    f.line(", ".join(CITED_AUTHORS), size=11)
+    f.line("School of Computing, Southbridge University, Bristol, UK", size=9.5)
+    f.line(f"https://doi.org/{CITED_DOI}", size=9.5)
+    f.line("Received 2 January 2023; published 20 May 2023", size=9.5)
+    f.heading("Abstract", before=12)
+    f.paragraph("We describe a lenient parser for the reference lists of scholarly papers that reads numbered, "
+                "author-year and superscript styles and extracts the identifiers of each cited work.", size=10)
+    f.heading("1 Introduction")
+    f.paragraph("Reference lists are written in hundreds of styles. A parser for a personal library must "
+                "accept all of them and fail gracefully on the rest, because a wrong link is worse than none.")
+    f.heading("2 Evaluation")
+    f.paragraph("On a hand-labelled sample of two hundred entries the parser found the identifier of "
+                "ninety-six percent of the entries that print one, and the title of nine entries in ten.")
+    return f.save(Path(outdir) / name, _plain_meta(CITED_YEAR))
+
+
+def make_arxiv_only_paper(outdir, name="tokenizer_drift.pdf") -> Path:
+    """A preprint whose only identifier is the arXiv stamp on page 1 (no DOI printed); the file's
+    creation date (2024) is later than the arXiv year (2023)."""
+    f = Flow(LETTER, margins=(54, 54, 60, 66))
+    f.line(ARXIV_STAMP, size=8)
+    f.space(6)
+    f.paragraph(ARXIV_TITLE, font="tibo", size=17, leading=1.25, after=8, align="center")
+    f.line(", ".join(ARXIV_AUTHORS), size=11, align="center")
+    f.line("Institute for Language Data, Eastfield University, Graz, Austria", size=9, align="center")
+    f.heading("Abstract", before=12)
+    f.paragraph("Subword vocabularies trained on one language mixture drift when the mixture changes. We "
+                "measure the drift on multilingual sample corpora and show how it affects retrieval.", size=10)
+    f.heading("1 Introduction")
+    f.paragraph("Tokenizers are trained once and used for years, while the corpora they segment keep "
+                "changing. The resulting drift lengthens sequences and harms rare languages most.")
+    f.heading("2 Results")
+    f.paragraph("Sequence length grew by eleven percent for the three rarest languages of the sample corpus "
+                "and by less than two percent for the common ones over two years of new data.")
+    return f.save(Path(outdir) / name, _plain_meta(2024))
+
+
+# -- metadata ladder edge cases ------------------------------------------------------
+
+JUNK_META_TITLE = "Microsoft Word - draft3.docx"
+JUNK_PAGE_TITLE = "Seasonal Variation of Sample Humidity in Reading Rooms"
+
+
+def make_junk_metadata_paper(outdir, name="junk_metadata.pdf", page_title: bool = True) -> Path:
+    """PDF metadata title 'Microsoft Word - draft3.docx'. With page_title, page 1 prints a bold title
+    (JUNK_PAGE_TITLE); without it, every line of page 1 is set in the body font and size."""
+    f = Flow(A4)
+    if page_title:
+        f.paragraph(JUNK_PAGE_TITLE, font="tibo", size=16, after=6)
+        f.line("Greta Halvorsen, Tomas Berg", size=11)
+    f.heading("Abstract", before=8)
+    f.paragraph("Relative humidity in the reading rooms of three libraries followed the outdoor dew point "
+                "with a lag of about two days and stayed within the conservation range in every season.")
+    f.heading("1 Introduction")
+    f.paragraph("Paper and parchment respond to humidity by swelling and shrinking, and repeated cycles "
+                "damage bindings. Reading rooms are harder to control than closed stacks because of visitors.")
+    f.heading("2 Measurements")
+    f.paragraph("Loggers recorded temperature and relative humidity every ten minutes for two years at "
+                "desk height in each room, and outdoor values were taken from the nearest weather station.")
+    return f.save(Path(outdir) / name, _plain_meta(2020, title=JUNK_META_TITLE, author="jsmith"))
+
+
+BANNER_TEXT = "Journal of Applied Sample Physics"
+BANNER_LINE = f"{BANNER_TEXT} 12 (2022) 101\u2013110"
+BANNER_PAPER_TITLE = "Thermal Drift of Reference Weights in Calibration Laboratories"
+BANNER_AUTHORS = ["Ingrid Solberg", "Pierre Dubois"]
+BANNER_YEAR = 2022
+
+
+def make_banner_paper(outdir, name="journal_banner.pdf") -> Path:
+    """The journal's name is set in the top margin of page 1 in a larger font than the title
+    (no title in the PDF metadata); the volume line below it prints the year."""
+    f = Flow(A4, margins=(66, 66, 90, 72))
+    x = (f.w - _width("tibo", BANNER_TEXT, 19)) / 2
+    f.items.append(dict(kind="text", page=0, col=0, ncols=1, x=x, y=42, text=BANNER_TEXT, font="tibo", size=19))
+    x = (f.w - _width("tiro", BANNER_LINE, 8.5)) / 2
+    f.items.append(dict(kind="text", page=0, col=0, ncols=1, x=x, y=58, text=BANNER_LINE, font="tiro", size=8.5))
+    f.paragraph(BANNER_PAPER_TITLE, font="tibo", size=16, after=6)
+    f.line(", ".join(BANNER_AUTHORS), size=11)
+    f.line("National Metrology Office, Oslo, Norway", size=9.5)
+    f.heading("Abstract", before=8)
+    f.paragraph("Stainless steel reference weights gained up to three micrograms per year through surface "
+                "contamination, and the gain depended on the laboratory air more than on handling.")
+    f.heading("1 Introduction")
+    f.paragraph("Mass calibration relies on reference weights whose values must be stable between "
+                "recalibrations. Surface layers of water and hydrocarbons change the mass measurably.")
+    f.heading("2 Results")
+    f.paragraph("Weights stored in laboratories with filtered air drifted by less than one microgram per year, "
+                "while weights in rooms without filtration gained three micrograms per year.")
+    return f.save(Path(outdir) / name, _plain_meta(2023))
+
+
+ZH_TITLE = "基于引文网络的样本文献溯源方法研究"
+ZH_AUTHORS = ["王晓明", "李静", "陈志强"]
+ZH_YEAR = 2022
+ZH_JOURNAL_LINE = "情报学报 2022年 第41卷 第5期"
+
+
+def make_chinese_meta_paper(outdir, name="citation_tracing_zh.pdf") -> Path:
+    """Chinese paper: a journal line, a large title and an author line (names separated by '，'),
+    body sections with [1] markers, and a 参考文献 list; the PDF metadata holds no title or author."""
+    cjk = "china-s"
+    f = Flow(A4)
+    f.line(ZH_JOURNAL_LINE, font=cjk, size=9)
+    f.space(6)
+    f.paragraph(ZH_TITLE, font=cjk, size=18, leading=1.3, align="center", after=8)
+    f.line("，".join(ZH_AUTHORS), font=cjk, size=11, align="center")
+    f.line("华东理工大学信息科学与工程学院，上海 200237", font=cjk, size=9.5, align="center")
+    f.space(8)
+    sections = [
+        ("摘要", "文献溯源要求把论文中的每一处引用标注与参考文献表中的条目对应起来。本文提出一种基于引文网络的方法，"
+                 "在个人文献库中自动识别引用标注并标记库中已有的被引文献。"),
+        ("一、引言", "个人文献库通常只保存孤立的文件，论文之间的引用关系没有被记录[1]。"
+                    "当研究人员需要核对某个结论的来源时，只能手工查找参考文献。"),
+        ("二、方法", "我们首先解析参考文献表，得到每个条目的编号、作者、题名和年份，然后在正文中识别方括号形式的引用标注，"
+                    "并把标注与条目相连[2]。"),
+    ]
+    for head, text in sections:
+        f.heading(head, font=cjk, size=14)
+        f.paragraph(text, font=cjk, size=10.5, leading=1.5, indent=21)
+    f.heading("参考文献", font=cjk, size=14)
+    for ref in ("[1] 张伟，刘洋．个人文献库的组织与管理．图书情报工作，2019，63（3）：20-28．",
+                "[2] 赵磊．参考文献自动解析技术综述．情报学报，2021，40（6）：60-66．",
+                "[3] 孙丽．引文网络分析方法．情报科学，2020，38（2）：11-17．"):
+        f.paragraph(ref, font=cjk, size=9.5, leading=1.4)
+    return f.save(Path(outdir) / name, _plain_meta(2023))
+
+
+# -- superscript citations (Nature style) -------------------------------------------------
+
+SUPER_TITLE = "Twisted Bilayer Graphene Hosts Correlated Sample States"
+SUPER_AUTHORS = ["Alice M. Chen", "Rahul Verma"]
+SUPER_TOKEN = "okapisuperlattice"      # only in the passage with graphene^{1,2}
+SUPER_EXP_TOKEN = "dugongdensity"      # only in the passage with 10^{5} and cm^{2}
+SUPER_REFERENCES = [
+    "1. Lindgren, P. & Okoro, T. Scaling of graphene production. Carbon Rev. 3, 1\u201322 (2015).",
+    "2. Haddad, M. Low-pressure growth of graphene. Surf. Sci. Lett. 41, 88\u201395 (2016).",
+    "3. Ito, R. & Park, J. Twisted bilayers near the magic angle. Phys. Chem. Notes 12, 301\u2013310 (2017).",
+    "4. Moreau, A. Raman fingerprints of grain boundaries. J. Raman Stud. 7, 55\u201361 (2018).",
+    "5. Svensson, K. Hall mobility across domain boundaries. Appl. Electron. 19, 144\u2013150 (2018).",
+    "6. Kim, H. Correlated states in moire superlattices. Quantum Mater. Lett. 2, 9\u201318 (2020).",
+]
+
+
+def make_superscript_paper(outdir, name="superscript_citations.pdf", references: bool = True) -> Path:
+    """Nature-style paper whose citations are raised, smaller digits after words ('graphene^1,2'),
+    with raised affiliation marks after the author names, an exponent ('10^5') and a unit power
+    ('cm^2') that are not citations. references=False leaves out the numbered reference list."""
+    f = Flow(A4)
+    f.paragraph(SUPER_TITLE, font="tibo", size=17, leading=1.25, after=8)
+    rich_paragraph(f, f"{SUPER_AUTHORS[0]}^{{1}}, {SUPER_AUTHORS[1]}^{{2}}", size=11, after=2)
+    rich_paragraph(f, "^{1}Department of Physics, Northfield Institute of Technology, Leeds, UK", size=9, after=1)
+    rich_paragraph(f, "^{2}School of Engineering, Southbridge University, Bristol, UK", size=9, after=8)
+    f.heading("Abstract")
+    f.paragraph("Two graphene layers stacked with a small twist form a moire superlattice whose flat bands "
+                "favour correlated electronic states. We grow such bilayers directly on copper and map "
+                "their correlated states by transport measurements at low temperature.", size=10)
+    f.heading("Introduction")
+    rich_paragraph(f, f"Large-area graphene^{{1,2}} is now grown routinely on copper foils, and the {SUPER_TOKEN} "
+                      "of twisted bilayers^{3} has become a model system for correlated electrons. Grain "
+                      "boundaries^{4\u20136} limit the size of the devices that can be made from grown films.")
+    rich_paragraph(f, f"In our films the {SUPER_EXP_TOKEN} of nuclei fell from 10^{{5}} to 10^{{3}} per cm^{{2}} "
+                      "after a short oxygen anneal, so that single domains spanned whole devices and every "
+                      "device could be measured without a grain boundary in its channel.")
+    f.heading("Results")
+    f.paragraph("Resistance peaks appeared at half filling of the flat bands in four of the five devices, "
+                "and their temperature dependence followed an activated law with a gap of about one meV.")
+    if references:
+        f.heading("References")
+        for ref in SUPER_REFERENCES:
+            f.paragraph(ref, size=9, after=2)
+    return f.save(Path(outdir) / name, _plain_meta(2021))
+
+
+# -- headingless reference list (APS style) --------------------------------------------------
+
+APS_TITLE = "Spin Relaxation in Sample Quantum Wells at Low Temperature"
+APS_BODY_TOKEN = "ibexquantum"          # only in the passage citing [1] and [2,3]
+APS_REF_TOKEN = "wolverinecitation"     # only in reference entry [3]
+APS_REFERENCES = [
+    "[1] A. Mahler and B. Roth, Phys. Rev. B 61, 3456 (2000).",
+    "[2] C. Ferreira, J. Appl. Phys. 95, 1122 (2004).",
+    f"[3] D. Lund, {APS_REF_TOKEN.capitalize()} of spin echoes, Phys. Rev. Lett. 99, 207201 (2007).",
+    "[4] E. Varga and F. Sousa, Appl. Phys. Lett. 88, 042101 (2006).",
+    "[5] G. Brandt, Phys. Rev. B 80, 125310 (2009).",
+]
+
+
+def make_aps_paper(outdir, name="aps_headingless.pdf") -> Path:
+    """APS-style paper: numbered [1] ... [5] entries at the end with no References heading."""
+    f = Flow(A4)
+    f.paragraph(APS_TITLE, font="tibo", size=16, after=6)
+    f.line("Karl Weber and Nina Holm", size=11)
+    f.line("Physics Department, Westbrook University, Aarhus, Denmark", size=9.5)
+    f.heading("Abstract", before=8)
+    f.paragraph("We measure the spin relaxation time of electrons in sample quantum wells between two and "
+                "forty kelvin and find that it is limited by the Dyakonov-Perel mechanism above ten kelvin.")
+    f.heading("I. INTRODUCTION")
+    f.paragraph(f"Spin relaxation in semiconductor quantum wells has been studied for decades [1]. The "
+                f"{APS_BODY_TOKEN} experiments on narrow wells showed that the relaxation slows down when the "
+                "confinement increases [2,3], but the role of the interface roughness remained open.")
+    f.paragraph("Optical orientation allows one to prepare a spin population and to follow its decay in "
+                "time with a delayed probe pulse, which we use here on a set of wells of different widths [4].")
+    f.heading("II. RESULTS")
+    f.paragraph("The relaxation time fell from two nanoseconds at two kelvin to a few hundred picoseconds at "
+                "forty kelvin, in agreement with the motional narrowing expected above ten kelvin [5].")
+    f.paragraph("The dependence on the well width followed the cube of the confinement energy, which "
+                "identifies the Dyakonov-Perel mechanism as the dominant relaxation channel in all samples.")
+    f.space(10)
+    for ref in APS_REFERENCES:
+        f.paragraph(ref, size=9, after=1)
+    return f.save(Path(outdir) / name, _plain_meta(2010))
+
+
+# -- author-year citations ------------------------------------------------------------------
+
+AUTHOR_YEAR_TITLE = "Reading Habits and Catalogue Use in Sample Libraries"
+AUTHOR_YEAR_TOKEN = "lynxcatalogue"     # only in the passage with both citations
+AUTHOR_YEAR_REFERENCES = [
+    "Adams, R. (2008). Catalogues in transition. Library Quarterly, 12, 45\u201360.",
+    "Brown, A., & Clark, D. (2015). Shelf order and browsing. Journal of Reading Studies, 4, 1\u20139.",
+    "Brown, C., & Davis, E. (2015). Browsing without shelves. Information Review, 9, 88\u201397.",
+    "Smith, J. A., Jones, B., & Lee, C. (2010). Reading habits of library users. Library Science Review, 7, 10\u201325.",
+]
+AUTHOR_YEAR_SMITH = 4      # position of the Smith 2010 entry in the list
+
+
+def make_author_year_paper(outdir, name="author_year.pdf") -> Path:
+    """Author-year citations: '(Smith et al., 2010)' matches one entry, '(Brown et al., 2015)' two."""
+    f = Flow(A4)
+    f.paragraph(AUTHOR_YEAR_TITLE, font="tibo", size=16, after=6)
+    f.line("Helena Fischer, Marco Rossi", size=11)
+    f.line("Faculty of Library Science, Lakeside University, Zurich, Switzerland", size=9.5)
+    f.heading("Abstract", before=8)
+    f.paragraph("We observed how readers in three libraries find books and compare it with what earlier "
+                "surveys reported about the role of the catalogue.")
+    f.heading("1 Introduction")
+    f.paragraph(f"Earlier surveys of reading habits (Smith et al., 2010) and of shelf order (Brown et al., 2015) "
+                f"disagree about the role of the catalogue in {AUTHOR_YEAR_TOKEN} studies, and neither "
+                "observed readers directly in the reading rooms.")
+    f.heading("2 Observations")
+    f.paragraph("Two thirds of the readers went to the shelves without consulting the catalogue, and most of "
+                "them browsed neighbouring books before choosing one to borrow.")
+    f.heading("References")
+    for ref in AUTHOR_YEAR_REFERENCES:
+        f.paragraph(ref, size=9.5, after=3)
+    return f.save(Path(outdir) / name, _plain_meta(2019))
+
+
+# -- many citations in one passage ---------------------------------------------------------
+
+MANY_TOKEN = "quetzalsurvey"
+MANY_REFERENCE_COUNT = 11
+
+
+def make_many_citations_paper(outdir, name="many_citations.pdf") -> Path:
+    """One passage cites [1\u201311]: more works than a hit lists."""
+    f = Flow(A4)
+    f.paragraph("A Survey of Sample Reference Managers and Their Formats", font="tibo", size=16, after=6)
+    f.line("Oskar Lind, Freya Berg", size=11)
+    f.heading("1 Introduction", before=8)
+    f.paragraph(f"The {MANY_TOKEN} covers every reference manager released in the last two decades, from "
+                "desktop tools to web services, and compares their import and export formats [1\u201311].")
+    f.paragraph("Most managers read BibTeX and RIS, fewer read CSL-JSON, and only a handful keep the "
+                "identifiers of the cited works when a library is moved between tools.")
+    f.heading("References")
+    for i in range(1, MANY_REFERENCE_COUNT + 1):
+        f.paragraph(f"[{i}] Author{chr(64 + i)} Person, \u201cReference manager number {i} and its export "
+                    f"formats,\u201d Softw. Notes {i}, {10 * i} ({2000 + i}).", size=9.5, after=2)
+    return f.save(Path(outdir) / name, _plain_meta(2022))
+
+
+# -- a paper re-typeset with a corrected title (same path) --------------------------------
+
+RETITLE_OLD = "Preliminary Notes on Sample Drift in Archives"
+RETITLE_NEW = "Corrected Notes on Sample Drift in Archive Storage"
+RETITLE_OLD_TOKEN = "wapitiversion"
+RETITLE_NEW_TOKEN = "muntjacversion"
+
+
+def make_retitled_paper(outdir, name="retitled.pdf", corrected: bool = False) -> Path:
+    """The same paper before (corrected=False) and after (corrected=True) its title was corrected;
+    the body also changes one word (RETITLE_OLD_TOKEN -> RETITLE_NEW_TOKEN)."""
+    title, token = (RETITLE_NEW, RETITLE_NEW_TOKEN) if corrected else (RETITLE_OLD, RETITLE_OLD_TOKEN)
+    f = Flow(A4)
+    f.paragraph(title, font="tibo", size=16, after=6)
+    f.line("Erik Halvorsen, Nora Keller", size=11)
+    f.heading("Abstract", before=8)
+    f.paragraph(f"Boxes of archival paper in the {token} study gained moisture in summer and lost it in "
+                "winter, with a seasonal amplitude of one percent of their dry mass.")
+    f.heading("1 Introduction")
+    f.paragraph("Archival storage aims at stable conditions, but the buildings that house archives respond "
+                "to the seasons, and the materials inside respond to the buildings.")
+    return f.save(Path(outdir) / name, _plain_meta(2018))
+
+
+PROVENANCE_PAPERS = [make_citing_paper, make_cited_paper, make_arxiv_only_paper, make_junk_metadata_paper,
+                     make_banner_paper, make_chinese_meta_paper, make_superscript_paper, make_aps_paper,
+                     make_author_year_paper, make_many_citations_paper]
+
+
+def write_provenance(outdir) -> list[Path]:
+    """The papers of tests/test_provenance.py that share one library."""
+    return [make(outdir) for make in PROVENANCE_PAPERS]
+
+
+# ---------------------------------------------------------------------------
 # sets and verification
 
 QUICKSTART = [make_onecolumn_paper, make_twocolumn_paper, make_hyphenated_paper,
