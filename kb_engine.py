@@ -1096,30 +1096,66 @@ def _is_running_paragraph(block: Block) -> bool:
             and not re.search(r"@|universit|institut|department|laborator", block.text, re.IGNORECASE))
 
 
-def resolve_superscripts(blocks: list[Block], max_reference: int) -> None:
-    """Turn raised citation numbers into "[1,2]"; anything else (affiliations, exponents, footnotes) stays as typeset.
+SUP_OPEN, SUP_CLOSE = "\u2983", "\u2984"      # brackets around superscript digits until they are judged
+_SUPERSCRIPT_GROUP = re.compile(f"{SUP_OPEN}([^{SUP_CLOSE}]*){SUP_CLOSE}")
+_CITING_WORD = re.compile(r"(?:^|[\s(])([A-Za-z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\u2019-]{2,})$")
+_CITING_PUNCT = re.compile(r"[A-Za-z\u00c0-\u024f]{2}(?:[)\]\u201d\u2019\"]?[.,;:?!][\u201d\u2019\"]?|[\u201d\u2019\"])$")
+_MATH_WORDS = frozenset("sin cos tan cot sec csc sinh cosh tanh exp log ln lg max min det tr arg lim sup inf".split())
+_BRACKET_CITATION = re.compile(r"\[\d{1,3}(?:\s*[,\u2013\u2014-]\s*\d{1,3})*\]")
 
-    A raised number counts as a citation only in a document with a numbered reference list, outside the
-    front matter, right after a word or closing punctuation (not after a digit or a unit), and when every
-    number it stands for is in the list.
+
+def _footnote_numbers(blocks: list[Block]) -> set[tuple[int | None, str]]:
+    """(page, number) of footnotes: a block that opens with a raised number is the note itself."""
+    notes = set()
+    for block in blocks:
+        match = re.match(f"\\s*{SUP_OPEN}\\s*(\\d{{1,3}})\\s*{SUP_CLOSE}", block.text)
+        if match:
+            notes.add((block.page, match.group(1)))
+    return notes
+
+
+def _looks_like_byline(text: str) -> bool:
+    """Author and affiliation lines: short, mostly capitalised words, no sentence in them."""
+    words = re.findall(r"[^\W\d_]+", text)
+    if not words or len(text) > 300 or re.search(r"[a-z]{3,}\.\s+[A-Z]", text):
+        return False
+    return sum(w[0].isupper() for w in words) / len(words) > 0.6
+
+
+def resolve_superscripts(blocks: list[Block], max_reference: int) -> None:
+    """Turn raised citation numbers into "[1,2]"; anything else stays as typeset.
+
+    A raised number counts as a citation only in a document with a numbered reference list that does not
+    cite with bracketed numbers elsewhere, outside the
+    front matter and author lines, right after a word of three or more Latin letters or after punctuation
+    that closes a word (so not after digits, units, Greek or one-letter variables: exponents), when it is
+    not the number of a footnote on that page, and when every number it stands for is in the list.
     """
-    pattern = re.compile(f"{SUP_OPEN}([^{SUP_CLOSE}]*){SUP_CLOSE}")
+    footnotes = _footnote_numbers(blocks)
+    bracketed = sum(len(_BRACKET_CITATION.findall(b.text)) for b in blocks if b.role not in ("reference", "title"))
+    if bracketed >= 3:
+        max_reference = 0      # the paper cites with [n]: raised numbers are footnotes, exponents or isotopes
     front_matter = True
     for block in blocks:
         if block.role == "heading" or (block.page or 1) > 1 or _is_running_paragraph(block):
             front_matter = False
+        if SUP_OPEN not in block.text:
+            continue
+        byline = front_matter or _looks_like_byline(block.text)
 
-        def judge(match, text=block.text, front=front_matter):
+        def judge(match, text=block.text, page=block.page, skip=byline):
             inner = match.group(1).strip(" ,")
-            before = text[:match.start()].rstrip(SUP_CLOSE)
+            before = re.sub(f"[{SUP_OPEN}{SUP_CLOSE}]", "", text[:match.start()]).rstrip()
             numbers = _numbers_of(inner)
-            citation = (max_reference > 0 and not front and numbers and max(numbers) <= max_reference
-                        and before and (before[-1].isalpha() or before[-1] in ".,;:)]\u201d\u2019\"")
+            word = _CITING_WORD.search(before)
+            citation = (max_reference > 0 and not skip and numbers and max(numbers) <= max_reference
+                        and not (len(numbers) == 1 and (page, str(numbers[0])) in footnotes)
+                        and ((word and word.group(1).lower() not in _MATH_WORDS) or _CITING_PUNCT.search(before))
                         and not _UNIT_BEFORE.search(before))
             if citation:
                 return "[" + re.sub(r"\s*([,\u2013\u2014-])\s*", r"\1", inner) + "]"
             return inner
-        block.text = pattern.sub(judge, block.text) if SUP_OPEN in block.text else block.text
+        block.text = _SUPERSCRIPT_GROUP.sub(judge, block.text)
 
 
 class PageTextBuilder:
@@ -1166,7 +1202,6 @@ def _line_direction(line: dict) -> tuple[int, int]:
     return round(dx), round(dy)
 
 
-SUP_OPEN, SUP_CLOSE = "\u2983", "\u2984"      # brackets around superscript digits until they are judged
 _SUPERSCRIPT_TEXT = re.compile(r"[\d\s,\u2013\u2014-]+")
 
 

@@ -1115,6 +1115,9 @@ ARXIV_STAMP = f"arXiv:{ARXIV_ID}v2 [cs.CL] 5 Jan 2023"
 ARXIV_DOI = f"10.48550/arxiv.{ARXIV_ID}"
 ARXIV_YEAR = 2023
 
+# [6] cites the journal-banner paper below by its authors and year only (APS style, no title, no DOI)
+BANNER_INITIALS = ["I. Solberg", "P. Dubois"]
+
 CITING_REFERENCES = [
     "[1] P. Lindgren, \u201cProvenance records in digital archives,\u201d Arch. Sci. Rev. 4, 1 (2012).",
     f"[2] B. Okafor and L. Santos, \u201c{CITED_TITLE},\u201d J. Test. Libr. 5, 10 (2023), "
@@ -1123,14 +1126,15 @@ CITING_REFERENCES = [
     "doi:10.5555/notinlibrary.2017.301.",
     f"[4] D. Novak and M. Tanaka, \u201c{ARXIV_TITLE},\u201d arXiv preprint (2023).",
     f"[5] K. Svensson, \u201cThe {CITING_REF_TOKEN.capitalize()} of library catalogues,\u201d Libr. Hist. 19, 144 (2018).",
-    "[6] H. Kim, \u201cShelf marks and their readers,\u201d Catal. Q. 33, 70 (2019).",
+    f"[6] {BANNER_INITIALS[0]} and {BANNER_INITIALS[1]}, Metrologia Notes 59, 12 (2022).",
 ]
 
 
 def make_citing_paper(outdir, name="citing_paper_a.pdf") -> Path:
     """Paper A: bold title, author line, a DOI and dates on page 1, bracket markers [1], [2,3] and
     [4\u20136] in the body and a References section of six numbered entries; [2] is paper B (by DOI and
-    title), [4] is the arXiv paper (by title, no DOI), [3] has a DOI that no library paper carries."""
+    title), [4] is the arXiv paper (by title, no DOI), [6] the journal-banner paper (by first author and
+    year only), [3] has a DOI that no library paper carries."""
     f = Flow(A4)
     f.paragraph(CITING_TITLE, font="tibo", size=17, leading=1.25, after=8)
     f.line(", ".join(CITING_AUTHORS), size=11)
@@ -1391,10 +1395,12 @@ AUTHOR_YEAR_REFERENCES = [
     "Smith, J. A., Jones, B., & Lee, C. (2010). Reading habits of library users. Library Science Review, 7, 10\u201325.",
 ]
 AUTHOR_YEAR_SMITH = 4      # position of the Smith 2010 entry in the list
+AUTHOR_YEAR_SECOND_SMITH = "Smith, K., & Young, T. (2010). Quiet rooms and loud shelves. Reading Research, 2, 5\u201319."
 
 
-def make_author_year_paper(outdir, name="author_year.pdf") -> Path:
-    """Author-year citations: '(Smith et al., 2010)' matches one entry, '(Brown et al., 2015)' two."""
+def make_author_year_paper(outdir, name="author_year.pdf", ambiguous: bool = False) -> Path:
+    """Author-year citations: '(Smith et al., 2010)' matches one entry, '(Brown et al., 2015)' two.
+    ambiguous=True adds a second Smith 2010 entry, so that the Smith citation matches two entries too."""
     f = Flow(A4)
     f.paragraph(AUTHOR_YEAR_TITLE, font="tibo", size=16, after=6)
     f.line("Helena Fischer, Marco Rossi", size=11)
@@ -1410,7 +1416,8 @@ def make_author_year_paper(outdir, name="author_year.pdf") -> Path:
     f.paragraph("Two thirds of the readers went to the shelves without consulting the catalogue, and most of "
                 "them browsed neighbouring books before choosing one to borrow.")
     f.heading("References")
-    for ref in AUTHOR_YEAR_REFERENCES:
+    refs = AUTHOR_YEAR_REFERENCES + ([AUTHOR_YEAR_SECOND_SMITH] if ambiguous else [])
+    for ref in refs:
         f.paragraph(ref, size=9.5, after=3)
     return f.save(Path(outdir) / name, _plain_meta(2019))
 
@@ -1468,8 +1475,13 @@ PROVENANCE_PAPERS = [make_citing_paper, make_cited_paper, make_arxiv_only_paper,
 
 
 def write_provenance(outdir) -> list[Path]:
-    """The papers of tests/test_provenance.py that share one library."""
-    return [make(outdir) for make in PROVENANCE_PAPERS]
+    """The papers of tests/test_provenance.py that share one library: PROVENANCE_PAPERS plus the
+    variants superscript_no_references.pdf, junk_metadata_plain.pdf and author_year_ambiguous.pdf."""
+    return [make(outdir) for make in PROVENANCE_PAPERS] + [
+        make_superscript_paper(outdir, "superscript_no_references.pdf", references=False),
+        make_junk_metadata_paper(outdir, "junk_metadata_plain.pdf", page_title=False),
+        make_author_year_paper(outdir, "author_year_ambiguous.pdf", ambiguous=True),
+    ]
 
 
 # ---------------------------------------------------------------------------
