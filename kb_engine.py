@@ -1020,11 +1020,11 @@ def _blocks_under_references_heading(blocks: list[Block]) -> list[Block]:
             canonical = canonical_section(block.text)
             if canonical == "references":
                 inside = True
-            elif inside and (canonical not in (None, "acknowledgements", "appendix")
-                             or re.match(r"^\s*(?:\d|第|chapter\b)", block.text, re.IGNORECASE)):
-                inside = False
+            elif inside and (canonical is not None or numbering_depth(block.text)):
+                inside = False      # acknowledgements, appendices, a new chapter: the list is over
             continue
         if inside and block.role in ("body", "caption", "reference"):
+            block.role = "reference"
             found.append(block)
     return found
 
@@ -1037,9 +1037,13 @@ def _sequential_labels(text: str) -> list[tuple[int, int, int]]:
     """(number, label start, text start) of entries numbered 1, 2, 3 ... in the style that runs longest."""
     best: list[tuple[int, int, int]] = []
     for style in _ENTRY_STYLES:
-        labels, pos, n = [], 0, 1
+        labels, pos, n, gaps = [], 0, 1, 0
         while True:
             match = re.compile(style.format(n=n)).search(text, pos)
+            if match is None and n > 1 and gaps < 2:      # an entry missing from the list (or unreadable)
+                match = re.compile(style.format(n=n + 1)).search(text, pos)
+                if match is not None:
+                    n, gaps = n + 1, gaps + 1
             if match is None or (n == 1 and match.start() > 20):
                 break
             labels.append((n, match.start(), match.end()))
@@ -1231,12 +1235,15 @@ def _pdf_line(line: dict) -> _PdfLine | None:
     baseline = main["origin"][1] if main else line["bbox"][3]
     parts = []
     for span in spans:
-        if _is_raised(span, size, baseline) and _SUPERSCRIPT_TEXT.fullmatch(span["text"]):
-            parts.append(SUP_OPEN + span["text"].strip() + SUP_CLOSE)
+        raw = span["text"]
+        if raw.strip() and _is_raised(span, size, baseline) and _SUPERSCRIPT_TEXT.fullmatch(raw):
+            core = raw.strip()
+            lead, trail = raw[:len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
+            parts.append(lead + SUP_OPEN + core + SUP_CLOSE + trail)
         else:
-            parts.append(span["text"])
+            parts.append(raw)
     text = normalize_text("".join(parts))
-    text = re.sub(f"{SUP_CLOSE}\\s*{SUP_OPEN}", "", text)     # "1" "," "2" typeset as separate spans
+    text = text.replace(SUP_CLOSE + SUP_OPEN, "")     # "1" "," "2" typeset as separate spans
     return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]))
 
 
@@ -1755,7 +1762,9 @@ def _split_authors(raw: str) -> list[str]:
         # "Smith, John" is one person; "John Smith, Jane Doe" is two
         if not (len(pieces) == 2 and len(pieces[0].split()) == 1 and len(pieces[1].split()) <= 2):
             parts = pieces
-    return [p.strip() for p in parts if p.strip() and any(ch.isalpha() for ch in p)][:50]
+    names = [p.strip() for p in parts if p.strip() and any(ch.isalpha() for ch in p)][:50]
+    # login names and tool names ("jsmith", "Administrator") are not authors
+    return names if any(" " in n or "," in n or cjk_ratio(n) > 0.5 for n in names) else []
 
 
 _ARXIV_FULL = re.compile(r"arxiv[:\s]*(\d{4}\.\d{4,5})(?:v\d+)?", re.IGNORECASE)
@@ -1892,9 +1901,11 @@ def _journal_from_text(front: str, blocks: list[Block]) -> str | None:
 def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     """The identifier ladder: what page 1 prints first, then identifiers, then the file's own metadata."""
     raw = extracted.raw_meta
-    front = extracted.page_texts[0][:8000] if extracted.page_texts else ""
+    first_page = [b for b in extracted.blocks if b.page in (1, None) and b.role != "reference"]
+    front = "\n\n".join(b.text for b in first_page)[:8000]
     blocks = _front_blocks(extracted)
-    first_text = next((b.text for b in extracted.blocks if b.role in ("heading", "body")), "")
+    first_text = next((b.text for b in extracted.blocks if b.role == "body"
+                       or (b.role == "heading" and not canonical_section(b.text))), "")
     for candidate in (_title_from_blocks(blocks), html.unescape(raw.get("title") or "")):
         if _plausible_title(candidate) and not _BANNER.search(candidate):
             title = _clean_title(candidate)
@@ -1907,7 +1918,7 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
            or arxiv_doi(front) or arxiv_doi(margin))
     authors = _authors_from_blocks(blocks) or _split_authors(raw.get("author", ""))
     sample = " ".join(extracted.page_texts)[:200_000]
-    page_one = [b for b in extracted.blocks if b.page == 1] if extracted.kind == "pdf" else []
+    page_one = [b for b in first_page if b.page == 1]
     banner = "\n".join(b.text for b in page_one[:6] + page_one[-4:] if b.role != "title" and len(b.text) < 400)
     return DocMeta(
         title=title or Path(path).stem,
@@ -2220,12 +2231,19 @@ class Reference:
     year: int | None
 
 
+_NAME = r"(?:[A-Z][\w'\u2019-]+(?:\s+(?:van|von|de|der|den|da|di|la|le)\s+[A-Z][\w'\u2019-]+)?)"
+_AUTHOR_ITEM = (rf"(?:{_NAME},?\s+(?:[A-Z]\.\s?-?\s?)+|(?:[A-Z]\.\s?-?\s?)+{_NAME}|{_NAME}\s+[A-Z]{{1,3}}\b"
+                rf"|{_NAME},\s+[A-Z][a-z]+(?:\s+[A-Z]\.)?)")
+_AUTHOR_LIST = re.compile(rf"^\s*(?:{_AUTHOR_ITEM}\s*(?:,|;|&|\band\b)?\s*)+(?:et\s+al\.?,?\s*)?")
+_VENUE_START = re.compile(r"^(?:in[:\s]|proc|vol\b|pp\b|doi|https?:|arxiv|preprint|journal|phys\.|rev\.|j\.\s)", re.I)
+
+
 def parse_reference(num: int, raw: str) -> Reference:
-    """Fields of one reference entry, read leniently (numbered, Vancouver, APA, ACS, GB/T 7714 styles)."""
-    text = re.sub(r"\s+", " ", raw).strip()
+    """Fields of one reference entry, read leniently (numbered, Vancouver, APA, ACS, Nature, GB/T 7714 styles)."""
+    text = re.sub(r"(?<=[a-z])-\s+(?=[a-z])", "", re.sub(r"\s+", " ", raw)).strip()
     year_match = re.search(r"(?<!\d)((?:19|20)\d{2})[a-z]?(?!\d)", text)
-    first_segment = re.split(r"[,;，.]| and | et al", text, maxsplit=1)[0]
-    return Reference(num=num, raw=text[:1000], doi=find_doi(text), title=_reference_title(text),
+    first_segment = re.split(r"\s*(?:[,;，]|\band\b|&|\bet al)\s*", text, maxsplit=1)[0]
+    return Reference(num=num, raw=text[:1000], doi=find_doi(text) or arxiv_doi(text), title=_reference_title(text),
                      first_author=surname_key(first_segment) if len(first_segment) < 60 else None,
                      year=int(year_match.group(1)) if year_match else None)
 
@@ -2237,15 +2255,20 @@ def _reference_title(text: str) -> str | None:
     chinese = re.search(r"[.．。]\s*([^.．。\[]{4,120})\[[JMCDRPSNZ]\]", text)      # GB/T 7714: 题名[J]
     if chinese:
         return chinese.group(1).strip()
-    # the first sentence-like segment after the author list that is not a venue or a year
-    segments = [seg.strip() for seg in re.split(r"(?<=[a-z\u00e0-\u024f)\]?])\.\s+|(?<=\d{4})[a-z]?\.\s+|\(\d{4}[a-z]?\)\.?\s*",
-                                                 text) if seg.strip()]
-    for segment in segments[1:]:
-        words = segment.split()
-        initials = len(re.findall(r"\b[A-Z]\.", segment))
-        if len(words) >= 3 and initials < 2 and not re.match(r"^(?:in |proc|vol|pp|doi|http|arxiv)", segment, re.I):
-            return segment.strip(" ,.")
-    return None
+    dated = re.search(r"[.,]\s*\(?(?:19|20)\d{2}[a-z]?\)?\.\s+(?=\S)", text[:400])     # "Authors. 2020. Title."
+    authors = _AUTHOR_LIST.match(text)
+    if dated:
+        rest = text[dated.end():]
+    else:
+        rest = text[authors.end():] if authors and authors.end() > 3 else text
+    rest = re.sub(r"^[\s.,:;]*(?:\(?(?:19|20)\d{2}[a-z]?\)?[.,:;]?\s*)?", "", rest)
+    match = re.match(r"(.{8,300}?[^A-Z\s])(?:[.?!]\s|[.?!]?$)", rest)
+    title = (match.group(1) if match else "").strip(" ,.")
+    digits = sum(ch.isdigit() for ch in title)
+    if (len(title.split()) < 3 or _VENUE_START.match(title) or digits > len(title) * 0.15
+            or re.search(r"\b[A-Z][a-z]{0,4}\.\s", title + " ")):
+        return None
+    return title
 
 
 def citation_markers(text: str, references: list[Reference], numbered: bool) -> list[tuple[str, list[int]]]:
@@ -2297,8 +2320,17 @@ def link_chunk_citations(chunks: list[Chunk], references: list[Reference],
     return linked
 
 
+def _title_words_in(title: str | None, text: str) -> bool:
+    """Most of a title's content words occur in the reference text (guards author + year matches)."""
+    words = {w for w in re.findall(r"[^\W\d_]{4,}", (title or "").casefold())}
+    if not words:
+        return False
+    haystack = text.casefold()
+    return sum(w in haystack for w in words) >= 0.6 * len(words)
+
+
 def in_library(lib: Library, doi: str | None, title: str | None, first_author: str | None, year: int | None,
-               exclude_doc: int) -> dict | None:
+               exclude_doc: int, raw: str = "") -> dict | None:
     """The library document a cited work is, by DOI, then normalised title, then first author + year."""
     conn = lib.conn
     rows = []
@@ -2312,6 +2344,8 @@ def in_library(lib: Library, doi: str | None, title: str | None, first_author: s
     if not rows and first_author and year:
         rows = conn.execute("SELECT id, title, doi, path FROM docs WHERE first_author_key = ? AND year = ? "
                             "AND status = 'indexed' AND id != ?", (first_author, year, exclude_doc)).fetchall()
+        # a reference that prints a title must agree with the document's title (APS-style ones print none)
+        rows = [r for r in rows if not title or _title_words_in(r["title"], raw)]
         rows = rows if len(rows) == 1 else []
     if not rows:
         return None
@@ -2328,7 +2362,8 @@ def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[dict],
     for row in rows[:CITATIONS_PER_HIT]:
         citations.append({"marker": row["marker"], "ref": row["num"], "text": row["raw"][:300], "doi": row["doi"],
                           "title": row["title"], "in_library": in_library(lib, row["doi"], row["title"],
-                                                                          row["first_author"], row["year"], doc_id)})
+                                                                          row["first_author"], row["year"], doc_id,
+                                                                          row["raw"])})
     return citations, max(0, len(rows) - CITATIONS_PER_HIT)
 
 
