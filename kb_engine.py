@@ -2353,6 +2353,36 @@ def in_library(lib: Library, doi: str | None, title: str | None, first_author: s
     return {"doc_id": row["id"], "title": row["title"], "doi": row["doi"], "path": row["path"]}
 
 
+_FIGURE_MENTION = re.compile(r"\b(fig(?:ure)?s?\.?|tables?|tab\.|schemes?|图|表)\s*([A-Z]?\d{1,3}|S\d{1,3})\b", re.IGNORECASE)
+
+
+def figure_label(kind: str, number: str) -> str:
+    """Canonical label: "Fig. 2", "Figure 2" and "FIG. 2" are all "figure 2"; a table is never a figure."""
+    kind = kind.lower()
+    if kind.startswith(("tab", "表")):
+        word = "table"
+    elif kind.startswith(("scheme",)):
+        word = "scheme"
+    else:
+        word = "figure"
+    return f"{word} {number.upper()}"
+
+
+def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[dict]:
+    """Caption chunks of the same document for the figures and tables a passage mentions, by exact label."""
+    wanted = list(dict.fromkeys(figure_label(m.group(1), m.group(2)) for m in _FIGURE_MENTION.finditer(text)))
+    if not wanted:
+        return []
+    captions = {}
+    for row in lib.conn.execute("SELECT id, text, page FROM chunks WHERE doc_id = ? AND block = 'caption' AND id != ?",
+                                (doc_id, chunk_id)):
+        head = _FIGURE_MENTION.match(row["text"].lstrip())
+        if head:
+            captions.setdefault(figure_label(head.group(1), head.group(2)), row)
+    return [{"label": label, "chunk_id": captions[label]["id"], "page": captions[label]["page"],
+             "text": captions[label]["text"][:400]} for label in wanted if label in captions]
+
+
 def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[dict], int]:
     """The works a passage cites, with their library match; at most CITATIONS_PER_HIT, plus how many more."""
     rows = lib.conn.execute(
@@ -3060,6 +3090,7 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
         })
         if with_citations:
             records[-1]["citations"], records[-1]["citations_more"] = hit_citations(lib, row["id"], row["doc_id"])
+            records[-1]["captions"] = hit_captions(lib, row["text"], row["doc_id"], row["id"])
     return records
 
 
@@ -3464,6 +3495,12 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
     entries = []
     for done, row in enumerate(rows, start=1):
         started = time.perf_counter()
+        if progress:
+            progress({"phase": "metadata", "done": done, "total": len(rows), "path": row["path"]})
+        if not os.path.exists(row["path"]):
+            entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], "not_found",
+                                       "no such file or folder"))
+            continue
         try:
             extracted = extract_file(row["path"], max_pages=2)
             meta = extract_metadata(extracted, row["path"])
@@ -3482,10 +3519,7 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
                               meta.doi, title_key(meta.title), surname_key(meta.authors[0]) if meta.authors else None,
                               row["id"]))
             lib.reindex_headings(row["id"], meta.title)
-        entry = _file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title, "metadata")
-        entries.append(entry)
-        if progress:
-            progress({"phase": "metadata", "done": done, "total": len(rows), "path": row["path"]})
+        entries.append(_file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title, "metadata"))
     totals = {status: sum(e["status"] == status for e in entries) for status in INGEST_STATUSES}
     totals.update(files=len(entries), chunks=sum(e["chunks"] for e in entries), chunks_written=0)
     return {"files": entries, "totals": totals, "kb_root": str(lib.root), "metadata_only": True}
@@ -3991,7 +4025,8 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
             isinstance(i, int) and not isinstance(i, bool) for i in doc_ids)):
         raise KBError("bad_request", "doc_ids must be a list of integers")
     if lib is None:
-        return {"format": fmt, "count": 0, "entries": [], "not_found": doc_ids or [], "text": ""}
+        return {"format": fmt, "count": 0, "entries": [], "not_found": doc_ids or [],
+                "text": "[]" if fmt == "csl-json" else ""}
     if doc_ids is None:
         found = run_search(lib, {"query": query, "top_k": _opt_int(payload, "top_k", 10, 1, 200) * 3,
                                  "mode": payload.get("mode", "hybrid"), "filters": payload.get("filters"),
