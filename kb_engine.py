@@ -16,8 +16,9 @@ Contents (each layer only calls the layers above it):
     7. Citations ......... reference fields, citation markers, in-library matches
     8. Models ............ embedder, cross-encoder, devices, time-boxed downloads
     9. Retrieval ......... FTS5 keyword, FAISS vectors, RRF fusion, rerank, snippets
-   10. Commands .......... ingest, search, rag, cite, docs, stats, dedup, delete, ...
-   11. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
+   10. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
+   11. Commands .......... ingest, search, rag, cite, zotero, docs, stats, dedup, delete, ...
+   12. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -48,7 +49,7 @@ __version__ = "0.1.0"
 # 1. Config
 # =============================================================================
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
 PARSER_REVISION = 2
@@ -434,6 +435,22 @@ def _migrate_1_to_2(conn: sqlite3.Connection, has_fts5: bool) -> None:
 MIGRATIONS[0] = _migrate_0_to_1
 MIGRATIONS[1] = _migrate_1_to_2
 
+SCHEMA_V3 = """
+ALTER TABLE docs ADD COLUMN zotero_key TEXT;             -- key of the Zotero parent item
+ALTER TABLE docs ADD COLUMN zotero_attachment_key TEXT;  -- key of the attachment (deep links open it)
+ALTER TABLE docs ADD COLUMN zotero_version INTEGER;      -- highest Zotero version seen for item, attachment, annotations
+ALTER TABLE docs ADD COLUMN collections TEXT;            -- JSON list of collection paths ("Materials/Graphene")
+ALTER TABLE docs ADD COLUMN tags TEXT;                   -- JSON list of tag names
+CREATE INDEX IF NOT EXISTS docs_zotero_key ON docs(zotero_attachment_key);
+"""
+
+
+def _migrate_2_to_3(conn: sqlite3.Connection, has_fts5: bool) -> None:
+    run_statements(conn, SCHEMA_V3)
+
+
+MIGRATIONS[2] = _migrate_2_to_3
+
 
 def title_key(title: str | None) -> str | None:
     """Title reduced to lower-case letters and digits: equal keys mean the same title."""
@@ -615,9 +632,9 @@ class Library:
                               (doc_id,))
         self.conn.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,))
 
-    def insert_chunks(self, doc_id: int, chunks: list["Chunk"], heading_prefix: str) -> list[int]:
+    def insert_chunks(self, doc_id: int, chunks: list["Chunk"], heading_prefix: str, first_seq: int = 0) -> list[int]:
         ids = []
-        for seq, chunk in enumerate(chunks):
+        for seq, chunk in enumerate(chunks, start=first_seq):
             cur = self.conn.execute(
                 "INSERT INTO chunks(doc_id, seq, section, block, weight, text, page, page_end, page_label, "
                 "char_start, char_end, page_map) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -646,6 +663,21 @@ class Library:
         self.conn.executemany("INSERT OR IGNORE INTO chunk_cites(chunk_id, ref_id, marker) VALUES (?, ?, ?)",
                               [(chunk_id, ref_ids[index], marker) for chunk_id, chunk_links in zip(chunk_ids, links)
                                for marker, index in chunk_links])
+
+    def replace_block_chunks(self, doc_id: int, block: str, chunks: list["Chunk"], title: str) -> None:
+        """Swap a document's chunks of one kind (Zotero annotations) and keep its chunk count right."""
+        old = [r[0] for r in self.conn.execute("SELECT id FROM chunks WHERE doc_id = ? AND block = ?", (doc_id, block))]
+        self._txn_removed.extend(old)
+        if old:
+            marks = ", ".join("?" * len(old))
+            if not self.has_fts5:
+                self.conn.execute(f"DELETE FROM chunk_terms WHERE chunk_id IN ({marks})", old)
+            self.conn.execute(f"DELETE FROM chunks WHERE id IN ({marks})", old)
+        next_seq = self.conn.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM chunks WHERE doc_id = ?",
+                                     (doc_id,)).fetchone()[0]
+        self.insert_chunks(doc_id, chunks, title, first_seq=next_seq)
+        self.conn.execute("UPDATE docs SET chunk_count = (SELECT COUNT(*) FROM chunks WHERE doc_id = ?) WHERE id = ?",
+                          (doc_id, doc_id))
 
     def reindex_headings(self, doc_id: int, title: str) -> None:
         """Rewrite the keyword index's heading column (title + section) after a title change."""
@@ -1370,7 +1402,11 @@ def _open_pdf(path: str):
         doc.close()
         raise FileRejected(STATUS_ERROR, "encrypted", "the PDF is protected by a password; "
                                                       "save an unprotected copy to index it")
-    if doc.page_count == 0:
+    try:
+        pages = doc.page_count
+    except Exception:       # a damaged page tree
+        pages = 0
+    if pages == 0:
         doc.close()
         raise FileRejected(STATUS_ERROR, "corrupt", "the PDF has no readable pages (damaged or truncated)")
     return doc
@@ -2848,7 +2884,7 @@ class Models:
 # 9. Retrieval
 # =============================================================================
 
-FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path")
+FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag")
 
 
 def _year_bounds(value) -> tuple[int | None, int | None]:
@@ -2883,7 +2919,8 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
         raise KBError("bad_request", f"unknown filter(s): {', '.join(unknown)}; known: {', '.join(FILTER_KEYS)}")
     clauses, params = [], []
     for key, column in (("authors", "d.authors"), ("title", "d.title"), ("journal", "d.journal"),
-                        ("section", "c.section"), ("doi", "d.doi"), ("path", "d.path")):
+                        ("section", "c.section"), ("doi", "d.doi"), ("path", "d.path"),
+                        ("collection", "d.collections")):
         value = filters.get(key)
         if value in (None, "", []):
             continue
@@ -2892,6 +2929,13 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
             raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
         clauses.append("(" + " OR ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in values) + ")")
         params.extend(f"%{_escape_like(v.strip())}%" for v in values)
+    tag = filters.get("tag")
+    if tag not in (None, "", []):
+        tags = tag if isinstance(tag, list) else [tag]
+        if not all(isinstance(t, str) for t in tags):
+            raise KBError("bad_request", "filters.tag must be a string or a list of strings")
+        clauses.append("(" + " OR ".join("d.tags LIKE ? ESCAPE '\\'" for _ in tags) + ")")
+        params.extend(f'%{_escape_like(json.dumps(t.strip(), ensure_ascii=False))}%' for t in tags)
     kind = filters.get("kind")
     if kind not in (None, "", []):
         kinds = kind if isinstance(kind, list) else [kind]
@@ -3036,7 +3080,7 @@ def page_offsets_of_span(page_map: list, start: int, end: int) -> tuple[int | No
     """Offsets of chunk characters ``[start, end)`` in the page texts (start page, end page)."""
     first = next((e for e in page_map if e[0] <= start < e[0] + e[3]), None)
     last = next((e for e in reversed(page_map) if e[0] < end <= e[0] + e[3]), None)
-    if first is None or last is None:
+    if first is None or last is None or first[2] is None or last[2] is None:
         return None, None
     return first[2] + start - first[0], last[2] + end - last[0]
 
@@ -3057,6 +3101,11 @@ class SearchHit:
     score: float
 
 
+def zotero_link(item_key: str, page: int | None) -> str:
+    """Deep link that opens the attachment in Zotero's reader, at the page when known."""
+    return f"zotero://open-pdf/library/items/{item_key}" + (f"?page={page}" if page else "")
+
+
 def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int,
                 with_citations: bool = False) -> list[dict]:
     if not hits:
@@ -3065,8 +3114,8 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
     ids = [h.chunk_id for h in hits]
     rows = {row["id"]: row for row in lib.conn.execute(
         "SELECT c.id, c.doc_id, c.section, c.text, c.page, c.page_end, c.page_label, c.page_map, "
-        "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels "
-        "FROM chunks c JOIN docs d ON d.id = c.doc_id "
+        "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels, d.zotero_key, "
+        "d.zotero_attachment_key FROM chunks c JOIN docs d ON d.id = c.doc_id "
         f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
     records = []
     for hit in hits:
@@ -3088,6 +3137,9 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
             "page": page, "page_end": page_end, "page_label": label, "char_start": char_start, "char_end": char_end,
             "score": hit.score if math.isfinite(hit.score) else 0.0, "snippet": snippet,
         })
+        if row["zotero_key"]:
+            records[-1]["zotero_key"] = row["zotero_key"]
+            records[-1]["zotero_link"] = zotero_link(row["zotero_attachment_key"] or row["zotero_key"], page)
         if with_citations:
             records[-1]["citations"], records[-1]["citations_more"] = hit_citations(lib, row["id"], row["doc_id"])
             records[-1]["captions"] = hit_captions(lib, row["text"], row["doc_id"], row["id"])
@@ -3244,7 +3296,275 @@ def language_note(query: str, library_langs: dict[str, int]) -> str | None:
 
 
 # =============================================================================
-# 10. Commands
+# 10. Zotero
+# =============================================================================
+# Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
+# copies the database with its -wal/-journal into a temporary folder and reads
+# the copy. Zotero's own files are only ever read. Item types and fields are
+# looked up by name because their ids differ between Zotero 5, 6 and 7.
+
+ZOTERO_ATTACHMENT_TYPES = {"application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md",
+                           "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx"}
+ANNOTATION_SECTION = "Zotero annotation"
+
+
+@dataclass
+class ZoteroAttachment:
+    item_key: str                 # the parent item (or the attachment itself when it has no parent)
+    attachment_key: str
+    attachment_id: int
+    path: str | None              # resolved file path, None when it cannot be resolved
+    problem: str | None           # why the path is unusable (reason code)
+    version: int
+    meta: dict                    # title, authors, year, journal, doi
+    collections: list[str]
+    tags: list[str]
+    annotations: list[dict]
+
+
+def zotero_db_candidates() -> list[Path]:
+    home = Path.home()
+    found = [home / "Zotero" / "zotero.sqlite", home / "Documents" / "Zotero" / "zotero.sqlite"]
+    appdata = os.environ.get("APPDATA")
+    if appdata:
+        found.extend(sorted(Path(appdata).glob("Zotero/Zotero/Profiles/*/zotero/zotero.sqlite")))
+    return found
+
+
+def locate_zotero_db(explicit: str | None) -> Path:
+    if explicit:
+        path = Path(explicit).expanduser()
+        path = path / "zotero.sqlite" if path.is_dir() else path
+        if not path.is_file():
+            raise KBError("not_found", f"no Zotero database at {path}")
+        return path
+    env = os.environ.get("KB_ZOTERO_DB")
+    for path in ([Path(env).expanduser()] if env else []) + zotero_db_candidates():
+        if path.is_file():
+            return path
+    raise KBError("not_found", "no Zotero database found (looked in ~/Zotero, ~/Documents/Zotero and the Windows "
+                               "profile folders); pass zotero_db with the path to zotero.sqlite")
+
+
+class ZoteroSnapshot:
+    """A private copy of zotero.sqlite (+ -wal, -journal), opened for reading; removed on exit."""
+
+    def __init__(self, db_path: Path):
+        self.db_path = db_path
+        self.folder = None
+        self.conn = None
+
+    def __enter__(self) -> sqlite3.Connection:
+        import shutil
+        import tempfile
+        self.folder = tempfile.mkdtemp(prefix="kb-zotero-")
+        copy = Path(self.folder) / "zotero.sqlite"
+        try:
+            shutil.copyfile(self.db_path, copy)
+            for suffix in ("-wal", "-journal"):
+                sidecar = Path(f"{self.db_path}{suffix}")
+                if sidecar.exists():
+                    shutil.copyfile(sidecar, f"{copy}{suffix}")
+            # the copy is ours: opening it normally lets SQLite fold the copied WAL in
+            self.conn = sqlite3.connect(str(copy))
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA query_only = ON")
+            self.conn.execute("SELECT COUNT(*) FROM items").fetchone()
+        except (OSError, sqlite3.DatabaseError) as exc:
+            self.__exit__(None, None, None)
+            raise KBError("zotero_unreadable", f"cannot read the Zotero database {self.db_path}: {exc}") from None
+        return self.conn
+
+    def __exit__(self, *exc_info):
+        import shutil
+        if self.conn is not None:
+            self.conn.close()
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return False
+
+
+def _zotero_table(conn: sqlite3.Connection, *names: str) -> str | None:
+    for name in names:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone():
+            return name
+    return None
+
+
+def zotero_base_directory(data_dir: Path, explicit: str | None) -> Path | None:
+    """Zotero's 'Linked Attachment Base Directory' (prefs.js), for attachments:relative paths."""
+    if explicit:
+        return Path(explicit).expanduser()
+    if os.environ.get("KB_ZOTERO_BASE_DIR"):
+        return Path(os.environ["KB_ZOTERO_BASE_DIR"]).expanduser()
+    home = Path.home()
+    profiles = [data_dir / "prefs.js"]
+    for pattern in (".zotero/zotero/*/prefs.js", "Library/Application Support/Zotero/Profiles/*/prefs.js"):
+        profiles.extend(home.glob(pattern))
+    if os.environ.get("APPDATA"):
+        profiles.extend(Path(os.environ["APPDATA"]).glob("Zotero/Zotero/Profiles/*/prefs.js"))
+    for prefs in profiles:
+        try:
+            text = prefs.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        match = re.search(r'user_pref\("extensions\.zotero\.baseAttachmentPath",\s*"((?:[^"\\]|\\.)*)"\)', text)
+        if match:
+            return Path(json.loads(f'"{match.group(1)}"'))
+    return None
+
+
+def _resolve_attachment(raw_path: str | None, link_mode: int, key: str, data_dir: Path,
+                        base_dir: Path | None) -> tuple[str | None, str | None]:
+    """(file path, None) or (None, reason) for an attachment's stored path."""
+    if not raw_path:
+        return None, "no_file"
+    if raw_path.startswith("storage:"):
+        return str(data_dir / "storage" / key / raw_path[len("storage:"):]), None
+    if raw_path.startswith("attachments:"):
+        if base_dir is None:
+            return None, "base_directory_unknown"
+        return str(base_dir / raw_path[len("attachments:"):]), None
+    if link_mode == 3:        # a web link: no file
+        return None, "web_link"
+    return raw_path, None
+
+
+def _zotero_fields(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, dict[str, str]]:
+    fields_table = _zotero_table(conn, "fieldsCombined", "fields")
+    values: dict[int, dict[str, str]] = {}
+    for start in range(0, len(item_ids), 500):
+        batch = item_ids[start:start + 500]
+        rows = conn.execute(
+            f"SELECT d.itemID, f.fieldName, v.value FROM itemData d JOIN {fields_table} f ON f.fieldID = d.fieldID "
+            f"JOIN itemDataValues v ON v.valueID = d.valueID WHERE d.itemID IN ({', '.join('?' * len(batch))})", batch)
+        for item_id, name, value in rows:
+            values.setdefault(item_id, {})[name] = str(value)
+    return values
+
+
+def _zotero_authors(conn: sqlite3.Connection, item_id: int) -> list[str]:
+    types_table = _zotero_table(conn, "creatorTypes")
+    rows = conn.execute(
+        f"SELECT c.firstName, c.lastName, t.creatorType FROM itemCreators ic JOIN creators c ON c.creatorID = ic.creatorID "
+        f"JOIN {types_table} t ON t.creatorTypeID = ic.creatorTypeID WHERE ic.itemID = ? ORDER BY ic.orderIndex",
+        (item_id,)).fetchall()
+    authors = [r for r in rows if r["creatorType"] == "author"] or rows
+    return [" ".join(p for p in (r["firstName"], r["lastName"]) if p).strip() for r in authors if r["lastName"]]
+
+
+def _zotero_collections(conn: sqlite3.Connection) -> dict[int, list[str]]:
+    """Item id -> collection paths ("Materials/Graphene")."""
+    if not _zotero_table(conn, "collections"):
+        return {}
+    rows = {r["collectionID"]: r for r in conn.execute("SELECT collectionID, collectionName, parentCollectionID "
+                                                         "FROM collections")}
+
+    def path(collection_id: int, depth: int = 0) -> str:
+        row = rows[collection_id]
+        parent = row["parentCollectionID"]
+        prefix = path(parent, depth + 1) + "/" if parent in rows and depth < 20 else ""
+        return prefix + row["collectionName"]
+
+    out: dict[int, list[str]] = {}
+    for item_id, collection_id in conn.execute("SELECT itemID, collectionID FROM collectionItems"):
+        if collection_id in rows:
+            out.setdefault(item_id, []).append(path(collection_id))
+    return out
+
+
+def _zotero_tags(conn: sqlite3.Connection) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for item_id, name in conn.execute("SELECT it.itemID, t.name FROM itemTags it JOIN tags t ON t.tagID = it.tagID"):
+        out.setdefault(item_id, []).append(name)
+    return out
+
+
+def _zotero_annotations(conn: sqlite3.Connection, trashed: set[int]) -> dict[int, list[dict]]:
+    """Attachment item id -> annotations with text or comment (Zotero 6 and later)."""
+    if not _zotero_table(conn, "itemAnnotations"):
+        return {}
+    out: dict[int, list[dict]] = {}
+    rows = conn.execute("SELECT a.itemID, a.parentItemID, a.text, a.comment, a.pageLabel, a.position, a.sortIndex, "
+                        "i.key, i.version FROM itemAnnotations a JOIN items i ON i.itemID = a.itemID "
+                        "ORDER BY a.parentItemID, a.sortIndex")
+    for row in rows:
+        if row["itemID"] in trashed or not ((row["text"] or "").strip() or (row["comment"] or "").strip()):
+            continue
+        try:
+            page_index = json.loads(row["position"] or "{}").get("pageIndex")
+        except (ValueError, AttributeError):
+            page_index = None
+        out.setdefault(row["parentItemID"], []).append({
+            "key": row["key"], "text": (row["text"] or "").strip(), "comment": (row["comment"] or "").strip(),
+            "page": page_index + 1 if isinstance(page_index, int) else None,
+            "page_label": row["pageLabel"] or None, "version": row["version"] or 0})
+    return out
+
+
+def _zotero_year(date: str | None) -> int | None:
+    match = re.search(r"(?<!\d)((?:1[5-9]|20)\d{2})(?!\d)", date or "")
+    return int(match.group(1)) if match else None
+
+
+def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path | None) -> list[ZoteroAttachment]:
+    """Every file attachment of a live (not trashed) item, with its parent's metadata."""
+    types_table = _zotero_table(conn, "itemTypesCombined", "itemTypes")
+    trashed = {r[0] for r in conn.execute("SELECT itemID FROM deletedItems")} if _zotero_table(conn, "deletedItems") \
+        else set()
+    rows = conn.execute(
+        f"SELECT a.itemID, a.parentItemID, a.linkMode, a.contentType, a.path, i.key, i.version, t.typeName "
+        f"FROM itemAttachments a JOIN items i ON i.itemID = a.itemID JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
+        "ORDER BY a.itemID").fetchall()
+    parents = {r["itemID"]: r for r in conn.execute("SELECT itemID, key, version FROM items")}
+    wanted = [r for r in rows if r["itemID"] not in trashed and r["parentItemID"] not in trashed
+              and _zotero_file_kind(r["contentType"], r["path"])]
+    fields = _zotero_fields(conn, list({r["parentItemID"] or r["itemID"] for r in wanted}))
+    collections, tags = _zotero_collections(conn), _zotero_tags(conn)
+    annotations = _zotero_annotations(conn, trashed)
+    attachments = []
+    for row in wanted:
+        owner = row["parentItemID"] or row["itemID"]
+        data = fields.get(owner, {})
+        notes = annotations.get(row["itemID"], [])
+        path, problem = _resolve_attachment(row["path"], row["linkMode"], row["key"], data_dir, base_dir)
+        version = max([row["version"] or 0, parents.get(owner, {"version": 0})["version"] or 0]
+                      + [n["version"] for n in notes])
+        attachments.append(ZoteroAttachment(
+            item_key=parents[owner]["key"] if owner in parents else row["key"], attachment_key=row["key"],
+            attachment_id=row["itemID"], path=path, problem=problem, version=version,
+            meta={"title": data.get("title"), "authors": _zotero_authors(conn, owner), "year": _zotero_year(data.get("date")),
+                  "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
+                  "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None)},
+            collections=sorted(set(collections.get(owner, []))), tags=sorted(set(tags.get(owner, []))),
+            annotations=notes))
+    return attachments
+
+
+def _zotero_file_kind(content_type: str | None, path: str | None) -> str | None:
+    """The suffix of an attachment the engine can index (HTML snapshots and web links are not)."""
+    suffix = Path(path or "").suffix.lower()
+    if suffix in SUPPORTED_SUFFIXES:
+        return suffix
+    return ZOTERO_ATTACHMENT_TYPES.get((content_type or "").lower())
+
+
+def annotation_chunks(notes: list[dict], labels_from: int = 0) -> list[Chunk]:
+    """Annotations as chunks: the highlighted text and the reader's comment, on their page."""
+    chunks = []
+    for note in notes:
+        text = note["text"]
+        if note["comment"]:
+            text = f"{text}\n\nComment: {note['comment']}" if text else f"Comment: {note['comment']}"
+        page = note["page"]
+        chunks.append(Chunk(text=text, section=ANNOTATION_SECTION, block="annotation", weight=1.0, page=page,
+                            page_end=page, page_label=note["page_label"], char_start=None, char_end=None,
+                            page_map=[[0, page, None, len(text), 0]]))
+    return chunks
+
+
+# =============================================================================
+# 11. Commands
 # =============================================================================
 
 def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
@@ -3436,6 +3756,10 @@ def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, sta
     except Exception as exc:     # a parser bug must not stop the batch; nothing is stored so a retry re-reads
         return _file_entry(path, STATUS_ERROR, started, reason="extract_failed",
                            error=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
+    if row is not None and row["zotero_key"]:
+        meta = DocMeta(title=row["title"], authors=json.loads(row["authors"] or "[]"), year=row["year"],
+                       journal=row["journal"], doi=row["doi"], lang=meta.lang)
+        base["zotero_version"] = None      # annotations are re-read from Zotero on its next import
     with lib.transaction():
         doc_id = lib.upsert_doc(path, {**base, "status": "indexed", "reason": None, "error": None,
                                        "title": meta.title, "authors": json.dumps(meta.authors, ensure_ascii=False),
@@ -3491,7 +3815,7 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
 def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None) -> dict:
     """Re-read title, authors, year, journal and DOI of indexed documents (first pages only); chunks,
     vectors and references stay as they are."""
-    rows = _docs_under(lib, paths, statuses=("indexed",))
+    rows = [r for r in _docs_under(lib, paths, statuses=("indexed",)) if not r["zotero_key"]]   # Zotero's own win
     entries = []
     for done, row in enumerate(rows, start=1):
         started = time.perf_counter()
@@ -3982,6 +4306,100 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
     return {"cleared": counts, "kb_root": str(lib.root)}
 
 
+def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
+    """Import the file attachments of a Zotero library (read from a snapshot), with Zotero's metadata,
+    annotations, collections and tags; unchanged items are skipped on the next run."""
+    db = locate_zotero_db(_opt_str(payload, "zotero_db"))
+    dry_run, force = _opt_bool(payload, "dry_run"), _opt_bool(payload, "force")
+    limit = _opt_int(payload, "limit", 0, 0, 10**7)
+    base_dir = zotero_base_directory(db.parent, _opt_str(payload, "base_dir"))
+    with ZoteroSnapshot(db) as conn:
+        attachments = read_zotero_library(conn, db.parent, base_dir)
+        n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
+            if _zotero_table(conn, "collections") else 0
+    if limit:
+        attachments = attachments[:limit]
+    entries = []
+    for done, attachment in enumerate(attachments, start=1):
+        if dry_run:
+            entries.append(_zotero_candidate(attachment))
+        else:
+            entries.append(import_zotero_attachment(lib, attachment, force))
+        if progress:
+            progress({"phase": "zotero", "done": done, "total": len(attachments), "path": attachment.path or "",
+                      "status": entries[-1]["status"]})
+    statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)
+    totals = {status: sum(e["status"] == status for e in entries) for status in statuses}
+    totals["missing"] = sum(e["status"] == "missing" for e in entries)
+    totals.update(items=len(entries), annotations=sum(e.get("annotations", 0) for e in entries))
+    response = {"items": entries, "totals": totals, "collections": n_collections, "dry_run": dry_run,
+                "zotero_db": str(db), "kb_root": str(lib.root) if lib is not None else None}
+    if not dry_run and lib is not None:
+        vectors = embed_missing_chunks(lib, models, progress)
+        totals["vectors_written"], totals["vectors_missing"] = vectors["vectors_written"], vectors["vectors_missing"]
+        if vectors.get("note"):
+            response["note"] = vectors["note"]
+    return response
+
+
+def _zotero_entry(attachment: ZoteroAttachment, status: str, **extra) -> dict:
+    entry = {"item_key": attachment.item_key, "attachment_key": attachment.attachment_key,
+             "title": attachment.meta.get("title"), "path": attachment.path, "status": status,
+             "chunks": 0, "annotations": 0}
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return entry
+
+
+def _zotero_candidate(attachment: ZoteroAttachment) -> dict:
+    if attachment.path is None:
+        return _zotero_entry(attachment, "missing", reason=attachment.problem)
+    if not os.path.isfile(attachment.path):
+        return _zotero_entry(attachment, "missing", reason="file_missing")
+    return _zotero_entry(attachment, "candidate", annotations=len(attachment.annotations))
+
+
+def import_zotero_attachment(lib: Library, attachment: ZoteroAttachment, force: bool) -> dict:
+    """Index one attachment like ingest does, then lay Zotero's metadata and annotations over it."""
+    if attachment.path is None:
+        return _zotero_entry(attachment, "missing", reason=attachment.problem)
+    if not os.path.isfile(attachment.path):
+        return _zotero_entry(attachment, "missing", reason="file_missing")
+    result = ingest_file(lib, os.path.abspath(attachment.path), True, force)
+    entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
+    entry["chunks"] = result["chunks"]
+    row = lib.doc_by_path(os.path.abspath(attachment.path))
+    if row is None or row["status"] != "indexed":
+        return entry
+    fresh = result["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED)
+    if not (force or fresh or row["zotero_version"] != attachment.version
+            or row["zotero_attachment_key"] != attachment.attachment_key):
+        entry["reason"] = "unchanged"
+        entry["annotations"] = len(attachment.annotations)
+        return entry
+    meta = {k: v for k, v in attachment.meta.items() if v}
+    with lib.transaction():
+        fields = {"title": meta.get("title", row["title"]), "year": meta.get("year", row["year"]),
+                  "journal": meta.get("journal", row["journal"]), "doi": (meta.get("doi") or row["doi"] or None),
+                  "zotero_key": attachment.item_key, "zotero_attachment_key": attachment.attachment_key,
+                  "zotero_version": attachment.version,
+                  "collections": json.dumps(attachment.collections, ensure_ascii=False),
+                  "tags": json.dumps(attachment.tags, ensure_ascii=False)}
+        authors = meta.get("authors") or json.loads(row["authors"] or "[]")
+        fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(fields["title"]),
+                      first_author_key=surname_key(authors[0]) if authors else None)
+        if fields["doi"]:
+            fields["doi"] = fields["doi"].lower()
+        lib.upsert_doc(row["path"], fields)
+        lib.reindex_headings(row["id"], fields["title"])
+        lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), fields["title"])
+        lib.invalidate_cache()
+    entry.update(title=fields["title"], annotations=len(attachment.annotations),
+                 chunks=lib.conn.execute("SELECT chunk_count FROM docs WHERE id = ?", (row["id"],)).fetchone()[0])
+    if result["status"] == STATUS_SKIPPED:
+        entry.update(status=STATUS_UPDATED, reason="zotero_metadata")
+    return entry
+
+
 CITE_FORMATS = ("bibtex", "csl-json")
 
 
@@ -4143,9 +4561,9 @@ def cmd_models(models: Models, payload: dict) -> dict:
 class Engine:
     """The one stateful object: open libraries, their in-memory indexes and caches, and the models."""
 
-    WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear", "delete", "reembed"})
-    COMMANDS = ("ingest", "search", "rag", "cite", "docs", "stats", "dedup", "delete", "reembed", "clear", "reload",
-                "models")
+    WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear", "delete", "reembed", "zotero"})
+    COMMANDS = ("ingest", "zotero", "search", "rag", "cite", "docs", "stats", "dedup", "delete", "reembed", "clear",
+                "reload", "models")
 
     def __init__(self):
         self._libraries: dict[Path, Library] = {}
@@ -4191,7 +4609,8 @@ class Engine:
 
     def _library_command(self, command: str, payload: dict, progress) -> dict:
         root = _kb_root(payload)
-        needs_write = command in self.WRITE_COMMANDS and not (command == "dedup" and not payload.get("apply"))
+        needs_write = command in self.WRITE_COMMANDS and not (command == "dedup" and not payload.get("apply")) \
+            and not (command == "zotero" and payload.get("dry_run") is True)
         if command == "clear" and payload.get("confirm") is not True:
             raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
         try:
@@ -4209,6 +4628,8 @@ class Engine:
                 return cmd_rag(lib, payload, self.models, state)
             if command == "cite":
                 return cmd_cite(lib, payload, self.models, state)
+            if command == "zotero":
+                return cmd_zotero(lib, payload, progress, self.models)
             if command == "docs":
                 return cmd_docs(lib, payload)
             if command == "stats":
@@ -4256,7 +4677,7 @@ class Engine:
 
 
 # =============================================================================
-# 11. Protocol / CLI
+# 12. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
