@@ -4897,6 +4897,11 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
     ingest.add_argument("--metadata-only", action="store_true", help="refresh titles, authors, years and DOIs")
     ingest.add_argument("--rebuild", action="store_true", help="re-parse the library's documents in place")
+    zotero = sub.add_parser("zotero", help="import the PDFs of a Zotero library (read from a snapshot)")
+    zotero.add_argument("--db", help="path to zotero.sqlite (default: found in the usual places)")
+    zotero.add_argument("--dry-run", action="store_true", help="list what would be imported")
+    zotero.add_argument("--force", action="store_true")
+    zotero.add_argument("--limit", type=int, default=0)
     cite = sub.add_parser("cite", help="BibTeX or CSL-JSON for documents")
     cite.add_argument("query", nargs="?")
     cite.add_argument("--doc-ids", type=int, nargs="+")
@@ -4944,6 +4949,11 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         payload.update(query=args.query, filters=filters or None, **{k: v for k, v in options if v is not None})
     elif args.command == "delete":
         payload["paths"] = args.paths
+    elif args.command == "zotero":
+        payload.update(dry_run=args.dry_run, force=args.force, limit=args.limit)
+        if args.db:
+            payload["zotero_db"] = args.db
+        progress = _progress_bar if sys.stderr.isatty() and not args.json else None
     elif args.command == "cite":
         if not args.query and not args.doc_ids:
             parser.error("cite needs a query or --doc-ids")
@@ -4970,6 +4980,11 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         _print_rag(response)
     elif args.command == "cite":
         print(response["text"])
+    elif args.command == "zotero":
+        for item in response["items"]:
+            detail = item.get("error") or item.get("reason") or f"{item['chunks']} chunks, {item['annotations']} annotations"
+            print(f"{item['status']:>9}  {item['item_key']}  {(item['title'] or '')[:60]}  {detail}")
+        print(", ".join(f"{v} {k}" for k, v in response["totals"].items() if v) + f"  ({response['ms']} ms)")
     elif args.command == "docs":
         for doc in response["docs"]:
             print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
