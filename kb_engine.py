@@ -3113,7 +3113,7 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
     idf = term_idf(lib, terms)
     ids = [h.chunk_id for h in hits]
     rows = {row["id"]: row for row in lib.conn.execute(
-        "SELECT c.id, c.doc_id, c.section, c.text, c.page, c.page_end, c.page_label, c.page_map, "
+        "SELECT c.id, c.doc_id, c.section, c.block, c.text, c.page, c.page_end, c.page_label, c.page_map, "
         "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels, d.zotero_key, "
         "d.zotero_attachment_key FROM chunks c JOIN docs d ON d.id = c.doc_id "
         f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
@@ -3130,6 +3130,8 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
         char_start, char_end = page_offsets_of_span(page_map, start, end)
         labels = json.loads(row["page_labels"]) if row["page_labels"] else []
         label = (labels[page - 1] or None) if page and page <= len(labels) else None
+        if row["block"] == "annotation":
+            label = row["page_label"]          # Zotero's own label of the annotated page
         records.append({
             "chunk_id": row["id"], "doc_id": row["doc_id"], "path": row["path"], "file": Path(row["path"]).name,
             "title": row["title"], "authors": json.loads(row["authors"] or "[]"), "year": row["year"],
@@ -3333,15 +3335,17 @@ def zotero_db_candidates() -> list[Path]:
 
 def locate_zotero_db(explicit: str | None) -> Path:
     if explicit:
-        path = Path(explicit).expanduser()
+        path = Path(explicit).expanduser().absolute()
         path = path / "zotero.sqlite" if path.is_dir() else path
         if not path.is_file():
             raise KBError("not_found", f"no Zotero database at {path}")
         return path
     env = os.environ.get("KB_ZOTERO_DB")
-    for path in ([Path(env).expanduser()] if env else []) + zotero_db_candidates():
+    if env:
+        return locate_zotero_db(env)
+    for path in zotero_db_candidates():
         if path.is_file():
-            return path
+            return path.absolute()
     raise KBError("not_found", "no Zotero database found (looked in ~/Zotero, ~/Documents/Zotero and the Windows "
                                "profile folders); pass zotero_db with the path to zotero.sqlite")
 
@@ -3457,8 +3461,10 @@ def _zotero_collections(conn: sqlite3.Connection) -> dict[int, list[str]]:
     """Item id -> collection paths ("Materials/Graphene")."""
     if not _zotero_table(conn, "collections"):
         return {}
+    trashed = {r[0] for r in conn.execute("SELECT collectionID FROM deletedCollections")} \
+        if _zotero_table(conn, "deletedCollections") else set()
     rows = {r["collectionID"]: r for r in conn.execute("SELECT collectionID, collectionName, parentCollectionID "
-                                                         "FROM collections")}
+                                                         "FROM collections") if r["collectionID"] not in trashed}
 
     def path(collection_id: int, depth: int = 0) -> str:
         row = rows[collection_id]
@@ -3516,7 +3522,9 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
         f"SELECT a.itemID, a.parentItemID, a.linkMode, a.contentType, a.path, i.key, i.version, t.typeName "
         f"FROM itemAttachments a JOIN items i ON i.itemID = a.itemID JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
         "ORDER BY a.itemID").fetchall()
-    parents = {r["itemID"]: r for r in conn.execute("SELECT itemID, key, version FROM items")}
+    client = "clientDateModified" if _zotero_column(conn, "items", "clientDateModified") else "NULL"
+    parents = {r["itemID"]: r for r in conn.execute(
+        f"SELECT itemID, key, version, dateModified || '|' || COALESCE({client}, '') AS modified FROM items")}
     wanted = [r for r in rows if r["itemID"] not in trashed and r["parentItemID"] not in trashed
               and _zotero_file_kind(r["contentType"], r["path"])]
     fields = _zotero_fields(conn, list({r["parentItemID"] or r["itemID"] for r in wanted}))
@@ -3528,8 +3536,8 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
         data = fields.get(owner, {})
         notes = annotations.get(row["itemID"], [])
         path, problem = _resolve_attachment(row["path"], row["linkMode"], row["key"], data_dir, base_dir)
-        version = max([row["version"] or 0, parents.get(owner, {"version": 0})["version"] or 0]
-                      + [n["version"] for n in notes])
+        version = _zotero_signature(parents.get(owner), parents.get(row["itemID"]), data, notes,
+                                    collections.get(owner, []), tags.get(owner, []))
         attachments.append(ZoteroAttachment(
             item_key=parents[owner]["key"] if owner in parents else row["key"], attachment_key=row["key"],
             attachment_id=row["itemID"], path=path, problem=problem, version=version,
@@ -3539,6 +3547,24 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
             collections=sorted(set(collections.get(owner, []))), tags=sorted(set(tags.get(owner, []))),
             annotations=notes))
     return attachments
+
+
+def _zotero_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    return any(r[1] == column for r in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def _zotero_signature(parent, attachment, fields: dict, notes: list[dict], collections: list[str],
+                      tags: list[str]) -> int:
+    """A number that changes whenever anything imported from this attachment changes in Zotero.
+
+    Zotero raises ``version`` only when it syncs; a local edit changes the modification time instead,
+    and a deleted annotation or a renamed collection changes neither on the item: so everything that is
+    imported goes into the signature."""
+    parts = [[r["version"], r["modified"]] if r is not None else None for r in (parent, attachment)]
+    parts += [sorted(fields.items()), [[n["key"], n["version"], n["text"], n["comment"], n["page_label"]] for n in notes],
+              sorted(collections), sorted(tags)]
+    digest = hashlib.sha1(json.dumps(parts, ensure_ascii=False, default=str).encode()).hexdigest()
+    return int(digest[:12], 16)
 
 
 def _zotero_file_kind(content_type: str | None, path: str | None) -> str | None:
@@ -4368,6 +4394,11 @@ def import_zotero_attachment(lib: Library, attachment: ZoteroAttachment, force: 
     entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
     entry["chunks"] = result["chunks"]
     row = lib.doc_by_path(os.path.abspath(attachment.path))
+    if row is not None and row["status"] == "duplicate" and row["duplicate_of"] is not None:
+        original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+        # the same file, indexed under another path: Zotero's data goes to that copy unless another item owns it
+        if original is not None and original["zotero_attachment_key"] in (None, attachment.attachment_key):
+            row = original
     if row is None or row["status"] != "indexed":
         return entry
     fresh = result["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED)
