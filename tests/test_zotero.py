@@ -504,6 +504,41 @@ def test_new_annotation_is_picked_up(eng, zcopy, tmp_path, synced):
     assert hits[0]["page"] == 1 and hits[0]["page_label"] == "7", hits[0]
 
 
+def test_local_edits_reach_the_library(eng, zcopy, tmp_path):
+    """Edits made in Zotero without syncing (versions stay as they are): one annotation moved to the trash,
+    the other erased, a tag removed, the item moved to another collection."""
+    root = tmp_path / "kb"
+    run_zotero(eng, zcopy, root)
+    a = zcopy.entries["A"]
+    first, second = zcopy.annotations
+    assert search(eng, root, first.token) and search(eng, root, "copper", filters={"tag": "cvd"})
+    con = sqlite3.connect(str(zcopy.db))
+    try:
+        with con:
+            w = zf.ZoteroWriter(con)
+            ids = {k: i for k, i in con.execute("SELECT key, itemID FROM items")}
+            w.trash(ids[first.key])
+            con.execute("DELETE FROM itemAnnotations WHERE itemID = ?", (ids[second.key],))
+            con.execute("DELETE FROM items WHERE itemID = ?", (ids[second.key],))
+            con.execute("DELETE FROM itemTags WHERE itemID = ? AND tagID = (SELECT tagID FROM tags WHERE name = 'cvd')",
+                        (ids[a.item_key],))
+            coll = {k: i for k, i in con.execute("SELECT key, collectionID FROM collections")}
+            con.execute("DELETE FROM collectionItems WHERE itemID = ?", (ids[a.item_key],))
+            w.add_to_collection(coll[zcopy.collections["Biophysics"]], ids[a.item_key])
+            con.execute("UPDATE items SET dateModified = '2024-10-02 16:00:00', clientDateModified = "
+                        "'2024-10-02 16:00:00', synced = 0 WHERE itemID = ?", (ids[a.item_key],))
+    finally:
+        con.close()
+    resp = by_attachment(run_zotero(eng, zcopy, root))
+    it = resp[a.attachment_key]
+    assert it["status"] == "updated" and it["annotations"] == 0, it
+    assert search(eng, root, first.token) == [] and search(eng, root, second.token) == []
+    assert search(eng, root, "copper", filters={"tag": "cvd"}) == []
+    assert _paths(search(eng, root, "copper", filters={"tag": "review"})) == {a.path}
+    assert search(eng, root, "copper", filters={"collection": "Graphene"}) == []
+    assert a.path in _paths(search(eng, root, "copper", filters={"collection": "Biophysics"}))
+
+
 def test_renamed_attachment_is_moved(eng, zcopy, tmp_path):
     """Zotero renames a stored file (e.g. 'Rename File from Parent Metadata'): same content, new path."""
     root = tmp_path / "kb"
