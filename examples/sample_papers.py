@@ -1566,6 +1566,7 @@ def verify(path) -> str:
             assert tok.capitalize() in text
         first, second = _last_body_line(path, 0), _first_body_line(path, 1)
         assert not first.rstrip().endswith("."), f"page 1 should end mid-sentence: {first!r}"
+        assert second[:1].islower(), f"page 2 should continue the sentence: {second!r}"
         assert "Figure 1." in text
     elif name.startswith("protein"):
         assert "I. INTRODUCTION" in text and "II. RELATED WORK" in text
