@@ -17,8 +17,9 @@ Contents (each layer only calls the layers above it):
     8. Models ............ embedder, cross-encoder, devices, time-boxed downloads
     9. Retrieval ......... FTS5 keyword, FAISS vectors, RRF fusion, rerank, snippets
    10. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
-   11. Commands .......... ingest, search, rag, cite, zotero, docs, stats, dedup, delete, ...
-   12. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI
+   11. Jobs .............. background ingest: detached process, state files, cancellation
+   12. Commands .......... ingest, search, rag, cite, zotero, status, docs, stats, dedup, delete, ...
+   13. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -3590,7 +3591,146 @@ def annotation_chunks(notes: list[dict], labels_from: int = 0) -> list[Chunk]:
 
 
 # =============================================================================
-# 11. Commands
+# 11. Jobs
+# =============================================================================
+# A bulk ingest runs as a detached process so that no host-side timeout can cut
+# it short. Its state lives in one JSON file per job under <kb_root>/.kb-jobs/,
+# replaced atomically on every update, so any process can read it at any time.
+
+JOBS_DIRNAME = ".kb-jobs"
+JOB_ACTIVE_STATES = ("queued", "running")
+JOB_KEEP_SECONDS = 3600.0
+JOB_WRITE_INTERVAL_S = 0.25
+
+
+class JobCancelled(Exception):
+    """Raised inside a job when its cancellation was requested."""
+
+
+def async_threshold() -> int:
+    try:
+        return max(0, int(os.environ.get("KB_ASYNC_THRESHOLD", "25")))
+    except ValueError:
+        return 25
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    if os.name == "nt":
+        import ctypes
+        handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)   # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        ctypes.windll.kernel32.CloseHandle(handle)
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:    # a finished child of this very process is a zombie until reaped
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+        return finished == 0
+    except ChildProcessError:
+        return True
+
+
+class JobStore:
+    """The job files of one library."""
+
+    def __init__(self, kb_root: Path):
+        self.folder = kb_root / JOBS_DIRNAME
+
+    def path_of(self, job_id: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{12}", job_id or ""):
+            raise KBError("bad_request", "job_id must be the id a job was started with")
+        return self.folder / f"{job_id}.json"
+
+    def create(self, command: str, payload: dict, total: int) -> dict:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        job_id = hashlib.sha1(f"{time.time_ns()}-{os.getpid()}-{command}".encode()).hexdigest()[:12]
+        job = {"job_id": job_id, "command": command, "payload": payload, "state": "queued", "done": 0,
+               "total": total, "current": None, "phase": None, "errors": [], "result": None, "pid": None,
+               "created": time.time(), "updated": time.time(), "finished": None, "reason": None}
+        self.write(job)
+        return job
+
+    def read(self, job_id: str) -> dict | None:
+        try:
+            return json.loads(self.path_of(job_id).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def write(self, job: dict) -> None:
+        job["updated"] = time.time()
+        path = self.path_of(job["job_id"])
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(job, ensure_ascii=False, allow_nan=False), encoding="utf-8")
+        os.replace(temporary, path)
+
+    def checked(self, job: dict) -> dict:
+        """The job, marked failed when its process died without saying so."""
+        if job["state"] in JOB_ACTIVE_STATES and job.get("pid") and not pid_alive(job["pid"]):
+            job.update(state="failed", reason="the job process ended unexpectedly", finished=time.time())
+            self.write(job)
+        elif job["state"] == "queued" and not job.get("pid") and time.time() - job["created"] > 60:
+            job.update(state="failed", reason="the job process never started", finished=time.time())
+            self.write(job)
+        return job
+
+    def all(self) -> list[dict]:
+        if not self.folder.is_dir():
+            return []
+        jobs = []
+        for path in sorted(self.folder.glob("*.json")):
+            job = self.read(path.stem)
+            if job is None:
+                continue
+            job = self.checked(job)
+            if job["state"] not in JOB_ACTIVE_STATES and time.time() - (job["finished"] or job["updated"]) > JOB_KEEP_SECONDS:
+                for stale in (path, path.with_suffix(".cancel"), path.with_suffix(".log")):
+                    stale.unlink(missing_ok=True)
+                continue
+            jobs.append(job)
+        return sorted(jobs, key=lambda j: j["created"])
+
+    def active(self) -> dict | None:
+        return next((j for j in self.all() if j["state"] in JOB_ACTIVE_STATES), None)
+
+    def request_cancel(self, job_id: str) -> None:
+        self.path_of(job_id).with_suffix(".cancel").touch()
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return self.path_of(job_id).with_suffix(".cancel").exists()
+
+
+def spawn_job(kb_root: Path, job_id: str) -> int:
+    """Start ``kb_engine.py job KB_ROOT JOB_ID`` detached from this process (it outlives a daemon restart)."""
+    import subprocess
+    log = open(kb_root / JOBS_DIRNAME / f"{job_id}.log", "ab")
+    options: dict = {"start_new_session": True} if os.name != "nt" else {
+        "creationflags": 0x00000008 | 0x00000200}      # DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
+    try:
+        process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "job", str(kb_root), job_id],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                   close_fds=True, **options)
+    finally:
+        log.close()
+    return process.pid
+
+
+def job_view(job: dict) -> dict:
+    """The job as the status command shows it."""
+    view = {k: job.get(k) for k in ("job_id", "command", "state", "done", "total", "current", "phase", "errors",
+                                     "result", "reason", "created", "updated", "finished")}
+    view["errors"] = (job.get("errors") or [])[:50]
+    return view
+
+
+# =============================================================================
+# 12. Commands
 # =============================================================================
 
 def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
@@ -3894,6 +4034,39 @@ def _ingest_paths(payload: dict, required: bool) -> list[str] | None:
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
         raise KBError("bad_request", "paths must be a non-empty list of file or folder paths")
     return paths
+
+
+def ingest_pending(lib: Library, payload: dict) -> tuple[int, int]:
+    """(files that need work, files considered) for an ingest request, judged by path, size and mtime only."""
+    paths = _ingest_paths(payload, required=not payload.get("rebuild"))
+    if payload.get("rebuild"):
+        rows = _docs_under(lib, paths, ("indexed", "skipped", "error"))
+        return len(rows), len(rows)
+    force, pending, files = bool(payload.get("force")), 0, list(collect_files(paths, lib.root))
+    for path, _ in files:
+        row = lib.doc_by_path(path)
+        try:
+            stat = os.stat(path)
+        except OSError:
+            continue
+        if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
+            pending += 1
+    return pending, len(files)
+
+
+def cmd_status(kb_root: Path, payload: dict) -> dict:
+    """One job's state (``cancel: true`` asks it to stop), or every recent job of the library."""
+    store = JobStore(kb_root)
+    job_id = _opt_str(payload, "job_id")
+    if not job_id:
+        return {"jobs": [job_view(j) for j in store.all()]}
+    store.path_of(job_id)          # refuses anything that is not a job id before touching the disk
+    job = store.read(job_id)
+    if job is None:
+        raise KBError("not_found", f"no job {job_id} in {store.folder}")
+    if _opt_bool(payload, "cancel") and job["state"] in JOB_ACTIVE_STATES:
+        store.request_cancel(job_id)
+    return {"job": job_view(store.checked(job)), "cancel_requested": store.cancel_requested(job_id)}
 
 
 def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
@@ -4593,13 +4766,16 @@ class Engine:
     """The one stateful object: open libraries, their in-memory indexes and caches, and the models."""
 
     WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear", "delete", "reembed", "zotero"})
-    COMMANDS = ("ingest", "zotero", "search", "rag", "cite", "docs", "stats", "dedup", "delete", "reembed", "clear",
-                "reload", "models")
+    COMMANDS = ("ingest", "zotero", "status", "search", "rag", "cite", "docs", "stats", "dedup", "delete", "reembed",
+                "clear", "reload", "models")
 
-    def __init__(self):
+    def __init__(self, allow_background: bool = False):
+        """``allow_background``: bulk ingests become detached jobs (the JSON protocols turn this on, so that
+        a host's call timeout cannot cut an ingest short; the Python API and the human CLI wait)."""
         self._libraries: dict[Path, Library] = {}
         self._states: dict[Path, LibraryState] = {}
         self.models = Models()
+        self.allow_background = allow_background
 
     def library(self, root: Path, writable: bool) -> Library | None:
         cached = self._libraries.get(root)
@@ -4630,6 +4806,8 @@ class Engine:
             raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
         if command == "reload":
             response = self._reload(payload)
+        elif command == "status":
+            response = cmd_status(_kb_root(payload), payload)
         elif command == "models":
             response = cmd_models(self.models, payload)
         else:
@@ -4650,6 +4828,10 @@ class Engine:
             raise KBError("storage_error", f"cannot open the library at {root / DB_FILENAME}: {exc}") from None
         state = self.state(root)
         generation_before = lib.generation() if lib is not None else None
+        if command == "ingest" and self._goes_to_background(payload):
+            job = self._start_job(lib, command, payload)
+            if job is not None:
+                return job
         try:
             if command == "ingest":
                 return cmd_ingest(lib, payload, progress, self.models)
@@ -4675,6 +4857,27 @@ class Engine:
         finally:
             if lib is not None and lib.writable:
                 self._sync_index(lib, state, generation_before, reset=command in ("clear", "reembed"))
+
+    def _goes_to_background(self, payload: dict) -> bool:
+        return (self.allow_background and payload.get("background") is not False and not payload.get("_job_id")
+                and not payload.get("metadata_only"))
+
+    def _start_job(self, lib: Library, command: str, payload: dict) -> dict | None:
+        """A detached job for an ingest with more than KB_ASYNC_THRESHOLD files to work on, else None."""
+        pending, considered = ingest_pending(lib, payload)
+        if pending <= async_threshold():
+            return None
+        store = JobStore(lib.root)
+        running = store.active()
+        if running is not None:
+            raise KBError("job_running", f"job {running['job_id']} is already writing to this library "
+                                         f"({running['done']}/{running['total']} files); poll it with status")
+        job = store.create(command, {k: v for k, v in payload.items() if k != "background"}, pending)
+        job["pid"] = spawn_job(lib.root, job["job_id"])
+        store.write(job)
+        return {"job_id": job["job_id"], "state": "queued", "pending": pending, "files": considered,
+                "kb_root": str(lib.root),
+                "note": f"{pending} files need work: ingesting in the background; poll with status {{job_id}}"}
 
     def _sync_index(self, lib: Library, state: LibraryState, generation_before: int | None, reset: bool) -> None:
         """Apply this process's own writes to the in-memory index instead of reloading it."""
@@ -4708,7 +4911,7 @@ class Engine:
 
 
 # =============================================================================
-# 12. Protocol / CLI
+# 13. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -5025,9 +5228,54 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     return 0
 
 
+def run_job(kb_root: str, job_id: str) -> int:
+    """The detached process of a background job: run its command, keep the job file current."""
+    store = JobStore(Path(kb_root))
+    job = store.read(job_id)
+    if job is None:
+        return 1
+    job.update(state="running", pid=os.getpid())
+    store.write(job)
+    last_write = 0.0
+
+    def progress(event: dict) -> None:
+        nonlocal last_write
+        if store.cancel_requested(job_id):
+            raise JobCancelled()
+        if event.get("phase") in ("files", "zotero"):
+            job["done"] = max(job["done"], min(event["done"], job["total"] or event["done"]))
+            job["current"] = event.get("path")
+            if event.get("status") == STATUS_ERROR:
+                job["errors"].append(event.get("path"))
+        job["phase"] = event.get("phase")
+        if time.monotonic() - last_write > JOB_WRITE_INTERVAL_S:
+            store.write(job)
+            last_write = time.monotonic()
+
+    engine = Engine()
+    try:
+        result = engine.execute(job["command"], {**job["payload"], "_job_id": job_id}, progress=progress)
+        job.update(state="done", done=job["total"], current=None, finished=time.time(),
+                   result={k: result.get(k) for k in ("totals", "note", "kb_root", "ms") if k in result},
+                   errors=[f"{f['path']}: {f.get('error') or f.get('reason')}" for f in result.get("files", [])
+                           if f["status"] == STATUS_ERROR])
+        return 0
+    except JobCancelled:
+        job.update(state="cancelled", finished=time.time(), reason="cancelled on request")
+        return 0
+    except BaseException as exc:     # the job file must say what happened, whatever happened
+        job.update(state="failed", finished=time.time(), reason=error_reply(exc)["error"])
+        return 1
+    finally:
+        store.write(job)
+        engine.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    engine = Engine()
+    if len(argv) == 3 and argv[0] == "job":
+        return run_job(argv[1], argv[2])
+    engine = Engine(allow_background=bool(argv) and (argv == ["serve"] or len(argv) == 1))
     try:
         if not argv or argv[0] in ("-h", "--help"):
             print(__doc__.strip())

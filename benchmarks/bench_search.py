@@ -166,7 +166,7 @@ def bench_size(n_chunks: int, args, model: str) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     env["KB_EMBED_MODEL"] = model if args.real_vectors else "none"
     started = time.perf_counter()
-    ingest = engine_call("ingest", {"paths": [str(corpus)], "kb_root": str(kb_root)}, env)
+    ingest = engine_call("ingest", {"paths": [str(corpus)], "kb_root": str(kb_root), "background": False}, env)
     ingest_s = time.perf_counter() - started
     stats = engine_call("stats", {"kb_root": str(kb_root)}, dict(env, KB_EMBED_MODEL=model))
     vectors_kind = "real model vectors"

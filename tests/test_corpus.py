@@ -56,8 +56,8 @@ def _docx_chars(path: Path) -> int | None:
 def corpus_run(tmp_path_factory):
     corpus = Path(CORPUS).resolve()
     kb = tmp_path_factory.mktemp("corpus") / "kb"
-    first = run_cli("ingest", {"paths": [str(corpus)], "kb_root": str(kb)}, timeout=1800)
-    second = run_cli("ingest", {"paths": [str(corpus)], "kb_root": str(kb)}, timeout=600)
+    first = run_cli("ingest", {"paths": [str(corpus)], "kb_root": str(kb), "background": False}, timeout=1800)
+    second = run_cli("ingest", {"paths": [str(corpus)], "kb_root": str(kb), "background": False}, timeout=600)
     return corpus, kb, first, second
 
 
