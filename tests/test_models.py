@@ -25,11 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, ROOT, clean_env, db_path, err_code, req, use_minilm
+from helpers import ENGINE, ROOT, clean_env, db_path, err_code, isolate_model_env, req, use_minilm
 
-KB_VARS = ("KB_ROOT", "KB_EMBED_MODEL", "KB_RERANK_MODEL", "KB_RERANK_FALLBACK", "KB_DEVICE", "KB_GPU_PROBE",
-           "KB_EMBED_BATCH", "KB_RERANK_BATCH", "KB_DOWNLOAD_TIMEOUT", "KB_RELATED_MIN_SIM",
-           "KB_RELATED_MIN_QUERY_SIM")
 # a small English subset of the sample papers: 4 documents, about 20 chunks
 SMALL_SET = ("owner_password_only.pdf", "sparse_attention.md", "coral_heatwaves.docx", "battery_electrolytes.pdf")
 ABSENT_HUB_EMBEDDER = "kb-rag-tests/absent-embedder"
@@ -59,11 +56,8 @@ spring followed a figure-of-eight route through the central Atlantic.
 def module_env():
     """A module-wide environment: no KB_* settings from outside, hub offline, no reranker configured."""
     with pytest.MonkeyPatch.context() as mp:
-        for var in KB_VARS:
-            mp.delenv(var, raising=False)
-        mp.setenv("HF_HUB_OFFLINE", "1")
+        isolate_model_env(mp)
         mp.setenv("KB_RERANK_MODEL", "/nonexistent/kb-rag-test-reranker")
-        mp.setenv("KB_RERANK_FALLBACK", "none")
         yield mp
 
 
