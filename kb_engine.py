@@ -35,6 +35,7 @@ import math
 import os
 import re
 import sqlite3
+import stat as stat_module
 import sys
 import time
 import unicodedata
@@ -557,20 +558,22 @@ class Library:
         if version > SCHEMA_VERSION:
             raise KBError("schema_too_new", f"the library uses schema {version}, newer than this engine's "
                                             f"{SCHEMA_VERSION}. Upgrade kb-rag.")
-        while version < SCHEMA_VERSION:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                current = conn.execute("PRAGMA user_version").fetchone()[0]
-                if current == version:   # another process may have migrated meanwhile
-                    MIGRATIONS[version](conn, sqlite_has_fts5())
-                    conn.execute(f"PRAGMA user_version = {version + 1}")
-                    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
-                                 (str(version + 1),))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        # All steps in one transaction: a reader in another process sees the old schema or the current one,
+        # never a half-migrated library between two steps.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]   # another process may have migrated
+            while current < SCHEMA_VERSION:
+                MIGRATIONS[current](conn, sqlite_has_fts5())
+                current += 1
+                conn.execute(f"PRAGMA user_version = {current}")
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(current),))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     def _table_exists(self, name: str) -> bool:
         row = self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone()
@@ -2753,6 +2756,110 @@ def _finite_rows(matrix):
     return matrix
 
 
+SENTENCE_MODULES = {"Transformer", "Pooling", "Normalize"}
+POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+
+
+def plain_sentence_layout(folder: str) -> dict | None:
+    """The folder's pooling setup when it is a plain transformer + pooling (+ normalise) model, else None.
+
+    Importing sentence-transformers costs seconds more than transformers alone (it pulls in scikit-learn and
+    more), and every one-shot search and first ingest pays it. The common layout is three modules whose maths is
+    a few lines, so the engine runs those itself and leaves anything else to sentence-transformers.
+    """
+    root = Path(folder)
+    try:
+        modules = json.loads((root / "modules.json").read_text(encoding="utf-8"))
+        settings = json.loads((root / "sentence_bert_config.json").read_text(encoding="utf-8"))
+        extras = root / "config_sentence_transformers.json"
+        prompts = json.loads(extras.read_text(encoding="utf-8")) if extras.exists() else {}
+    except (OSError, ValueError):
+        return None
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
+    if (len(kinds) != len(modules) or not set(kinds) <= SENTENCE_MODULES or kinds[:2] != ["Transformer", "Pooling"]
+            or not isinstance(prompts, dict) or prompts.get("default_prompt_name") or not isinstance(settings, dict)):
+        return None
+    if modules[0].get("path", "") not in ("", "."):
+        return None
+    try:
+        pooling = json.loads((root / modules[1]["path"] / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError):
+        return None
+    chosen = [mode for mode in POOLING_MODES if pooling.get(f"pooling_mode_{mode}")]
+    others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k[13:] not in POOLING_MODES]
+    named = pooling.get("pooling_mode")          # the format newer sentence-transformers releases save
+    if isinstance(named, str) and not chosen and not others:
+        chosen = [mode for mode in POOLING_MODES if mode == named or mode == f"{named}_token"
+                  or mode == f"{named}_tokens"]
+    if len(chosen) != 1 or others or pooling.get("include_prompt") is False:
+        return None
+    return {"pooling": chosen[0], "normalize": "Normalize" in kinds,
+            "max_seq_length": int(settings.get("max_seq_length") or 512),
+            "lower_case": bool(settings.get("do_lower_case"))}
+
+
+class PlainSentenceEncoder:
+    """A transformer + pooling sentence encoder run on transformers alone (the surface the engine uses)."""
+
+    def __init__(self, folder: str, layout: dict, device: str):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        self.layout = layout
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.network = AutoModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+        self.network.eval()
+        self.network.to(device)
+        self.device = device
+        self.max_length = min(layout["max_seq_length"], getattr(self.tokenizer, "model_max_length", 10 ** 6))
+
+    def to(self, device: str) -> "PlainSentenceEncoder":
+        self.network.to(device)
+        self.device = device
+        return self
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return int(self.network.config.hidden_size)
+
+    def encode(self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = True, **_ignored):
+        import numpy as np
+        import torch
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = [str(t).strip() for t in texts[start:start + batch_size]]
+                if self.layout["lower_case"]:
+                    batch = [t.lower() for t in batch]
+                inputs = self.tokenizer(batch, padding=True, truncation="longest_first", max_length=self.max_length,
+                                        return_tensors="pt").to(self.device)
+                hidden = self.network(**inputs).last_hidden_state
+                pooled = self._pool(hidden, inputs["attention_mask"])
+                if normalize_embeddings or self.layout["normalize"]:
+                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+                out.append(pooled.float().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, self.get_sentence_embedding_dimension()), np.float32)
+
+    def _pool(self, hidden, mask):
+        import torch
+        mode = self.layout["pooling"]
+        if mode == "cls_token":       # the first token the mask keeps (left-padding tokenizers shift it)
+            first = mask.to(torch.long).argmax(dim=1)
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        if mode == "max_tokens":
+            return hidden.masked_fill(weights == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+        summed, counts = (hidden * weights).sum(dim=1), weights.sum(dim=1).clamp(min=1e-9)
+        return summed / (counts.sqrt() if mode == "mean_sqrt_len_tokens" else counts)
+
+
+def load_sentence_encoder(folder: str, device: str):
+    """The fastest faithful loader for a sentence-embedding folder."""
+    layout = plain_sentence_layout(folder)
+    if layout is not None and os.environ.get("KB_PLAIN_ENCODER", "1") != "0":
+        return PlainSentenceEncoder(folder, layout, device)
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(folder, device=device, local_files_only=True)
+
+
 class Models:
     """The engine's models: created on first use, kept for the life of the process."""
 
@@ -2809,14 +2916,12 @@ class Models:
         path = self._path(name, may_download)
         device = self.devices.device()
         try:
-            from sentence_transformers import SentenceTransformer
-            model = SentenceTransformer(path, device=device, local_files_only=True)
+            model = load_sentence_encoder(path, device)
         except Exception as exc:
             if device != "cpu" and is_device_error(exc):
                 self.devices.report["gpu_disabled_reason"] = f"embedder failed to load on {device}: {_short_error(exc)}"
                 device = "cpu"
-                from sentence_transformers import SentenceTransformer
-                model = SentenceTransformer(path, device=device, local_files_only=True)
+                model = load_sentence_encoder(path, device)
             else:
                 raise ModelUnavailable(f"{name} could not be loaded: {type(exc).__name__}: {_short_error(exc)}") from None
         self._embedder = Embedder(name, self.devices, model, device)
@@ -2852,9 +2957,8 @@ class Models:
         if fallback:
             try:
                 path = self._path(fallback, may_download)
-                from sentence_transformers import SentenceTransformer
                 device = self.devices.device()
-                model = SentenceTransformer(path, device=device, local_files_only=True)
+                model = load_sentence_encoder(path, device)
                 self._reranker = BiEncoderReranker(Embedder(fallback, self.devices, model, device))
                 return self._reranker
             except Exception as exc:
@@ -2965,14 +3069,84 @@ def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, lim
     where, params = filter_sql(filters)
     if lib.has_fts5:
         match = " OR ".join(f'"{t}"' for t in terms)
-        weight = "c.weight" if weighted else "1.0"
-        sql = ("WITH hits AS (SELECT rowid AS id, bm25(chunks_fts, ?, ?) AS s FROM chunks_fts "
-               "WHERE chunks_fts MATCH ?) "
-               f"SELECT c.id, -hits.s * {weight} AS score FROM hits JOIN chunks c ON c.id = hits.id "
-               f"JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where} ORDER BY score DESC, c.id LIMIT ?")
-        rows = lib.conn.execute(sql, [*FTS_COLUMN_WEIGHTS, match, *params, limit]).fetchall()
-        return [(row[0], float(row[1])) for row in rows]
+        if not where:
+            split = _fts_split_top(lib, terms, limit, weighted)
+            return split if split is not None else _fts_top(lib, match, limit, weighted)
+        return _fts_weighted_join(lib, match, limit, where, params, "c.weight" if weighted else "1.0")
     return _python_bm25(lib, terms, where, params, limit, weighted)
+
+
+MAX_SECTION_WEIGHT = max(1.0, *SECTION_WEIGHTS.values())
+
+
+def _fts_top(lib: Library, match: str, limit: int, weighted: bool) -> list[tuple[int, float]]:
+    """The keyword ranking read from the FTS index alone, section weights applied to a generous top slice.
+
+    Looking up every matching chunk's row for its weight costs several times the scoring itself on a big library
+    (a common word matches a good share of it). A weight lifts a score by at most MAX_SECTION_WEIGHT, so when the
+    weakest candidate kept beats every chunk outside the slice even at that lift, the slice holds the exact
+    answer; otherwise (rare: flat score distributions) every match is weighted in SQL.
+    """
+    slice_size = max(limit * 20, 1000) if weighted else limit
+    rows = lib.conn.execute("SELECT rowid, -bm25(chunks_fts, ?, ?) AS s FROM chunks_fts WHERE chunks_fts MATCH ? "
+                            "ORDER BY s DESC, rowid LIMIT ?", [*FTS_COLUMN_WEIGHTS, match, slice_size]).fetchall()
+    if not weighted:
+        return [(row[0], float(row[1])) for row in rows]
+    weights = chunk_weights(lib, (row[0] for row in rows))
+    scored = sorted(((cid, raw * weights.get(cid, 1.0)) for cid, raw in rows), key=lambda x: (-x[1], x[0]))
+    top = scored[:limit]
+    weakest = rows[-1][1] if rows else 0.0
+    outside_best = max(weakest * MAX_SECTION_WEIGHT, weakest)      # weights are at least 1
+    if len(rows) < slice_size or (len(top) == limit and top[-1][1] > outside_best):
+        return [(cid, float(score)) for cid, score in top]
+    return _fts_weighted_join(lib, match, limit, "", [])
+
+
+COMMON_TERM_SHARE = 0.1      # a query word found in more chunks than this is "common" (see _fts_split_top)
+BM25_K1 = 1.2
+
+
+def _fts_split_top(lib: Library, terms: list[str], limit: int, weighted: bool) -> list[tuple[int, float]] | None:
+    """The exact keyword ranking without scoring every chunk that holds a common query word; None to decline.
+
+    FTS5 spends most of a query on BM25 for each matching row, and a word found in a large share of the chunks
+    makes that nearly every row. So the matches are split by what they contain: rows with a rarer query word and
+    no common one, and rows with both. Each set is ranked exactly (every query word is in each expression once,
+    so the sums are the full BM25). What is left out holds common words only; BM25 caps each word's share at
+    idf x (k1 + 1) and a section weight lifts it at most MAX_SECTION_WEIGHT times, so when the answer's weakest
+    score beats that cap, no such row could enter it. Otherwise the caller ranks every match.
+    """
+    total = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    counts = dict(lib.conn.execute(f"SELECT term, doc FROM chunks_vocab WHERE term IN ({', '.join('?' * len(terms))})",
+                                   terms).fetchall())
+    common = [t for t in terms if counts.get(t, 0) > total * COMMON_TERM_SHARE]
+    rare = [t for t in terms if counts.get(t, 0) and t not in common]
+    if not common or not rare:
+        return None
+    idf = sum(max(math.log((total - counts[t] + 0.5) / (counts[t] + 0.5)), 1e-6) for t in common)
+    cap = (MAX_SECTION_WEIGHT if weighted else 1.0) * (BM25_K1 + 1) * idf
+    rare_expr = "(" + " OR ".join(f'"{t}"' for t in rare) + ")"
+    common_expr = "(" + " OR ".join(f'"{t}"' for t in common) + ")"
+    weight = "c.weight" if weighted else "1.0"
+    rows = []
+    for expression in (f"{rare_expr} NOT {common_expr}", f"{common_expr} AND {rare_expr}"):
+        rows.extend(_fts_weighted_join(lib, expression, limit, "", [], weight))
+    rows.sort(key=lambda item: (-item[1], item[0]))
+    top = rows[:limit]
+    if len(top) < limit or top[-1][1] <= cap:
+        return None
+    return top
+
+
+def _fts_weighted_join(lib: Library, match: str, limit: int, where: str, params: list,
+                       weight: str = "c.weight") -> list[tuple[int, float]]:
+    """Every match joined with its chunk (and document, for filters), weighted and ranked in SQL."""
+    sql = ("WITH hits AS (SELECT rowid AS id, bm25(chunks_fts, ?, ?) AS s FROM chunks_fts "
+           "WHERE chunks_fts MATCH ?) "
+           f"SELECT c.id, -hits.s * {weight} AS score FROM hits JOIN chunks c ON c.id = hits.id "
+           f"JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where} ORDER BY score DESC, c.id LIMIT ?")
+    rows = lib.conn.execute(sql, [*FTS_COLUMN_WEIGHTS, match, *params, limit]).fetchall()
+    return [(row[0], float(row[1])) for row in rows]
 
 
 def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit: int,
@@ -3155,20 +3329,40 @@ RRF_K = 60
 RERANK_POOL = 20
 
 
-class VectorIndex:
-    """Exact inner-product FAISS index over a library's vectors, keyed by chunk id."""
+COMPACT_INDEX_MIN = 250_000     # vectors from which the index stores them as float16 (see below)
 
-    def __init__(self, dim: int, model: str):
+
+def compact_index_min() -> int:
+    value = os.environ.get("KB_COMPACT_INDEX_MIN", "").strip()
+    return int(value) if value.isdigit() else COMPACT_INDEX_MIN
+
+
+class VectorIndex:
+    """Brute-force inner-product FAISS index over a library's vectors, keyed by chunk id.
+
+    Every vector is compared with the query, so the answer is exact. A single query is bound by memory bandwidth,
+    and from COMPACT_INDEX_MIN vectors on the index keeps them as float16: half the memory and about half the
+    time (1M x 384: ~90 ms instead of ~175 ms on two cores), the same top 50 (benchmarks/bench_scale.py), with
+    scores rounded to about 1e-3.
+    """
+
+    def __init__(self, dim: int, model: str, compact: bool = False):
         import faiss
         self.dim = dim
         self.model = model
-        self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self.compact = compact
+        if compact:
+            inner = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+        else:
+            inner = faiss.IndexFlatIP(dim)
+        self.index = faiss.IndexIDMap2(inner)
         self.generation = -1
 
     @classmethod
     def load(cls, lib: Library, dim: int, model: str) -> "VectorIndex":
         import numpy as np
-        index = cls(dim, model)
+        chunks = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        index = cls(dim, model, compact=chunks >= compact_index_min())
         index.generation = lib.generation()
         cursor = lib.conn.execute("SELECT chunk_id, vec FROM vecs")
         while True:
@@ -3648,11 +3842,13 @@ class JobStore:
             raise KBError("bad_request", "job_id must be the id a job was started with")
         return self.folder / f"{job_id}.json"
 
-    def create(self, command: str, payload: dict, total: int) -> dict:
+    def create(self, command: str, payload: dict, total: int, pending: int | None = None) -> dict:
+        """A queued job that will run ``command`` with ``payload``: the runner needs nothing else."""
         self.folder.mkdir(parents=True, exist_ok=True)
         job_id = hashlib.sha1(f"{time.time_ns()}-{os.getpid()}-{command}".encode()).hexdigest()[:12]
         job = {"job_id": job_id, "command": command, "payload": payload, "state": "queued", "done": 0,
-               "total": total, "current": None, "phase": None, "errors": [], "result": None, "pid": None,
+               "total": total, "pending": total if pending is None else pending, "current": None, "phase": None,
+               "phase_done": 0, "phase_total": 0, "errors": [], "result": None, "pid": None,
                "created": time.time(), "updated": time.time(), "finished": None, "reason": None}
         self.write(job)
         return job
@@ -3723,10 +3919,38 @@ def spawn_job(kb_root: Path, job_id: str) -> int:
 
 def job_view(job: dict) -> dict:
     """The job as the status command shows it."""
-    view = {k: job.get(k) for k in ("job_id", "command", "state", "done", "total", "current", "phase", "errors",
-                                     "result", "reason", "created", "updated", "finished")}
+    view = {k: job.get(k) for k in ("job_id", "command", "state", "done", "total", "pending", "current", "phase",
+                                     "phase_done", "phase_total", "errors", "result", "reason", "created",
+                                     "updated", "finished")}
     view["errors"] = (job.get("errors") or [])[:50]
     return view
+
+
+# Phases whose events count the items a command goes through (files, Zotero attachments, documents); the
+# embed phase counts chunks and leaves the item count alone.
+ITEM_PHASES = ("files", "zotero", "metadata")
+
+
+def fold_progress(state: dict, event: dict) -> dict:
+    """Fold one progress event of ingest / zotero / reembed into ``state``: the running summary that a job file
+    holds and the human CLI's bar draws. Serve passes the same events on as they are, so all three show one
+    source. ``done`` / ``total`` count items and ``done`` never decreases; ``phase_done`` / ``phase_total`` are
+    the current phase's own count (chunks while encoding)."""
+    phase = event.get("phase")
+    if phase != state.get("phase"):
+        state["phase_done"] = 0
+    state["phase"] = phase
+    state["phase_done"] = max(state.get("phase_done") or 0, int(event.get("done") or 0))
+    state["phase_total"] = int(event.get("total") or 0)
+    if phase in ITEM_PHASES:
+        state["total"] = state["phase_total"]
+        state["done"] = max(state.get("done") or 0, state["phase_done"])
+        state["current"] = event.get("path") or None
+        if event.get("status") == STATUS_ERROR:
+            state.setdefault("errors", []).append(event.get("path") or "")
+    else:
+        state["current"] = None
+    return state
 
 
 # =============================================================================
@@ -3778,8 +4002,9 @@ def collect_files(paths: list[str], kb_root: Path) -> Iterator[tuple[str, bool]]
                                  and os.path.abspath(os.path.join(folder, d)) != str(kb_root))
                 for name in sorted(files):
                     full = os.path.join(folder, name)
+                    # only regular files: reading a named pipe or a device would block or never end
                     if (Path(name).suffix.lower() in SUPPORTED_SUFFIXES and not name.startswith(("~$", "."))
-                            and full not in seen):
+                            and full not in seen and os.path.isfile(full)):
                         seen.add(full)
                         yield full, False
         elif path not in seen:
@@ -3812,7 +4037,59 @@ def _stored_outcome(row: sqlite3.Row, started: float) -> dict:
     return entry
 
 
+@dataclass
+class PendingFile:
+    """A file whose content must be (re-)read: everything the cheap checks learned about it."""
+    path: str
+    stat: os.stat_result
+    sha: str
+    kind: str
+    started: float
+
+
+@dataclass
+class PreparedFile:
+    """What reading one file produced; plain data, so a worker process can hand it back."""
+    meta: DocMeta | None = None
+    chunks: list = field(default_factory=list)
+    references: list = field(default_factory=list)
+    links: dict = field(default_factory=dict)
+    pages: int | None = None
+    page_labels: list = field(default_factory=list)
+    rejected: tuple[str, str, str] | None = None    # (status, reason, message): stored as skipped/error
+    failure: str | None = None                      # a parser bug: reported, nothing stored, a retry re-reads
+
+
+def prepare_file(path: str) -> PreparedFile:
+    """Extract, describe, chunk and link one file: the CPU-heavy part of ingest, free of any database."""
+    try:
+        extracted = extract_file(path)
+        meta = extract_metadata(extracted, path)
+        chunks = chunk_document(extracted)
+        references = document_references(extracted)
+        links = link_chunk_citations(chunks, references, extracted.numbered_references)
+        if not chunks:
+            raise FileRejected(STATUS_SKIPPED, "no_text", "no indexable text (only front matter or references?)")
+    except FileRejected as rejected:
+        return PreparedFile(rejected=(rejected.status, rejected.reason, rejected.message))
+    except MemoryError:
+        raise
+    except Exception as exc:     # a parser bug must not stop the batch
+        return PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
+    return PreparedFile(meta=meta, chunks=chunks, references=references, links=links, pages=extracted.pages,
+                        page_labels=extracted.page_labels)
+
+
 def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
+    """Ingest one file in the calling process."""
+    outcome = triage_file(lib, path, explicit, force)
+    if isinstance(outcome, PendingFile):
+        return store_prepared(lib, outcome, prepare_file(outcome.path))
+    return outcome
+
+
+def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
+    """The cheap checks (stat, hash, same content elsewhere): a finished entry, or the file's pending work."""
     started = time.perf_counter()
     kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
     try:
@@ -3821,6 +4098,9 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
         return _file_entry(path, STATUS_ERROR, started, reason="not_found", error="no such file or folder")
     except OSError as exc:
         return _file_entry(path, STATUS_ERROR, started, reason="unreadable", error=_short_error(exc))
+    if not stat_module.S_ISREG(stat.st_mode):
+        return _file_entry(path, STATUS_ERROR, started, reason="not_a_file",
+                           error="not a regular file (a named pipe, device or socket cannot be read as a document)")
     if kind is None:
         return _file_entry(path, STATUS_ERROR, started, reason="unsupported",
                            error=f"unsupported file type; supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
@@ -3844,10 +4124,23 @@ def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
         if row["status"] == "duplicate" and _original_is_gone(lib, row):
             return _take_over_original(lib, path, stat, row, started)
         return _stored_outcome(row, started)
-    twin = next((d for d in lib.docs_by_sha(sha) if d["path"] != path and d["status"] == "indexed"), None)
+    twin = _indexed_twin(lib, path, sha)
     if twin is not None:
         return _ingest_twin(lib, path, stat, sha, kind, row, twin, started)
-    return _ingest_content(lib, path, stat, sha, kind, row, started)
+    return PendingFile(path, stat, sha, kind, started)
+
+
+def _indexed_twin(lib: Library, path: str, sha: str) -> sqlite3.Row | None:
+    return next((d for d in lib.docs_by_sha(sha) if d["path"] != path and d["status"] == "indexed"), None)
+
+
+def store_prepared(lib: Library, pending: PendingFile, prepared: PreparedFile) -> dict:
+    """Commit a read file in one transaction (or record it as a twin of a file stored since it was checked)."""
+    row = lib.doc_by_path(pending.path)
+    twin = _indexed_twin(lib, pending.path, pending.sha)
+    if twin is not None:     # an identical file earlier in the same batch was stored meanwhile
+        return _ingest_twin(lib, pending.path, pending.stat, pending.sha, pending.kind, row, twin, pending.started)
+    return _ingest_content(lib, pending, row, prepared)
 
 
 def _original_row(lib: Library, row: sqlite3.Row) -> sqlite3.Row | None:
@@ -3897,31 +4190,23 @@ def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, 
                        f"same content as {twin['path']}")
 
 
-def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, started: float) -> dict:
-    base = {"kind": kind, "sha256": sha, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedFile) -> dict:
+    path, stat, started = pending.path, pending.stat, pending.started
+    base = {"kind": pending.kind, "sha256": pending.sha, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
             "indexed_with": PARSER_REVISION, "indexed_at": now_iso(), "duplicate_of": None}
-    try:
-        extracted = extract_file(path)
-        meta = extract_metadata(extracted, path)
-        chunks = chunk_document(extracted)
-        references = document_references(extracted)
-        links = link_chunk_citations(chunks, references, extracted.numbered_references)
-        if not chunks:
-            raise FileRejected(STATUS_SKIPPED, "no_text", "no indexable text (only front matter or references?)")
-    except FileRejected as rejected:
-        stored = "error" if rejected.status == STATUS_ERROR else "skipped"
+    if prepared.failure is not None:     # nothing is stored, so a retry re-reads the file
+        return _file_entry(path, STATUS_ERROR, started, reason="extract_failed", error=prepared.failure)
+    if prepared.rejected is not None:
+        status, reason, message = prepared.rejected
         with lib.transaction():
             if row is not None:
                 lib.delete_chunks(row["id"])
                 lib.invalidate_cache()
-            lib.upsert_doc(path, {**base, "status": stored, "reason": rejected.reason, "error": rejected.message,
-                                  "title": Path(path).stem, "chunk_count": 0, "pages": None})
-        return _file_entry(path, rejected.status, started, 0, Path(path).stem, rejected.reason, rejected.message)
-    except MemoryError:
-        raise
-    except Exception as exc:     # a parser bug must not stop the batch; nothing is stored so a retry re-reads
-        return _file_entry(path, STATUS_ERROR, started, reason="extract_failed",
-                           error=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
+            lib.upsert_doc(path, {**base, "status": "error" if status == STATUS_ERROR else "skipped",
+                                  "reason": reason, "error": message, "title": Path(path).stem, "chunk_count": 0,
+                                  "pages": None})
+        return _file_entry(path, status, started, 0, Path(path).stem, reason, message)
+    meta, chunks = prepared.meta, prepared.chunks
     if row is not None and row["zotero_key"]:
         meta = DocMeta(title=row["title"], authors=json.loads(row["authors"] or "[]"), year=row["year"],
                        journal=row["journal"], doi=row["doi"], lang=meta.lang)
@@ -3932,12 +4217,12 @@ def _ingest_content(lib: Library, path: str, stat, sha: str, kind: str, row, sta
                                        "title_key": title_key(meta.title),
                                        "first_author_key": surname_key(meta.authors[0]) if meta.authors else None,
                                        "year": meta.year, "journal": meta.journal, "doi": meta.doi,
-                                       "lang": meta.lang, "pages": extracted.pages, "chunk_count": len(chunks),
-                                       "page_labels": json.dumps(extracted.page_labels)
-                                       if any(extracted.page_labels) else None})
+                                       "lang": meta.lang, "pages": prepared.pages, "chunk_count": len(chunks),
+                                       "page_labels": json.dumps(prepared.page_labels)
+                                       if any(prepared.page_labels) else None})
         lib.delete_chunks(doc_id)
         chunk_ids = lib.insert_chunks(doc_id, chunks, meta.title)
-        lib.replace_references(doc_id, references, chunk_ids, links)
+        lib.replace_references(doc_id, prepared.references, chunk_ids, prepared.links)
         lib.invalidate_cache()
     status = STATUS_UPDATED if row is not None else STATUS_ADDED
     return _file_entry(path, status, started, len(chunks), meta.title)
@@ -4069,7 +4354,278 @@ def cmd_status(kb_root: Path, payload: dict) -> dict:
     return {"job": job_view(store.checked(job)), "cancel_requested": store.cancel_requested(job_id)}
 
 
-def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
+# -- the ingest pipeline: read ahead in worker processes, encode on a thread, commit in order ---------
+
+VECTOR_BATCH = 256           # chunks per encoding call: large enough for throughput, small enough to stream
+
+
+def ingest_workers(own_process: bool) -> int:
+    """Worker processes that read files ahead of the commits (KB_INGEST_WORKERS; 0 reads in-process).
+
+    By default one core is left to the main process, which commits and (on its encoding thread) embeds. Inside
+    someone else's program (the Python API) the default is 0: a spawned worker re-imports the program's main
+    module, which is only safe when that module guards its entry point.
+    """
+    value = os.environ.get("KB_INGEST_WORKERS", "").strip()
+    if value.isdigit():
+        return min(16, int(value))
+    return max(1, min(4, (os.cpu_count() or 1) - 1)) if own_process else 0
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Worker-process initializer: end with the engine process, even when that one is killed outright.
+
+    A killed parent cannot tell its pool to stop, and the workers' queue never reports end of file (each worker
+    holds a copy of its write end), so without this they would wait forever.
+    """
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, name="kb-parent-watch", daemon=True).start()
+
+
+def _prepare_in_worker(path: str) -> PreparedFile:
+    """Worker-process entry point: fitz and the model libraries stay out of this process's way."""
+    return prepare_file(path)
+
+
+class FileReader:
+    """Reads pending files in worker processes, ahead of the in-order commits.
+
+    A worker that dies (a parser crash on a hostile PDF) breaks the pool: every file it held is then read again
+    alone in a fresh one-worker pool, so only the file that really crashes it is reported, and the batch goes on.
+    """
+
+    def __init__(self, workers: int, read: Callable[[str], PreparedFile] | None = None):
+        self.workers = workers
+        self.read = read or _prepare_in_worker      # module-level, so a spawned worker can import it
+        self.pool = None
+
+    def _new_pool(self, workers: int):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        # spawn, not fork: the engine may hold threads (model loading, downloads) that fork would copy mid-lock
+        options = {"max_tasks_per_child": 200} if sys.version_info >= (3, 11) else {}
+        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_watch_parent, initargs=(os.getpid(),), **options)
+
+    def submit(self, pending: PendingFile):
+        from concurrent.futures.process import BrokenProcessPool
+        if self.workers <= 0:
+            return None
+        if self.pool is None:
+            self.pool = self._new_pool(self.workers)
+        try:
+            return self.pool.submit(self.read, pending.path)
+        except BrokenProcessPool:      # a worker died between files (killed from outside): start afresh
+            self._discard_pool()
+            self.pool = self._new_pool(self.workers)
+            return self.pool.submit(self.read, pending.path)
+
+    def result(self, pending: PendingFile, handle) -> PreparedFile:
+        from concurrent.futures.process import BrokenProcessPool
+        if handle is None:
+            return prepare_file(pending.path)
+        try:
+            return handle.result()
+        except BrokenProcessPool:
+            self._discard_pool()
+            return self._read_alone(pending.path)
+
+    def _read_alone(self, path: str) -> PreparedFile:
+        from concurrent.futures.process import BrokenProcessPool
+        pool = self._new_pool(1)
+        try:
+            return pool.submit(self.read, path).result()
+        except BrokenProcessPool:
+            return PreparedFile(failure="the file crashed the document reader (its worker process died); "
+                                        "the file is probably damaged")
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _discard_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+    def close(self) -> None:
+        self._discard_pool()
+
+
+class VectorFeeder:
+    """Encodes the chunks of freshly committed files on a thread while later files are read and committed.
+
+    Torch releases the interpreter lock while it computes, so encoding overlaps reading and committing, and the
+    model loads while the first files are read. The thread never touches the database: the main thread stores
+    what it produced, inside its own transactions, between files.
+    """
+
+    def __init__(self, lib: Library, models: Models):
+        import queue
+        self.models = models
+        self.recorded = lib.vector_model()[0]
+        self.inbox: "queue.Queue" = queue.Queue()
+        self.outbox: "queue.Queue" = queue.Queue()
+        self.thread = None
+        self.unavailable: ModelUnavailable | None = None
+        self.fed = 0
+        self.written = 0
+        self.model_id: str | None = None
+        self._stop = False
+
+    def start(self) -> None:
+        import threading
+        if self.thread is None and not embeddings_disabled(self.models):
+            self.thread = threading.Thread(target=self._encode_loop, name="kb-embed", daemon=True)
+            self.thread.start()
+
+    def feed(self, items: list[tuple[int, str]]) -> None:
+        """Queue committed chunks; the first ones start the thread (so no chunks, no model)."""
+        if items:
+            self.start()
+        if self.thread is not None and items:
+            self.fed += len(items)
+            self.inbox.put(items)
+
+    def _encode_loop(self) -> None:
+        try:
+            embedder = self.models.embedder(may_download=True)
+        except ModelUnavailable as exc:
+            self.unavailable = exc
+            return
+        except Exception as exc:      # the main thread's final pass reports it
+            self.unavailable = ModelUnavailable(f"{type(exc).__name__}: {_short_error(exc)}")
+            return
+        if self.recorded is not None and self.recorded != embedder.model_id:
+            return                      # the final pass explains the mismatch
+        self.model_id = embedder.model_id
+        buffer: list[tuple[int, str]] = []
+        final = False
+        while not final and not self._stop:
+            items = self.inbox.get()
+            if items is None:
+                final = True
+            else:
+                buffer.extend(items)
+            while buffer and (len(buffer) >= VECTOR_BATCH or final) and not self._stop:
+                buffer.sort(key=lambda item: len(item[1]))      # similar lengths pad little
+                batch, buffer = buffer[:VECTOR_BATCH], buffer[VECTOR_BATCH:]
+                try:
+                    matrix = embedder.encode_passages([text for _, text in batch])
+                except Exception:
+                    return                  # left missing: the final pass (or the next ingest) encodes them
+                self.outbox.put(([chunk_id for chunk_id, _ in batch], matrix, embedder))
+
+    def store_ready(self, lib: Library, wait: bool = False, progress=None) -> None:
+        """Store every finished batch (with ``wait``, until the thread is done)."""
+        import queue
+        while True:
+            try:
+                ids, matrix, embedder = self.outbox.get(timeout=0.2) if wait else self.outbox.get_nowait()
+            except queue.Empty:
+                if wait and self.thread is not None and self.thread.is_alive():
+                    continue
+                if self.outbox.empty():
+                    return
+                continue
+            self._store(lib, ids, matrix, embedder)
+            if progress:
+                progress({"phase": "embed", "done": self.written, "total": max(self.fed, self.written)})
+
+    def _store(self, lib: Library, ids: list[int], matrix, embedder: Embedder) -> None:
+        existing = {chunk_id for chunk_id, _ in lib.chunk_texts_by_id(ids)}
+        keep = [i for i, chunk_id in enumerate(ids) if chunk_id in existing]
+        if not keep:
+            return
+        with lib.transaction():
+            if lib.vector_model()[0] is None:
+                lib.set_meta("embed_model", embedder.model_id)
+                lib.set_meta("embed_dim", str(embedder.dim))
+            lib.store_vectors([ids[i] for i in keep], matrix[keep])
+        self.written += len(keep)
+
+    def finish(self, lib: Library, progress=None) -> None:
+        if self.thread is None:
+            return
+        self.inbox.put(None)
+        self.store_ready(lib, wait=True, progress=progress)
+        self.thread.join()
+
+    def stop(self) -> None:
+        """Abandon the work in flight (cancel or error): chunks left without vectors are filled later."""
+        self._stop = True
+        self.inbox.put(None)
+
+
+def _chunks_of(lib: Library, path: str) -> list[tuple[int, str]]:
+    return [(r[0], r[1]) for r in lib.conn.execute(
+        "SELECT c.id, c.text FROM chunks c JOIN docs d ON d.id = c.doc_id WHERE d.path = ? ORDER BY c.seq", (path,))]
+
+
+def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
+                 feeder: VectorFeeder | None, workers: int = 0) -> list[dict]:
+    """Ingest files in order, one transaction each, reading later files in worker processes meanwhile.
+
+    The cheap checks run here, in order; a file that needs reading goes to a worker as soon as a second such file
+    shows up (one changed file among many unchanged ones is read in-process: a worker costs a second to start).
+    """
+    from collections import deque
+    reader = FileReader(workers)
+    lookahead = max(2, 2 * reader.workers)
+    window: deque = deque()
+    entries: list[dict] = []
+    pending_count = 0
+
+    def finish_front() -> None:
+        item = window.popleft()
+        if isinstance(item, dict):
+            entry = item
+        else:
+            pending, handle = item
+            entry = store_prepared(lib, pending, reader.result(pending, handle))
+            if feeder is not None and entry["status"] in (STATUS_ADDED, STATUS_UPDATED):
+                feeder.feed(_chunks_of(lib, pending.path))
+        entries.append(entry)
+        if feeder is not None:
+            feeder.store_ready(lib)
+        if progress:
+            progress({"phase": "files", "done": len(entries), "total": len(files), "path": entry["path"],
+                      "status": entry["status"]})
+
+    def front_ready() -> bool:
+        front = window[0]
+        return isinstance(front, dict) or (front[1] is not None and front[1].done())
+
+    try:
+        for path, explicit in files:
+            outcome = triage_file(lib, path, explicit, force)
+            if isinstance(outcome, PendingFile):
+                pending_count += 1
+                window.append([outcome, reader.submit(outcome) if pending_count > 1 else None])
+                if pending_count == 2:       # now worth a worker: the first file is read there too
+                    for item in window:
+                        if isinstance(item, list) and item[1] is None:
+                            item[1] = reader.submit(item[0])
+            else:
+                window.append(outcome)
+            while window and (len(window) > lookahead or front_ready()):
+                finish_front()
+        while window:
+            finish_front()
+    except BaseException:
+        if feeder is not None:
+            feeder.stop()
+        raise
+    finally:
+        reader.close()
+    return entries
+
+
+def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
+               own_process: bool = False) -> dict:
     metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
     if metadata_only and rebuild:
         raise KBError("bad_request", "metadata_only and rebuild exclude each other")
@@ -4081,20 +4637,23 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
         files = [(row["path"], True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
     else:
         files = list(collect_files(paths, lib.root))
-    entries = []
-    for done, (path, explicit) in enumerate(files, start=1):
-        entries.append(ingest_file(lib, path, explicit, force))
-        if progress:
-            progress({"phase": "files", "done": done, "total": len(files), "path": path,
-                      "status": entries[-1]["status"]})
+    feeder = VectorFeeder(lib, models)
+    entries = ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process))
+    feeder.finish(lib, progress)
     totals = {status: 0 for status in INGEST_STATUSES}
     for entry in entries:
         totals[entry["status"]] += 1
     totals["files"] = len(entries)
     totals["chunks"] = sum(e["chunks"] for e in entries)
     totals["chunks_written"] = sum(e["chunks"] for e in entries if e["status"] in (STATUS_ADDED, STATUS_UPDATED))
-    vectors = embed_missing_chunks(lib, models, progress)
-    totals["vectors_written"], totals["vectors_missing"] = vectors["vectors_written"], vectors["vectors_missing"]
+    if feeder.unavailable is not None:      # the model was already looked for (and its download time-boxed)
+        vectors = {"vectors_written": 0, "vectors_missing": lib.count_missing_vectors(),
+                   "note": f"vectors not computed: {feeder.unavailable}. Keyword search works; the next ingest or "
+                           "reembed adds them"}
+    else:
+        vectors = embed_missing_chunks(lib, models, progress)
+    totals["vectors_written"] = feeder.written + vectors["vectors_written"]
+    totals["vectors_missing"] = vectors["vectors_missing"]
     response = {"files": entries, "totals": totals, "kb_root": str(lib.root)}
     if vectors.get("note"):
         response["note"] = vectors["note"]
@@ -4189,6 +4748,44 @@ def _cache_key(request: dict, models: Models, rag: bool) -> str:
     return hashlib.sha1(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+PARALLEL_HALVES_MIN = 500_000    # vectors from which a hybrid query runs its two halves side by side
+
+
+class VectorHalf:
+    """The vector half of a query, run on a thread while the keyword half runs on the caller's.
+
+    Query encoding (torch) and a FAISS scan release the interpreter lock, and a one-query FAISS scan and an SQLite
+    query each use one core, so on a large library the two halves take about the time of the slower one. The
+    thread touches neither the database nor the engine's state.
+    """
+
+    def __init__(self, embedder: Embedder, index: VectorIndex, query: str, pool: int, allowed: list[int] | None):
+        import threading
+        self._outcome: tuple | None = None
+        self._error: BaseException | None = None
+        self._thread = None
+        if len(index) < PARALLEL_HALVES_MIN:    # small: both halves are quick, and sharing the cores costs more
+            self._run(embedder, index, query, pool, allowed)
+            return
+        self._thread = threading.Thread(target=self._run, args=(embedder, index, query, pool, allowed),
+                                        name="kb-vector-half", daemon=True)
+        self._thread.start()
+
+    def _run(self, embedder: Embedder, index: VectorIndex, query: str, pool: int, allowed) -> None:
+        try:
+            query_vec = embedder.encode_query(query)
+            self._outcome = (query_vec, index.search(query_vec, pool, allowed))
+        except BaseException as exc:      # handed to the caller's thread by result()
+            self._error = exc
+
+    def result(self) -> tuple[object, list[tuple[int, float]]]:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+
 def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object]:
     """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None)."""
     query, mode, top_k, filters = request["query"], request["mode"], request["top_k"], request["filters"]
@@ -4198,6 +4795,7 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
     keyword: list[tuple[int, float]] = []
     vector: list[tuple[int, float]] = []
     query_vec = None
+    vector_half = None
     if mode in ("vector", "hybrid"):
         try:
             embedder = library_embedder(lib, models)
@@ -4206,8 +4804,7 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
                 raise ModelUnavailable(f"the embedding model does not know {unknown:.0%} of this query's tokens "
                                        "(its vocabulary lacks the script), so its vector would be noise")
             index = vector_index(lib, state, embedder)
-            query_vec = embedder.encode_query(query)
-            vector = index.search(query_vec, pool, filtered_chunk_ids(lib, filters))
+            vector_half = VectorHalf(embedder, index, query, pool, filtered_chunk_ids(lib, filters))
         except ModelUnavailable as exc:
             notes.append(f"vector search unavailable: {exc}; using keyword search")
             if mode == "vector":
@@ -4215,7 +4812,15 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
             if not embeddings_disabled(models):
                 models.start_background_download(models.embed_name)
     if mode in ("keyword", "hybrid") and terms:
-        keyword = keyword_candidates(lib, terms, filters, pool, weighted=not vector)
+        # while the vector half runs on its thread; section weights go into the fusion when it answers
+        keyword = keyword_candidates(lib, terms, filters, pool, weighted=vector_half is None)
+    if vector_half is not None:
+        try:
+            query_vec, vector = vector_half.result()
+        except ModelUnavailable as exc:
+            notes.append(f"vector search unavailable: {exc}; using keyword search")
+        if not vector and keyword:      # no vectors to fuse with: rank the keyword side with its weights
+            keyword = keyword_candidates(lib, terms, filters, pool, weighted=True)
     if keyword and vector:
         weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
         fused = rrf_fuse([[cid for cid, _ in keyword], [cid for cid, _ in vector]], weights)
@@ -4508,16 +5113,8 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
 def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
     """Import the file attachments of a Zotero library (read from a snapshot), with Zotero's metadata,
     annotations, collections and tags; unchanged items are skipped on the next run."""
-    db = locate_zotero_db(_opt_str(payload, "zotero_db"))
     dry_run, force = _opt_bool(payload, "dry_run"), _opt_bool(payload, "force")
-    limit = _opt_int(payload, "limit", 0, 0, 10**7)
-    base_dir = zotero_base_directory(db.parent, _opt_str(payload, "base_dir"))
-    with ZoteroSnapshot(db) as conn:
-        attachments = read_zotero_library(conn, db.parent, base_dir)
-        n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
-            if _zotero_table(conn, "collections") else 0
-    if limit:
-        attachments = attachments[:limit]
+    db, attachments, n_collections = read_zotero_request(payload)
     entries = []
     for done, attachment in enumerate(attachments, start=1):
         if dry_run:
@@ -4566,17 +5163,11 @@ def import_zotero_attachment(lib: Library, attachment: ZoteroAttachment, force: 
     result = ingest_file(lib, os.path.abspath(attachment.path), True, force)
     entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
     entry["chunks"] = result["chunks"]
-    row = lib.doc_by_path(os.path.abspath(attachment.path))
-    if row is not None and row["status"] == "duplicate" and row["duplicate_of"] is not None:
-        original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
-        # the same file, indexed under another path: Zotero's data goes to that copy unless another item owns it
-        if original is not None and original["zotero_attachment_key"] in (None, attachment.attachment_key):
-            row = original
+    row = _zotero_target_row(lib, lib.doc_by_path(os.path.abspath(attachment.path)), attachment)
     if row is None or row["status"] != "indexed":
         return entry
     fresh = result["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED)
-    if not (force or fresh or row["zotero_version"] != attachment.version
-            or row["zotero_attachment_key"] != attachment.attachment_key):
+    if not (force or fresh or not _zotero_data_current(row, attachment)):
         entry["reason"] = "unchanged"
         entry["annotations"] = len(attachment.annotations)
         return entry
@@ -4602,6 +5193,60 @@ def import_zotero_attachment(lib: Library, attachment: ZoteroAttachment, force: 
     if result["status"] == STATUS_SKIPPED:
         entry.update(status=STATUS_UPDATED, reason="zotero_metadata")
     return entry
+
+
+def _zotero_target_row(lib: Library, row: sqlite3.Row | None, attachment: ZoteroAttachment) -> sqlite3.Row | None:
+    """The document that receives an attachment's Zotero data: its own row, or for a recorded duplicate the
+    indexed copy of the same file under another path, unless another Zotero attachment already owns that copy."""
+    if row is not None and row["status"] == "duplicate" and row["duplicate_of"] is not None:
+        original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+        if original is not None and original["zotero_attachment_key"] in (None, attachment.attachment_key):
+            return original
+    return row
+
+
+def _zotero_data_current(row: sqlite3.Row, attachment: ZoteroAttachment) -> bool:
+    return row["zotero_version"] == attachment.version and row["zotero_attachment_key"] == attachment.attachment_key
+
+
+def read_zotero_request(payload: dict) -> tuple[Path, list[ZoteroAttachment], int]:
+    """The Zotero database a request names, its attachments (``limit`` applied) and its number of collections."""
+    db = locate_zotero_db(_opt_str(payload, "zotero_db"))
+    limit = _opt_int(payload, "limit", 0, 0, 10**7)
+    base_dir = zotero_base_directory(db.parent, _opt_str(payload, "base_dir"))
+    with ZoteroSnapshot(db) as conn:
+        attachments = read_zotero_library(conn, db.parent, base_dir)
+        n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
+            if _zotero_table(conn, "collections") else 0
+    return db, attachments[:limit] if limit else attachments, n_collections
+
+
+def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) -> bool:
+    """Whether importing the attachment would write anything, judged as import_zotero_attachment's unchanged
+    check does (size and mtime against the library, Zotero's signature and attachment key), without reading
+    the file."""
+    if attachment.path is None or not os.path.isfile(attachment.path):
+        return False                     # missing: reported, nothing to write
+    path = os.path.abspath(attachment.path)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return False
+    row = lib.doc_by_path(path)
+    if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
+        return True
+    if row["status"] == "duplicate" and (_original_row(lib, row) is None or _original_is_gone(lib, row)):
+        return True                      # ingest_file re-reads it or lets it take the original's place
+    row = _zotero_target_row(lib, row, attachment)
+    return row["status"] == "indexed" and not _zotero_data_current(row, attachment)
+
+
+def zotero_pending(lib: Library, payload: dict) -> tuple[int, int]:
+    """(attachments that need work, attachments listed) for a zotero request; reads a snapshot of Zotero's
+    database (the job reads a fresh one), never an attachment file."""
+    force = _opt_bool(payload, "force")
+    _, attachments, _ = read_zotero_request(payload)
+    return sum(_zotero_needs_work(lib, a, force) for a in attachments), len(attachments)
 
 
 CITE_FORMATS = ("bibtex", "csl-json")
@@ -4762,6 +5407,20 @@ def cmd_models(models: Models, payload: dict) -> dict:
     return {"models": report, "loaded": models.loaded(), "offline": offline_mode(), "device": models.device_report()}
 
 
+# The commands that may run as a background job: how to count, cheaply, the items a request needs to work on
+# (and the items it goes through), the start reply's name for the latter, and the note's wording.
+BACKGROUND_COMMANDS = {
+    "ingest": (ingest_pending, "files", "files need work: ingesting"),
+    "zotero": (zotero_pending, "items", "Zotero attachments need work: importing"),
+}
+
+
+def job_running_error(running: dict) -> KBError:
+    return KBError("job_running", f"job {running['job_id']} ({running['command']}, {running['state']}, "
+                                  f"{running['done']}/{running['total']}) is already writing to this library; "
+                                  f"poll it with status, or cancel it with status {{job_id, cancel: true}}")
+
+
 class Engine:
     """The one stateful object: open libraries, their in-memory indexes and caches, and the models."""
 
@@ -4769,13 +5428,15 @@ class Engine:
     COMMANDS = ("ingest", "zotero", "status", "search", "rag", "cite", "docs", "stats", "dedup", "delete", "reembed",
                 "clear", "reload", "models")
 
-    def __init__(self, allow_background: bool = False):
+    def __init__(self, allow_background: bool = False, own_process: bool = False):
         """``allow_background``: bulk ingests become detached jobs (the JSON protocols turn this on, so that
-        a host's call timeout cannot cut an ingest short; the Python API and the human CLI wait)."""
+        a host's call timeout cannot cut an ingest short; the Python API and the human CLI wait).
+        ``own_process``: the engine is the program (CLI, serve, a job), so ingest may start reader processes."""
         self._libraries: dict[Path, Library] = {}
         self._states: dict[Path, LibraryState] = {}
         self.models = Models()
         self.allow_background = allow_background
+        self.own_process = own_process
 
     def library(self, root: Path, writable: bool) -> Library | None:
         cached = self._libraries.get(root)
@@ -4822,19 +5483,21 @@ class Engine:
             and not (command == "zotero" and payload.get("dry_run") is True)
         if command == "clear" and payload.get("confirm") is not True:
             raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
+        if needs_write and command in BACKGROUND_COMMANDS:
+            self._refuse_while_job_runs(root, payload)
         try:
             lib = self.library(root, writable=needs_write)
         except sqlite3.DatabaseError as exc:
             raise KBError("storage_error", f"cannot open the library at {root / DB_FILENAME}: {exc}") from None
         state = self.state(root)
         generation_before = lib.generation() if lib is not None else None
-        if command == "ingest" and self._goes_to_background(payload):
+        if needs_write and command in BACKGROUND_COMMANDS and self._goes_to_background(command, payload):
             job = self._start_job(lib, command, payload)
             if job is not None:
                 return job
         try:
             if command == "ingest":
-                return cmd_ingest(lib, payload, progress, self.models)
+                return cmd_ingest(lib, payload, progress, self.models, self.own_process)
             if command == "search":
                 return cmd_search(lib, payload, self.models, state)
             if command == "rag":
@@ -4858,26 +5521,37 @@ class Engine:
             if lib is not None and lib.writable:
                 self._sync_index(lib, state, generation_before, reset=command in ("clear", "reembed"))
 
-    def _goes_to_background(self, payload: dict) -> bool:
-        return (self.allow_background and payload.get("background") is not False and not payload.get("_job_id")
-                and not payload.get("metadata_only"))
+    def _goes_to_background(self, command: str, payload: dict) -> bool:
+        background = _opt_bool(payload, "background", True)
+        return (self.allow_background and background and not payload.get("_job_id")
+                and not payload.get("metadata_only") and not (command == "zotero" and payload.get("dry_run")))
+
+    @staticmethod
+    def _refuse_while_job_runs(root: Path, payload: dict) -> None:
+        """One writer job per library: while a job writes to it, every other ingest or zotero request (foreground
+        ones too, so that the two never interleave) is refused, naming the job; the job's own request passes."""
+        running = JobStore(root).active()
+        if running is not None and running["job_id"] != payload.get("_job_id"):
+            raise job_running_error(running)
 
     def _start_job(self, lib: Library, command: str, payload: dict) -> dict | None:
-        """A detached job for an ingest with more than KB_ASYNC_THRESHOLD files to work on, else None."""
-        pending, considered = ingest_pending(lib, payload)
+        """A detached job for a request with more than KB_ASYNC_THRESHOLD items to work on, else None."""
+        count_pending, noun, doing = BACKGROUND_COMMANDS[command]
+        pending, considered = count_pending(lib, payload)
         if pending <= async_threshold():
             return None
         store = JobStore(lib.root)
-        running = store.active()
-        if running is not None:
-            raise KBError("job_running", f"job {running['job_id']} is already writing to this library "
-                                         f"({running['done']}/{running['total']} files); poll it with status")
-        job = store.create(command, {k: v for k, v in payload.items() if k != "background"}, pending)
+        job = store.create(command, {k: v for k, v in payload.items() if k != "background"}, considered, pending)
+        first = store.active()
+        if first is not None and first["job_id"] != job["job_id"]:     # another request won the race: the older
+            job.update(state="cancelled", reason=f"job {first['job_id']} started first", finished=time.time())
+            store.write(job)
+            raise job_running_error(first)
         job["pid"] = spawn_job(lib.root, job["job_id"])
         store.write(job)
-        return {"job_id": job["job_id"], "state": "queued", "pending": pending, "files": considered,
+        return {"job_id": job["job_id"], "state": "queued", "pending": pending, noun: considered,
                 "kb_root": str(lib.root),
-                "note": f"{pending} files need work: ingesting in the background; poll with status {{job_id}}"}
+                "note": f"{pending} {doing} in the background; poll with status {{job_id}}"}
 
     def _sync_index(self, lib: Library, state: LibraryState, generation_before: int | None, reset: bool) -> None:
         """Apply this process's own writes to the in-memory index instead of reloading it."""
@@ -5063,15 +5737,90 @@ def _one_shot_reply(command: str, engine: Engine, raw: bytes) -> dict:
 
 # -- human CLI ------------------------------------------------------------------
 
-def _progress_bar(event: dict) -> None:
-    done, total = event["done"], event["total"]
-    width = 30
-    filled = int(width * done / total) if total else width
-    name = (Path(event["path"]).name if event.get("path") else "encoding chunks")[:40]
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name:<40}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+class ProgressBar:
+    """The human CLI's progress bar (on a terminal only). It draws the state that fold_progress makes of the
+    command's progress events, the summary a background job's file holds too, so following a job
+    (``status --follow``) draws the job file's state with the same bar. One line, redrawn in place: the items
+    (files, attachments) on the bar and, once chunks are being encoded, their count after it, since an ingest
+    encodes while it still reads files."""
+
+    LABELS = {"files": "files", "zotero": "attachments", "metadata": "documents", "embed": "encoding"}
+
+    def __init__(self, stream, width: int = 30, min_interval_s: float = 0.1):
+        self.stream, self.width, self.min_interval_s = stream, width, min_interval_s
+        self.state: dict = {}
+        self.items: tuple | None = None        # (phase, done, total, current) of the last item event
+        self.encoded: tuple | None = None      # (done, total) of the last embed event
+        self.line = ""                         # what is on the terminal's line now
+        self.pending = ""                      # the newest line, when a redraw was skipped
+        self.last_draw = 0.0
+
+    def __call__(self, event: dict) -> None:
+        """The progress callback of a foreground command."""
+        self.draw(fold_progress(self.state, event))
+
+    def draw(self, state: dict) -> None:
+        phase = state.get("phase")
+        if phase is None:
+            return
+        if phase in ITEM_PHASES:
+            self.items = (phase, state.get("done") or 0, state.get("total") or 0, state.get("current"))
+        else:
+            self.encoded = (state.get("phase_done") or 0, state.get("phase_total") or 0)
+        self.pending = self._line()
+        now = time.monotonic()
+        if self.pending != self.line and now - self.last_draw >= self.min_interval_s:
+            self._show(self.pending)       # thousands of unchanged files need not mean thousands of redraws
+            self.last_draw = now
+
+    def _line(self) -> str:
+        phase, done, total, current = self.items or ("embed", *self.encoded, None)
+        filled = self.width * min(done, total) // total if total else self.width
+        line = f"{self.LABELS.get(phase, phase):<11} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}"
+        if self.items and self.encoded:
+            line += f"  encoding {self.encoded[0]}/{self.encoded[1]}"
+        return line + (f"  {Path(current).name[:40]}" if current else "")
+
+    def _show(self, line: str) -> None:
+        self.stream.write("\r" + line + " " * max(0, len(self.line) - len(line)))    # blank a longer old line
+        self.stream.flush()
+        self.line = line
+
+    def close(self) -> None:
+        """Draw the last state (a skipped redraw included) and end the line, so later output starts clean."""
+        if self.pending and self.pending != self.line:
+            self._show(self.pending)
+        if self.line:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.line = self.pending = ""
+
+
+def _terminal_progress(args) -> ProgressBar | None:
+    """A bar on standard error when it is a terminal (and the output is not JSON); nothing otherwise."""
+    return ProgressBar(sys.stderr) if sys.stderr.isatty() and not getattr(args, "json", False) else None
+
+
+def _job_line(job: dict) -> str:
+    detail = job.get("reason") or (Path(job["current"]).name if job.get("current") else "")
+    totals = (job.get("result") or {}).get("totals") or {}
+    counts = ", ".join(f"{v} {k}" for k, v in totals.items() if v and isinstance(v, int))
+    return (f"{job['job_id']}  {job['command']:<7} {job['state']:<9} {job['done']}/{job['total']}"
+            + (f"  {detail}" if detail else "") + (f"  ({counts})" if counts else ""))
+
+
+def follow_job(engine: "Engine", payload: dict, bar: ProgressBar | None, poll_s: float = 0.5) -> dict:
+    """Poll a job's status until it ends, drawing it with ``bar``; the last status response."""
+    while True:
+        response = engine.execute("status", payload)
+        if bar is not None:
+            bar.draw(response["job"])
+        if response["job"]["state"] not in JOB_ACTIVE_STATES:
+            if bar is not None:
+                bar.close()
+            return response
+        payload = {k: v for k, v in payload.items() if k != "cancel"}
+        time.sleep(poll_s)
 
 
 def _print_ingest(response: dict) -> None:
@@ -5153,6 +5902,11 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         search.add_argument("--author")
     delete = sub.add_parser("delete", help="remove documents (files or folders) from the library")
     delete.add_argument("paths", nargs="+")
+    status = sub.add_parser("status", help="background jobs of the library (started through the JSON protocols)")
+    status.add_argument("job_id", nargs="?", help="one job (default: every recent job)")
+    status.add_argument("--cancel", action="store_true", help="ask the job to stop")
+    status.add_argument("--follow", action="store_true",
+                        help="wait until the job (default: the running one) ends, with a progress bar on a terminal")
     for name in ("stats", "docs", "dedup", "clear", "reembed", "models"):
         command = sub.add_parser(name)
         if name == "clear":
@@ -5176,7 +5930,7 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         payload.update(force=args.force, metadata_only=args.metadata_only, rebuild=args.rebuild)
         if args.paths:
             payload["paths"] = args.paths
-        progress = _progress_bar if sys.stderr.isatty() and not args.json else None
+        progress = _terminal_progress(args)
     elif args.command in ("search", "rag"):
         filters = {k: v for k, v in (("section", args.section), ("year", args.year), ("authors", args.author)) if v}
         options = (("top_k", args.top_k), ("snippet", args.snippet), ("mode", args.mode), ("depth", args.depth))
@@ -5187,7 +5941,11 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         payload.update(dry_run=args.dry_run, force=args.force, limit=args.limit)
         if args.db:
             payload["zotero_db"] = args.db
-        progress = _progress_bar if sys.stderr.isatty() and not args.json else None
+        progress = _terminal_progress(args)
+    elif args.command == "reembed":
+        progress = _terminal_progress(args)
+    elif args.command == "status":
+        return _human_status(args, payload, engine)
     elif args.command == "cite":
         if not args.query and not args.doc_ids:
             parser.error("cite needs a query or --doc-ids")
@@ -5204,6 +5962,9 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     except Exception as exc:
         print(f"error: {error_reply(exc)['error']}", file=sys.stderr)
         return 1
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
         print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
     elif args.command == "ingest":
@@ -5228,40 +5989,72 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     return 0
 
 
+def _human_status(args, payload: dict, engine: Engine) -> int:
+    """``kb-engine status [JOB_ID] [--cancel] [--follow]``: list jobs, or show, cancel or follow one."""
+    try:
+        if args.job_id:
+            payload.update(job_id=args.job_id, cancel=args.cancel)
+        elif args.cancel or args.follow:
+            running = next((j for j in engine.execute("status", payload)["jobs"]
+                            if j["state"] in JOB_ACTIVE_STATES), None)
+            if running is None:
+                print("no job is running", file=sys.stderr)
+                return 1 if args.cancel else 0
+            payload.update(job_id=running["job_id"], cancel=args.cancel)
+        if args.follow:
+            response = follow_job(engine, payload, _terminal_progress(args))
+        else:
+            response = engine.execute("status", payload)
+    except Exception as exc:
+        print(f"error: {error_reply(exc)['error']}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
+        return 0
+    jobs = [response["job"]] if "job" in response else response["jobs"]
+    for job in jobs:
+        print(_job_line(job))
+        for error in job.get("errors") or []:
+            print(f"    error: {error}")
+    if not jobs:
+        print("no jobs in the last hour")
+    return 1 if args.follow and response["job"]["state"] == "failed" else 0
+
+
 def run_job(kb_root: str, job_id: str) -> int:
     """The detached process of a background job: run its command, keep the job file current."""
     store = JobStore(Path(kb_root))
     job = store.read(job_id)
     if job is None:
         return 1
+    if store.cancel_requested(job_id):     # cancelled while still queued: nothing was done
+        job.update(state="cancelled", pid=os.getpid(), finished=time.time(), reason="cancelled before it started")
+        store.write(job)
+        return 0
     job.update(state="running", pid=os.getpid())
     store.write(job)
     last_write = 0.0
 
     def progress(event: dict) -> None:
         nonlocal last_write
+        fold_progress(job, event)        # the item just reported is committed: count it before stopping
         if store.cancel_requested(job_id):
             raise JobCancelled()
-        if event.get("phase") in ("files", "zotero"):
-            job["done"] = max(job["done"], min(event["done"], job["total"] or event["done"]))
-            job["current"] = event.get("path")
-            if event.get("status") == STATUS_ERROR:
-                job["errors"].append(event.get("path"))
-        job["phase"] = event.get("phase")
         if time.monotonic() - last_write > JOB_WRITE_INTERVAL_S:
             store.write(job)
             last_write = time.monotonic()
 
-    engine = Engine()
+    engine = Engine(own_process=True)
     try:
         result = engine.execute(job["command"], {**job["payload"], "_job_id": job_id}, progress=progress)
+        entries = result.get("files", result.get("items")) or []     # ingest's files, zotero's items
         job.update(state="done", done=job["total"], current=None, finished=time.time(),
-                   result={k: result.get(k) for k in ("totals", "note", "kb_root", "ms") if k in result},
-                   errors=[f"{f['path']}: {f.get('error') or f.get('reason')}" for f in result.get("files", [])
-                           if f["status"] == STATUS_ERROR])
+                   result={k: result[k] for k in ("totals", "note", "kb_root", "zotero_db", "ms") if k in result},
+                   errors=[f"{e.get('path') or e.get('attachment_key')}: {e.get('error') or e.get('reason')}"
+                           for e in entries if e["status"] == STATUS_ERROR])
         return 0
     except JobCancelled:
-        job.update(state="cancelled", finished=time.time(), reason="cancelled on request")
+        job.update(state="cancelled", current=None, finished=time.time(), reason="cancelled on request")
         return 0
     except BaseException as exc:     # the job file must say what happened, whatever happened
         job.update(state="failed", finished=time.time(), reason=error_reply(exc)["error"])
@@ -5275,7 +6068,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 3 and argv[0] == "job":
         return run_job(argv[1], argv[2])
-    engine = Engine(allow_background=bool(argv) and (argv == ["serve"] or len(argv) == 1))
+    engine = Engine(allow_background=bool(argv) and (argv == ["serve"] or len(argv) == 1), own_process=True)
     try:
         if not argv or argv[0] in ("-h", "--help"):
             print(__doc__.strip())

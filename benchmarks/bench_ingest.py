@@ -45,7 +45,21 @@ def status_counts(files: list[dict]) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
-def timed_ingest(kb_engine, folder: Path, kb_root: Path) -> tuple[dict, float]:
+def timed_ingest(kb_engine, folder: Path, kb_root: Path, via: str = "cli") -> tuple[dict, float]:
+    """One ingest, timed: ``cli`` runs a fresh ``kb_engine.py ingest`` process as a user or host would
+    (interpreter start, imports and model load included; files read ahead in worker processes), ``api`` calls a
+    new Engine in this process (files read in-process)."""
+    if via == "cli":
+        import subprocess
+        payload = json.dumps({"paths": [str(folder)], "kb_root": str(kb_root), "background": False})
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(REPO_ROOT / "kb_engine.py"), "ingest"], input=payload.encode(),
+                              capture_output=True, timeout=7200)
+        elapsed = time.perf_counter() - t0
+        reply = json.loads(proc.stdout or b"{}")
+        if not reply.get("ok"):
+            raise RuntimeError(f"engine error: {reply.get('error') or proc.stderr.decode(errors='replace')[-500:]}")
+        return reply, elapsed
     eng = kb_engine.Engine()
     try:
         t0 = time.perf_counter()
@@ -83,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("folder", nargs="?", default=default_dir, help=f"folder to ingest (default {default_dir})")
     ap.add_argument("--keep", action="store_true", help="keep the temporary kb_root and print where it is")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--via", choices=("cli", "api"), default="cli",
+                    help="cli: each ingest is a fresh kb_engine.py process (default); api: in this process")
     args = ap.parse_args(argv)
 
     folder = Path(args.folder)
@@ -99,8 +115,8 @@ def main(argv=None) -> int:
     rc = 0
     try:
         try:
-            first, t_first = timed_ingest(kb_engine, folder, kb_root)
-            second, t_second = timed_ingest(kb_engine, folder, kb_root)
+            first, t_first = timed_ingest(kb_engine, folder, kb_root, args.via)
+            second, t_second = timed_ingest(kb_engine, folder, kb_root, args.via)
         except Exception as exc:  # KBError or a crash inside the engine
             code = getattr(exc, "code", None)
             print(f"error: engine failed on ingest of {folder}: {type(exc).__name__}"
@@ -126,7 +142,7 @@ def main(argv=None) -> int:
                 "reingest_not_skipped": [{"path": f.get("path"), "status": f.get("status"),
                                           "reason": f.get("reason")} for f in second_not_skipped],
             })
-            print(f"engine {report['engine']}; folder {folder}")
+            print(f"engine {report['engine']}; folder {folder}; each ingest via {args.via}")
             print(f"files:        {report['files']} reported ({report['supported_files_on_disk']} supported on disk)")
             print(f"totals first: {json.dumps(first.get('totals', {}), sort_keys=True)}")
             print(f"totals again: {json.dumps(second.get('totals', {}), sort_keys=True)}")

@@ -154,6 +154,14 @@ class Daemon:
         self.proc.wait(timeout=60)
 
 
+def configured_model() -> str | None:
+    """KB_EMBED_MODEL, which encodes the benchmark's queries; None (with a message) when it is not set."""
+    model = os.environ.get("KB_EMBED_MODEL")
+    if not model:
+        print("set KB_EMBED_MODEL to a local sentence-transformers model folder", file=sys.stderr)
+    return model
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
@@ -209,9 +217,8 @@ def main() -> int:
                         help="zipf: realistic term frequencies; small: every query matches nearly every chunk")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
-    model = os.environ.get("KB_EMBED_MODEL")
+    model = configured_model()
     if not model:
-        print("set KB_EMBED_MODEL to a local sentence-transformers model folder", file=sys.stderr)
         return 2
     results = []
     for size in (int(s) for s in args.sizes.split(",")):

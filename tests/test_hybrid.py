@@ -232,8 +232,12 @@ def test_vector_search_finds_a_paraphrase_keyword_search_misses(eng, full_lib, k
     ("graphene nucleation density on copper foils", "graphene_cvd_copper.pdf"),
     ("coarse-grained ribosome simulation methods", "protein_folding_2col.pdf"),
 ])
-def test_hybrid_is_weighted_rrf_of_the_keyword_and_vector_rankings(eng, full_lib, query, top_file):
-    hybrid = search(eng, full_lib, query, mode="hybrid", top_k=10)
+@pytest.mark.parametrize("halves", ["in turn", "side by side"])
+def test_hybrid_is_weighted_rrf_of_the_keyword_and_vector_rankings(eng, full_lib, query, top_file, halves,
+                                                                   kb_engine, monkeypatch):
+    # big libraries run the vector half on a thread next to the keyword half: the answer must not change
+    monkeypatch.setattr(kb_engine, "PARALLEL_HALVES_MIN", 0 if halves == "side by side" else 10 ** 9)
+    hybrid = search(eng, full_lib, query, mode="hybrid", top_k=10, cache=False)
     assert hybrid["score_kind"] == "rrf", hybrid
     assert hybrid["count"] == 10
     scores = [h["score"] for h in hybrid["results"]]

@@ -1,0 +1,118 @@
+// kb-rag host module for DSH: registers the kb_* tools, one system-prompt section, and runs one resident
+// `kb_engine.py serve` process per workspace. Named exports only (name, inject, Config, apply): the DSH loader
+// prefers a default export and would then drop inject and Config.
+
+import { existsSync } from 'node:fs'
+import path from 'node:path'
+import { fileURLToPath } from 'node:url'
+import Schema from '@deepseek-ai/schemastery'
+import { AbortedError, DaemonPool, EngineDaemon, EngineError } from './daemon.js'
+import { DependencyGate } from './deps.js'
+import { ScopeStore } from './scope.js'
+import { GUIDANCE_SECTION, createTools } from './tools.js'
+
+export const name = 'kb-rag'
+export const inject = ['tools', 'systemPrompt']
+
+const MAX_DAEMONS = 4
+
+export const Config = Schema.object({
+  python: Schema.string().default(process.platform === 'win32' ? 'python' : 'python3')
+    .description('Python interpreter (3.10+) that runs kb_engine.py.'),
+  kbRoot: Schema.string().default('.kb')
+    .description('Library folder; a relative path is taken from the session workspace.'),
+  embedModel: Schema.string().default('')
+    .description('Embedding model (hub name or local folder) passed as KB_EMBED_MODEL; "none" switches vectors off; empty keeps the engine default.'),
+  rerankModel: Schema.string().default('')
+    .description('Cross-encoder for deep search passed as KB_RERANK_MODEL; empty keeps the engine default.'),
+  autoPip: Schema.boolean().default(false)
+    .description('Install missing Python modules with pip automatically (also enabled by KB_AUTO_PIP=1).'),
+  idleMinutes: Schema.number().min(0).default(30)
+    .description('Stop a workspace engine after this many idle minutes (0: keep it running).'),
+  engine: Schema.string().default('')
+    .description('Path of kb_engine.py; empty: the copy shipped with the plugin or the repository.'),
+})
+
+/** kb_engine.py: the configured path, else one next to the package, else the repository root above it. */
+export function resolveEnginePath(configured) {
+  if (configured) return path.resolve(configured)
+  const here = path.dirname(fileURLToPath(import.meta.url))
+  const candidates = [path.resolve(here, '..', 'kb_engine.py'), path.resolve(here, '..', '..', 'kb_engine.py')]
+  return candidates.find((p) => existsSync(p)) ?? candidates[candidates.length - 1]
+}
+
+const HINTS = {
+  job_running: 'A background job is writing to this library: follow it with kb_status and retry when it is done.',
+  needs_migration: 'The library was written by an older kb-rag: run kb_ingest with rebuild: true (it migrates and re-parses) and retry.',
+  schema_too_new: 'The library was written by a newer kb-rag: update the plugin; nothing was changed.',
+  busy: 'Another process holds the library locked: retry in a moment.',
+  storage_error: 'kb.sqlite is damaged or not a database: tell the user; kb_clear would start an empty library.',
+  not_found: 'Check the path or id and retry.',
+  zotero_unreadable: 'Zotero\'s database could not be copied or read: check the zotero_db path.',
+  model_unavailable: 'The embedding model is not available: check the embedModel option or the network.',
+}
+
+function toToolError(error, command) {
+  if (error instanceof AbortedError) return error
+  if (error instanceof EngineError) {
+    const hint = HINTS[error.code]
+    return new Error(`kb engine refused "${command}" (${error.code}): ${error.message}${hint ? `. ${hint}` : ''}`)
+  }
+  return error
+}
+
+export function apply(ctx, config) {
+  const log = ctx.logger('kb-rag')
+  const engine = resolveEnginePath(config.engine)
+  const autoPip = config.autoPip || process.env.KB_AUTO_PIP === '1'
+
+  const engineEnv = () => {
+    const env = { ...process.env, PYTHONIOENCODING: 'utf-8', PYTHONUNBUFFERED: '1' }
+    if (config.embedModel) env.KB_EMBED_MODEL = config.embedModel
+    if (config.rerankModel) env.KB_RERANK_MODEL = config.rerankModel
+    return env
+  }
+
+  const gate = new DependencyGate({ python: config.python, autoPip, env: process.env, log })
+  const pool = new DaemonPool({
+    max: MAX_DAEMONS,
+    idleMs: config.idleMinutes * 60_000,
+    log,
+    create: (workspace) => new EngineDaemon({ python: config.python, engine, cwd: workspace, env: engineEnv(), log }),
+  })
+  const scope = new ScopeStore({ questions: () => ctx.get('userQuestions'), log })
+
+  const workspace = (exec) => {
+    const cwd = exec?.agent?.session?.header?.cwd
+    if (typeof cwd === 'string' && cwd) return path.resolve(cwd)
+    const root = ctx.get('sandboxPolicy')?.workspaceRoot
+    if (typeof root === 'string' && root) return path.resolve(root)
+    return process.cwd()
+  }
+
+  const ready = async (exec) => {
+    if (!existsSync(engine)) {
+      throw new Error(`kb_engine.py was not found at "${engine}": set the kb-rag plugin option \`engine\` to its path, or reinstall the plugin.`)
+    }
+    await gate.check({ signal: exec.signal })
+  }
+
+  const call = async (exec, command, payload) => {
+    await ready(exec)
+    const ws = workspace(exec)
+    const kbRoot = path.resolve(ws, config.kbRoot)
+    const onProgress = (event) => {
+      log.debug('%s progress: %s %s/%s %s', command, event.phase ?? '', event.done ?? '', event.total ?? '', event.path ?? '')
+    }
+    try {
+      return await pool.request(ws, command, { ...payload, kb_root: kbRoot }, { signal: exec.signal, onProgress })
+    } catch (error) {
+      throw toToolError(error, command)
+    }
+  }
+
+  ctx.systemPrompt.section({ name: 'tool:kb', order: 160, text: GUIDANCE_SECTION })
+  for (const tool of createTools({ call, ready, workspace, scope, log })) ctx.tools.register(tool)
+
+  ctx.effect(() => () => pool.closeAll())
+}

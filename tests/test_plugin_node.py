@@ -1,0 +1,31 @@
+"""Runs the DSH plugin's own test suite (plugin/test, `node --test`) as part of the one test command.
+
+The plugin is JavaScript; its tests drive the real DSH tool registry against this repository's engine, with the
+Python that runs pytest. Skipped when Node.js and npm are not installed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+PLUGIN = ROOT / "plugin"
+
+
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None, reason="Node.js/npm not installed")
+def test_plugin_node_suite():
+    npm = shutil.which("npm")
+    if not (PLUGIN / "node_modules" / "@deepseek-ai").is_dir():
+        installed = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PLUGIN, capture_output=True,
+                                   text=True, timeout=600)
+        assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    env = dict(os.environ, KB_TEST_PYTHON=sys.executable)
+    run = subprocess.run([npm, "test"], cwd=PLUGIN, capture_output=True, text=True, timeout=900, env=env)
+    summary = [line for line in run.stdout.splitlines() if line.startswith(("# pass", "# fail", "not ok"))]
+    assert run.returncode == 0, "\n".join(summary) + "\n" + run.stdout[-4000:] + run.stderr[-2000:]
+    assert any(line.startswith("# pass") and int(line.split()[-1]) > 0 for line in summary), run.stdout[-2000:]
