@@ -1,0 +1,277 @@
+"""A resident `kb_engine.py serve` process driven over its JSON-lines protocol.
+
+`EngineClient` starts the engine with a fixed argv (no shell), sends one request line at a time through a serial
+queue, matches replies by id, hands progress lines (`event: "progress"`) to the caller's callback and never takes
+them for a reply. When the process dies, the request in flight fails with `EngineCrashed` (a readable message
+with the exit status and the tail of its stderr) and the next request starts a fresh process. A request whose
+caller is cancelled stops the process too: the serial channel then holds work nobody waits for.
+
+Only the standard library is used, so this module can be tested without the `mcp` package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Awaitable, Callable
+
+STDERR_TAIL = 4000
+LINE_LIMIT = 64 * 1024 * 1024  # replies can be large (whole chunk texts); the engine accepts 16 MiB requests
+KILL_WAIT_S = 3.0
+
+ProgressFn = Callable[[dict], Awaitable[None]]
+
+
+class EngineError(Exception):
+    """The engine answered `ok: false`."""
+
+    def __init__(self, message: str, code: str | None, command: str):
+        super().__init__(message)
+        self.code = code or "internal"
+        self.command = command
+
+
+class EngineCrashed(Exception):
+    """The engine process could not be started, or ended while a request was in flight."""
+
+
+def find_engine() -> Path:
+    """kb_engine.py: $KB_ENGINE, else the repository copy next to mcp-server/, else the installed module."""
+    explicit = os.environ.get("KB_ENGINE")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    here = Path(__file__).resolve().parent.parent / "kb_engine.py"
+    if here.is_file():
+        return here
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("kb_engine")
+        if spec and spec.origin:
+            return Path(spec.origin).resolve()
+    except (ImportError, ValueError):
+        pass
+    raise EngineCrashed("kb_engine.py not found: install kb-rag (pip install -e '.[mcp]') or set KB_ENGINE to its path")
+
+
+def default_kb_root() -> Path:
+    return Path(os.environ.get("KB_ROOT") or "~/.kb-rag").expanduser().resolve()
+
+
+class EngineClient:
+    def __init__(self, *, kb_root: Path | str | None = None, python: str | None = None,
+                 engine: Path | str | None = None, env: dict[str, str] | None = None):
+        self.kb_root = Path(kb_root).expanduser().resolve() if kb_root else default_kb_root()
+        self.python = python or os.environ.get("KB_PYTHON") or sys.executable
+        self.engine = Path(engine) if engine else None
+        self.base_env = dict(os.environ if env is None else env)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+        self._stderr_task: asyncio.Task | None = None
+        self._stderr_tail = ""
+        self._pending: dict[int, tuple[asyncio.Future, ProgressFn | None]] = {}
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._doomed = False  # the process was signalled by a cancelled request and is being replaced
+        self.starts = 0
+        self.closed = False
+
+    # -- process lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc and self._proc.returncode is None else None
+
+    def _argv(self) -> list[str]:
+        engine = self.engine or find_engine()
+        return [self.python, str(engine), "serve"]  # fixed argv: nothing from a request reaches it
+
+    async def _start(self) -> None:
+        env = dict(self.base_env)
+        env["KB_ROOT"] = str(self.kb_root)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        argv = self._argv()
+        cwd = self.kb_root  # the library folder, or its nearest existing parent: nothing is created here
+        while not cwd.is_dir() and cwd.parent != cwd:
+            cwd = cwd.parent
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, cwd=str(cwd), limit=LINE_LIMIT,
+                start_new_session=(os.name == "posix"),
+            )
+        except OSError as exc:
+            self._proc = None
+            raise EngineCrashed(f"could not start the kb engine ({argv[0]} {argv[1]} serve): {exc}") from exc
+        self.starts += 1
+        self._doomed = False
+        self._stderr_tail = ""
+        proc = self._proc
+        self._reader = asyncio.create_task(self._read_stdout(proc))
+        self._stderr_task = asyncio.create_task(self._read_stderr(proc))
+
+    async def _ensure_started(self) -> None:
+        if self.closed:
+            raise EngineCrashed("the kb engine client was shut down")
+        if self._proc is not None and (self._proc.returncode is not None or self._doomed):
+            await self._kill()  # reaps a process that died or was stopped by a cancelled request
+        if self._proc is None:
+            await self._start()
+
+    async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while True:
+            chunk = await proc.stderr.read(4096)
+            if not chunk:
+                return
+            self._stderr_tail = (self._stderr_tail + chunk.decode("utf-8", "replace"))[-STDERR_TAIL:]
+
+    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        try:
+            while True:
+                try:
+                    line = await proc.stdout.readline()
+                except (asyncio.LimitOverrunError, ValueError):
+                    continue  # an over-long line cannot be matched to a request; its request fails at exit
+                if not line:
+                    break
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(msg, dict):
+                    continue
+                entry = self._pending.get(msg.get("id")) if isinstance(msg.get("id"), int) else None
+                if entry is None:
+                    continue  # a reply nobody waits for (its caller was cancelled)
+                future, on_progress = entry
+                if msg.get("event") is not None:
+                    if on_progress is not None:
+                        try:
+                            await on_progress(msg)
+                        except Exception:  # a progress relay must never break the channel
+                            pass
+                    continue
+                if not future.done():
+                    future.set_result(msg)
+        finally:
+            code = await proc.wait()
+            if self._stderr_task is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._stderr_task), 1.0)
+                except (asyncio.TimeoutError, asyncio.CancelledError):
+                    pass
+            reason = self._describe_exit(code)
+            for future, _ in list(self._pending.values()):
+                if not future.done():
+                    future.set_exception(EngineCrashed(reason))
+
+    def _describe_exit(self, code: int | None) -> str:
+        if code is not None and code < 0:
+            how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        tail = self._stderr_tail.strip().splitlines()[-5:]
+        detail = (": " + " | ".join(tail)) if tail else ""
+        return f"the kb engine process {how} while handling the request{detail}; it restarts on the next call"
+
+    async def _reap(self) -> None:
+        if self._reader is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._reader), KILL_WAIT_S)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._reader.cancel()
+        self._proc = None
+        self._reader = None
+
+    def _signal_kill(self) -> None:
+        """SIGKILL the engine and its reader workers (its process group), without waiting."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            if os.name == "posix":
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        except (ProcessLookupError, PermissionError):
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+
+    async def _kill(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            self._signal_kill()
+            try:
+                await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        await self._reap()
+
+    async def close(self) -> None:
+        """Stop the engine: end of input first (it exits 0), then a kill if it lingers. A later request starts it again."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+                await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
+            except (asyncio.TimeoutError, OSError, RuntimeError):
+                pass
+        await self._kill()
+
+    # -- requests ------------------------------------------------------------------------------------------
+
+    async def request(self, command: str, payload: dict | None = None, *,
+                      on_progress: ProgressFn | None = None) -> dict:
+        """Run one engine command and return its `response`; raise EngineError or EngineCrashed."""
+        async with self._lock:
+            for attempt in (1, 2):
+                await self._ensure_started()
+                proc = self._proc
+                assert proc is not None and proc.stdin is not None
+                rid = next(self._ids)
+                future: asyncio.Future = asyncio.get_running_loop().create_future()
+                self._pending[rid] = (future, on_progress)
+                line = json.dumps({"id": rid, "command": command, "payload": payload or {}}) + "\n"
+                try:
+                    try:
+                        proc.stdin.write(line.encode("utf-8"))
+                        await proc.stdin.drain()
+                    except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                        # The process was already gone when the line was written: it never saw the request, so
+                        # it is sent once more to a fresh process.
+                        if attempt == 1:
+                            await self._kill()
+                            continue
+                        raise EngineCrashed("the kb engine process could not be reached; it restarts on the next call")
+                    try:
+                        reply = await future
+                    except asyncio.CancelledError:
+                        # The caller gave up (an MCP cancellation or timeout): the serial channel now holds a
+                        # request nobody waits for, so the process is stopped now, synchronously (a cancelled
+                        # task may not await), and replaced by the next request.
+                        self._doomed = True
+                        self._signal_kill()
+                        raise
+                    except EngineCrashed:
+                        await self._reap()
+                        raise
+                finally:
+                    self._pending.pop(rid, None)
+                if reply.get("ok"):
+                    response = reply.get("response")
+                    return response if isinstance(response, dict) else {}
+                raise EngineError(str(reply.get("error") or "the engine reported an error"), reply.get("code"), command)
+        raise EngineCrashed("unreachable")  # pragma: no cover

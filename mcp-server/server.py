@@ -1,0 +1,674 @@
+"""kb-rag MCP server: the local literature knowledge base for Claude Desktop, Cursor, Cherry Studio and any MCP client.
+
+Nine tools with the same contract as the DSH plugin (kb_ingest, kb_zotero, kb_search, kb_rag, kb_dedup, kb_clear,
+kb_stats, kb_fetch, kb_status), served over stdio (default) or streamable HTTP on the loopback interface
+(`--http [--port N]`). Every call goes to one resident `kb_engine.py serve` process (see engine_client.py) working
+on the library at KB_ROOT (default ~/.kb-rag).
+
+Each tool returns readable Markdown as its text content and the engine's answer as structured content; bad
+arguments and engine errors come back as tool errors (`isError: true`) and the server keeps running.
+
+    python mcp-server/server.py                      # stdio
+    python mcp-server/server.py --http --port 8765   # http://127.0.0.1:8765/mcp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import re
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+def _require_mcp() -> None:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        major = int(version("mcp").split(".")[0])
+    except (ImportError, PackageNotFoundError, ValueError):
+        major = 0
+    if major < 2:
+        sys.exit("kb-rag MCP server: needs the MCP Python SDK 2.x (pip install 'mcp>=2.3,<3', or pip install -e '.[mcp]' "
+                 "from the kb-rag repository)")
+
+
+_require_mcp()
+
+import jsonschema  # noqa: E402  (a dependency of the mcp SDK)
+import mcp.types as types  # noqa: E402
+from mcp.server.lowlevel import Server  # noqa: E402
+from mcp.server.stdio import stdio_server  # noqa: E402
+
+from engine_client import EngineClient, EngineCrashed, EngineError  # noqa: E402
+
+log = logging.getLogger("kb-rag-mcp")
+
+SERVER_NAME = "kb-rag"
+MAX_TOP_K = 50
+RENDER_BUDGET = 8000
+
+INSTRUCTIONS = "\n".join([
+    "Local paper library (kb_* tools):",
+    "- kb_search is the quick lookup; kb_rag gathers reranked evidence for a full answer. Both return verbatim "
+    "passages with title, authors, year, section, page and DOI.",
+    "- Queries are matched as written and most libraries are in English: turn a question in another language into "
+    "3-12 English technical terms. Put years, authors, sections and Zotero collections in filters, not in the query.",
+    "- Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link when "
+    "there is one. Never cite a passage you were not given.",
+    "- kb_ingest and kb_zotero may return a job_id: follow it with kb_status until it is done before relying on "
+    "the new documents.",
+    "- kb_clear and kb_dedup with apply change the library: use them only when the user asks.",
+])
+
+# -- input schemas (the DSH plugin's parameters, as JSON Schema) -----------------------------------------------
+
+FILTERS = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "Metadata filters, combined with AND. Text filters match case-insensitive substrings.",
+    "properties": {
+        "authors": {"type": "string", "description": 'Author name or part of it, e.g. "chen"'},
+        "title": {"type": "string", "description": "Part of the document title"},
+        "journal": {"type": "string", "description": "Part of the journal name (often unknown outside Zotero imports)"},
+        "year": {"oneOf": [{"type": "integer"}, {"type": "string"}], "description": 'A year (2019) or an inclusive range "2015-2020"'},
+        "section": {"type": "string", "description": 'Part of the section label, e.g. "Methods"'},
+        "doi": {"type": "string", "description": "Part of the DOI"},
+        "kind": {"type": "string", "enum": ["pdf", "docx", "txt", "md"], "description": "File kind"},
+        "path": {"type": "string", "description": "Part of the file path"},
+        "collection": {"type": "string", "description": "Part of a Zotero collection path"},
+        "tag": {"type": "string", "description": "A Zotero tag"},
+    },
+}
+
+
+def _obj(properties: dict, required: list[str] | None = None) -> dict:
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _retrieval_schema(default_top_k: int, default_depth: str) -> dict:
+    return _obj({
+        "query": {"type": "string", "description": "3-12 English technical terms (material/system, method, property), not a full question"},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": f"Number of passages, 1-{MAX_TOP_K} (default {default_top_k})"},
+        "mode": {"type": "string", "enum": ["hybrid", "keyword", "vector"], "description": "Ranking: hybrid (default) fuses keyword and vector search"},
+        "depth": {"type": "string", "enum": ["quick", "deep"], "description": f"quick skips reranking and citation linking; deep reranks and resolves citations (default {default_depth})"},
+        "filters": FILTERS,
+    }, ["query"])
+
+
+def _annotations(title: str, *, read_only: bool, destructive: bool = False, idempotent: bool = False,
+                 open_world: bool = False) -> types.ToolAnnotations:
+    return types.ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
+                                 idempotent_hint=idempotent, open_world_hint=open_world)
+
+
+TOOLS: list[types.Tool] = [
+    types.Tool(
+        name="kb_ingest",
+        description="Add papers (PDF, DOCX, TXT, Markdown files or folders) to the local knowledge base, or refresh documents already in it. Large batches run as a background job: follow it with kb_status.",
+        input_schema=_obj({
+            "paths": {"type": "array", "items": {"type": "string"}, "description": "Files or folders, as absolute paths (relative ones are taken from the server's working directory). Required unless metadata_only or rebuild is set"},
+            "force": {"type": "boolean", "description": "Re-read files even when unchanged"},
+            "metadata_only": {"type": "boolean", "description": "Only refresh title, authors, year, journal and DOI of documents already indexed"},
+            "rebuild": {"type": "boolean", "description": "Re-parse documents already indexed (after an engine upgrade)"},
+        }),
+        annotations=_annotations("Add papers to the library", read_only=False, destructive=False, idempotent=True),
+    ),
+    types.Tool(
+        name="kb_zotero",
+        description="Import the user's Zotero library (attachments with metadata, annotations, collections and tags) into the knowledge base. Large imports run as a background job: follow it with kb_status.",
+        input_schema=_obj({
+            "zotero_db": {"type": "string", "description": "Path of zotero.sqlite or its folder (default: found in the usual places)"},
+            "base_dir": {"type": "string", "description": "Zotero's linked attachment base directory, when linked files use one"},
+            "dry_run": {"type": "boolean", "description": "Only list what would be imported"},
+            "force": {"type": "boolean", "description": "Re-parse every attachment even when unchanged"},
+            "limit": {"type": "integer", "minimum": 0, "description": "Import only the first N attachments (0 = all)"},
+        }),
+        annotations=_annotations("Import the Zotero library", read_only=False, destructive=False, idempotent=True),
+    ),
+    types.Tool(
+        name="kb_search",
+        description="Search the local paper library for passages (fast hybrid keyword and vector search). Returns verbatim snippets with title, authors, year, section, page and DOI.",
+        input_schema=_retrieval_schema(10, "quick"),
+        annotations=_annotations("Search the paper library", read_only=True, idempotent=True),
+    ),
+    types.Tool(
+        name="kb_rag",
+        description="Gather evidence from the local paper library to answer a question: reranked passages with the works they cite, related papers and answering guidance. Slower than kb_search; use it for in-depth answers.",
+        input_schema=_retrieval_schema(3, "deep"),
+        annotations=_annotations("Gather evidence from the library", read_only=True, idempotent=True),
+    ),
+    types.Tool(
+        name="kb_dedup",
+        description="Find documents in the library that are copies of one work (same DOI, or same title and year). With apply: true keep one per group; only when the user agrees.",
+        input_schema=_obj({"apply": {"type": "boolean", "description": "Keep one document per group and mark the others as duplicates"}}),
+        annotations=_annotations("Find duplicate documents", read_only=False, destructive=True, idempotent=True),
+    ),
+    types.Tool(
+        name="kb_clear",
+        description="Remove every document from the knowledge base index (the files themselves are kept). Only when the user explicitly asks for it.",
+        input_schema=_obj({"confirm": {"type": "boolean", "description": "Must be true: the user asked to clear the library"}}, ["confirm"]),
+        annotations=_annotations("Empty the library index", read_only=False, destructive=True, idempotent=True),
+    ),
+    types.Tool(
+        name="kb_stats",
+        description="Summarise the knowledge base: documents, passages, vectors, languages, models, and documents that need a refresh.",
+        input_schema=_obj({}),
+        annotations=_annotations("Library statistics", read_only=True, idempotent=True),
+    ),
+    types.Tool(
+        name="kb_fetch",
+        description="Download a paper by DOI, arXiv id or URL into the library. Not supported by the current engine; it explains how to add the paper instead.",
+        input_schema=_obj({"identifier": {"type": "string", "description": "DOI, arXiv id or URL of the paper"}}, ["identifier"]),
+        annotations=_annotations("Fetch a paper", read_only=False, destructive=False, open_world=True),
+    ),
+    types.Tool(
+        name="kb_status",
+        description="Check the background jobs started by kb_ingest or kb_zotero: state, progress, result and errors. Give job_id for one job; cancel: true stops it.",
+        input_schema=_obj({
+            "job_id": {"type": "string", "description": "The job_id returned by kb_ingest or kb_zotero; leave out to list recent jobs"},
+            "cancel": {"type": "boolean", "description": "Ask the job to stop after the file in flight (needs job_id)"},
+        }),
+        annotations=_annotations("Background job status", read_only=False, destructive=False),
+    ),
+]
+TOOLS_BY_NAME = {t.name: t for t in TOOLS}
+
+
+class ToolFailure(Exception):
+    """A tool error the model should read: bad arguments, an engine error, a crashed engine."""
+
+    def __init__(self, message: str, code: str = "bad_arguments"):
+        super().__init__(message)
+        self.code = code
+
+
+# -- rendering: short Markdown for the model (mirrors plugin/src/render.js) ------------------------------------
+
+def _md(text: Any) -> str:
+    return re.sub(r"[\\`*_\[\]<]", lambda m: "\\" + m.group(0), re.sub(r"\s+", " ", str(text if text is not None else "")).strip())
+
+
+def _cut(text: Any, limit: int | None) -> str:
+    s = re.sub(r"\s+", " ", str(text if text is not None else "")).strip()
+    if limit is None or len(s) <= limit:
+        return s
+    head = s[:limit]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit * 0.6 else head).rstrip(" …") + "…"
+
+
+def _base(path: Any) -> str | None:
+    return re.split(r"[\\/]", str(path))[-1] or None if path else None
+
+
+def _doi_url(doi: Any) -> str | None:
+    if not doi:
+        return None
+    bare = re.sub(r"^https?://(dx\.)?doi\.org/", "", str(doi).strip(), flags=re.I)
+    return "https://doi.org/" + bare.replace(" ", "%20").replace("(", "%28").replace(")", "%29") if bare else None
+
+
+def _authors(authors: Any) -> str:
+    if not isinstance(authors, list) or not authors:
+        return ""
+    return ", ".join(str(a) for a in authors[:3]) + (" et al." if len(authors) > 3 else "")
+
+
+def _pages(hit: dict) -> str:
+    page, end, label = hit.get("page"), hit.get("page_end"), hit.get("page_label")
+    if page is None:
+        return ""
+    text = f"pp.{page}–{end}" if end is not None and end != page else f"p.{page}"
+    if label not in (None, "") and str(label) != str(page):
+        text += f" ({label})"
+    return text
+
+
+def _lines(*items: Any) -> str:
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, list):
+            out.extend(x for x in item if x is not None)
+        elif item is not None:
+            out.append(item)
+    return "\n".join(out)
+
+
+def _totals(totals: Any) -> str:
+    if not isinstance(totals, dict):
+        return "nothing to do"
+    return ", ".join(f"{k} {v}" for k, v in totals.items() if isinstance(v, (int, float)) and v) or "nothing to do"
+
+
+def _limit(items: list, n: int, render, rest: str) -> list[str]:
+    out = [render(x) for x in items[:n]]
+    if len(items) > n:
+        out.append(f"- … and {len(items) - n} more {rest}")
+    return out
+
+
+def _source_lines(rank: int, hit: dict, snippet_limit: int | None, cite_limit: int) -> list[str]:
+    title = _md(hit.get("title") or hit.get("file") or _base(hit.get("path")) or "Untitled")
+    url = _doi_url(hit.get("doi"))
+    head = f"[{title}]({url})" if url else f"**{title}**" + (f" `{hit.get('file') or _base(hit.get('path'))}`" if (hit.get("file") or hit.get("path")) else "")
+    byline = " · ".join(_md(x) for x in [_authors(hit.get("authors")), hit.get("year"), hit.get("journal"),
+                                          hit.get("section"), _pages(hit)] if x not in (None, ""))
+    lines = [f"{rank}. {head}"]
+    if byline:
+        lines.append(f"   {byline}")
+    if hit.get("snippet"):
+        lines.append(f"   > {_md(_cut(hit['snippet'], snippet_limit))}")
+    cites = hit.get("citations") if isinstance(hit.get("citations"), list) else []
+    more = int(hit.get("citations_more") or 0) + max(0, len(cites) - cite_limit)
+    if cites or more:
+        lines.append("   Cited in this passage:")
+        for c in cites[:cite_limit]:
+            lib = c.get("in_library") or None
+            name = _md(_cut(c.get("title") or (lib or {}).get("title") or c.get("text") or "", 140))
+            curl = _doi_url(c.get("doi") or (lib or {}).get("doi"))
+            marker = _md(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else ""))
+            tail = f" ✓ in library (doc {lib.get('doc_id')})" if lib else ""
+            lines.append(f"   - {marker} {f'[{name}]({curl})' if curl else name}{tail}")
+        if more > 0:
+            lines.append(f"   - and {more} more cited work{'' if more == 1 else 's'}")
+    if hit.get("zotero_link"):
+        lines.append(f"   [open in Zotero]({hit['zotero_link']})")
+    return lines
+
+
+def _render_sources(tool: str, value: dict, snippet_limit: int | None, cite_limit: int, count: int) -> str:
+    hits = (value.get("evidence") if tool == "kb_rag" else value.get("results")) or []
+    what = "evidence passage" if tool == "kb_rag" else "passage"
+    n = len(hits)
+    parts = [value.get("mode"), value.get("depth"),
+             f"scores: {value['score_kind']}" if value.get("score_kind") else None,
+             f"reranked by {value['reranker']}" if value.get("reranker") else None,
+             "cached" if value.get("cached") is True else None]
+    parts = [_md(p) for p in parts if p]
+    count_text = f"no {what} found" if n == 0 else f"{n} {what}{'' if n == 1 else 's'}"
+    out = [f"**Knowledge base: {count_text}** for \"{_md(value.get('query', ''))}\"" + (f" ({' · '.join(parts)})" if parts else "")]
+    notes = value.get("notes") if isinstance(value.get("notes"), list) else ([value["note"]] if value.get("note") else [])
+    out += [f"_Note: {_md(note)}_" for note in notes]
+    if value.get("lang_note"):
+        out.append(f"_Language: {_md(value['lang_note'])}_")
+    if not hits:
+        out += ["", "Try 3-12 English technical terms (material, method, property), move years or authors into filters, or check kb_stats that the library holds documents."]
+    else:
+        out.append("")
+        if tool == "kb_rag":
+            out.append("**Evidence**")
+        for i, hit in enumerate(hits[:count], 1):
+            out += _source_lines(i, hit, snippet_limit, cite_limit) + [""]
+        if n > count:
+            out += [f"_{n - count} more result{'' if n - count == 1 else 's'} left out to keep this short; lower top_k or narrow the query._", ""]
+    related = value.get("related") if isinstance(value.get("related"), list) else []
+    if related:
+        out.append("**Related work in the library** (pointers, not evidence)")
+        for r in related:
+            title = _md(r.get("title") or _base(r.get("path")) or "Untitled")
+            url = _doi_url(r.get("doi"))
+            sim = r.get("similarity")
+            bits = [_md(x) for x in [_authors(r.get("authors")), r.get("year"), r.get("reason"),
+                                     f"{sim:.2f}" if isinstance(sim, (int, float)) and math.isfinite(sim) else None] if x not in (None, "")]
+            out.append(f"- {f'[{title}]({url})' if url else f'**{title}**'}{' · ' + ' · '.join(bits) if bits else ''}")
+        out.append("")
+    if value.get("guidance"):
+        out += ["**How to answer**", _md(value["guidance"])]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+
+
+def render_sources(tool: str, value: dict) -> str:
+    """kb_search / kb_rag Markdown, shortened (snippets, citations, then trailing hits) to stay near 8 KB."""
+    hits = (value.get("evidence") if tool == "kb_rag" else value.get("results")) or []
+    steps = [(None, 8), (None, 4), (400, 4), (400, 2), (250, 2), (150, 2), (90, 2)]
+    for snippet_limit, cite_limit in steps:
+        text = _render_sources(tool, value, snippet_limit, cite_limit, len(hits))
+        if len(text) <= RENDER_BUDGET:
+            return text
+    count = len(hits)
+    while count > 1:
+        count -= 1
+        text = _render_sources(tool, value, 90, 2, count)
+        if len(text) <= RENDER_BUDGET:
+            break
+    return text
+
+
+def _job_started(value: dict, what: str) -> str:
+    return _lines(
+        f"**{what} started as background job `{value['job_id']}`** ({value.get('pending', '?')} item(s) need work).",
+        f"_{_md(value['note'])}_" if value.get("note") else None,
+        f'Call kb_status with {{"job_id": "{value["job_id"]}"}} to follow it; repeat until its state is done, failed or '
+        "cancelled. Do not start another ingest or Zotero import of this library meanwhile.",
+    )
+
+
+def render_ingest(value: dict) -> str:
+    if value.get("job_id"):
+        return _job_started(value, "Ingest")
+    files = value.get("files") if isinstance(value.get("files"), list) else []
+    problems = [f for f in files if f.get("status") == "error" or (f.get("status") == "skipped" and (f.get("reason") != "unchanged" or f.get("error")))]
+    return _lines(
+        f"**{'Metadata refreshed' if value.get('metadata_only') else 'Ingest finished'}** ({len(files)} file(s)): {_totals(value.get('totals'))}.",
+        f"_Note: {_md(value['note'])}_" if value.get("note") else None,
+        "Files not indexed:" if problems else None,
+        _limit(problems, 15, lambda f: f"- `{_base(f.get('path'))}`: {f.get('status')}" + (f" ({f['reason']})" if f.get("reason") else "")
+               + (f" — {_md(_cut(f['error'], 160))}" if f.get("error") else ""), "files"),
+        f"Library: `{value['kb_root']}`" if value.get("kb_root") else None,
+    )
+
+
+def render_zotero(value: dict) -> str:
+    if value.get("job_id"):
+        return _job_started(value, "Zotero import")
+    items = value.get("items") if isinstance(value.get("items"), list) else []
+    missing = [i for i in items if i.get("status") in ("missing", "error")]
+    return _lines(
+        f"**Zotero {'dry run' if value.get('dry_run') else 'import'}** ({len(items)} attachment(s)): {_totals(value.get('totals'))}.",
+        f"_Note: {_md(value['note'])}_" if value.get("note") else None,
+        "Attachments not imported:" if missing else None,
+        _limit(missing, 15, lambda i: f"- {_md(_cut(i.get('title') or i.get('attachment_key') or '?', 80))}: {i.get('status')}"
+               + (f" ({i['reason']})" if i.get("reason") else ""), "attachments"),
+        f"Zotero database: `{value['zotero_db']}`" if value.get("zotero_db") else None,
+    )
+
+
+def _job_line(job: dict) -> str:
+    progress = f" {job.get('done') or 0}/{job['total']}" if isinstance(job.get("total"), int) else ""
+    phase = ""
+    if job.get("phase") and job.get("state") == "running":
+        phase = f" ({job['phase']}" + (f" {job.get('phase_done') or 0}/{job['phase_total']}" if isinstance(job.get("phase_total"), int) else "") + ")"
+    reason = f" — {_md(job['reason'])}" if job.get("reason") else ""
+    return f"`{job.get('job_id')}` {job.get('command') or ''}: **{job.get('state')}**{progress}{phase}{reason}"
+
+
+def render_status(value: dict) -> str:
+    job = value.get("job")
+    if isinstance(job, dict):
+        result = job.get("result") if isinstance(job.get("result"), dict) else {}
+        errors = job.get("errors") if isinstance(job.get("errors"), list) else []
+        return _lines(
+            f"Job {_job_line(job)}",
+            "Cancellation requested: the job stops after the item in flight." if value.get("cancel_requested") else None,
+            f"Result: {_totals(result['totals'])}." if result.get("totals") else None,
+            f"_Note: {_md(result['note'])}_" if result.get("note") else None,
+            "Items that failed:" if errors else None,
+            _limit(errors, 10, lambda e: f"- {_md(_cut(e, 200))}", "items"),
+            "Still working: call kb_status again later with the same job_id." if job.get("state") in ("queued", "running") else None,
+        )
+    jobs = value.get("jobs") if isinstance(value.get("jobs"), list) else []
+    if not jobs:
+        return "No background jobs for this library in the last hour."
+    return _lines("Background jobs:", _limit(jobs, 20, lambda j: f"- {_job_line(j)}", "jobs"))
+
+
+def render_stats(value: dict) -> str:
+    if value.get("exists") is False:
+        return _lines("**The knowledge base is empty**: no library exists yet.",
+                      f"Library folder: `{value['kb_root']}`" if value.get("kb_root") else None,
+                      "Add papers with kb_ingest (files or folders) or kb_zotero.")
+
+    def obj(o: Any) -> str | None:
+        return ", ".join(f"{k} {v}" for k, v in o.items()) if isinstance(o, dict) and o else None
+
+    def bullet(label: str, v: Any) -> str | None:
+        return None if v in (None, "") else f"- {label}: {v}"
+
+    by_status = obj(value.get("by_status"))
+    return _lines(
+        "**Knowledge base**",
+        bullet("documents", f"{value.get('indexed_docs') or 0} indexed of {value.get('docs') or 0} recorded" + (f" ({by_status})" if by_status else "")),
+        bullet("kinds", obj(value.get("by_kind"))),
+        bullet("languages", obj(value.get("languages"))),
+        bullet("passages", value.get("chunks")),
+        bullet("vectors", f"{value.get('vectors') or 0}, missing {value.get('vectors_missing') or 0}"
+               + (f" ({value['embedding_model']})" if value.get("embedding_model") else "")),
+        bullet("models", obj(value.get("models"))),
+        bullet("stale documents", value.get("stale_docs")),
+        bullet("library", f"`{value['kb_root']}`" if value.get("kb_root") else None),
+        f"{value['stale_docs']} document(s) were indexed by an older parser: kb_ingest with metadata_only: true refreshes "
+        "their metadata, rebuild: true re-parses them." if isinstance(value.get("stale_docs"), int) and value["stale_docs"] > 0 else None,
+    )
+
+
+def render_dedup(value: dict) -> str:
+    groups = value.get("groups") if isinstance(value.get("groups"), list) else []
+    if not groups:
+        return "No duplicate documents found."
+
+    def group(g: dict) -> str:
+        docs = ", ".join(f"{'keep ' if d.get('doc_id') == g.get('keep') else ''}#{d.get('doc_id')} `{_base(d.get('path'))}`" for d in g.get("docs") or [])
+        return f"- {g.get('reason')}: {docs}"
+
+    return _lines(
+        f"**{len(groups)} group(s) of copies of one work**"
+        + (f": {value.get('removed')} document(s) turned into duplicate records." if value.get("applied") else " (nothing changed)."),
+        _limit(groups, 15, group, "groups"),
+        None if value.get("applied") else "To keep one document per group, call kb_dedup with apply: true (only if the user agrees).",
+    )
+
+
+def render_clear(value: dict) -> str:
+    c = value.get("cleared") if isinstance(value.get("cleared"), dict) else {}
+    return (f"**Library cleared**: {c.get('docs', 0)} document(s) and {c.get('chunks', 0)} passage(s) removed from "
+            f"`{value.get('kb_root', '?')}`. The files themselves were not touched.")
+
+
+# -- tool handlers ---------------------------------------------------------------------------------------------
+
+def _compact(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _retrieval_payload(args: dict) -> dict:
+    query = args.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise ToolFailure("query must be a non-empty string of search terms")
+    filters = args.get("filters")
+    return _compact({
+        "query": query.strip(), "top_k": args.get("top_k"), "mode": args.get("mode"), "depth": args.get("depth"),
+        "filters": _compact(filters) if isinstance(filters, dict) and _compact(filters) else None,
+    })
+
+
+def _resolve(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+class KBServer:
+    """The tool logic, independent of the transport."""
+
+    def __init__(self, engine: EngineClient):
+        self.engine = engine
+
+    async def call(self, name: str, args: dict, progress) -> tuple[str, dict]:
+        tool = TOOLS_BY_NAME.get(name)
+        if tool is None:
+            raise ToolFailure(f"unknown tool {name!r}; the kb-rag tools are: {', '.join(TOOLS_BY_NAME)}", "unknown_tool")
+        if name == "kb_clear" and args.get("confirm") is not True:
+            return await self.kb_clear(args, progress)  # its own message, also when confirm is missing
+        try:
+            jsonschema.validate(args, tool.input_schema)
+        except jsonschema.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.absolute_path)
+            raise ToolFailure(f"invalid arguments for {name}: {(where + ': ') if where else ''}{exc.message}") from None
+        return await getattr(self, name)(args, progress)
+
+    async def _engine(self, command: str, payload: dict, progress=None) -> dict:
+        try:
+            return await self.engine.request(command, payload, on_progress=progress)
+        except EngineError as exc:
+            raise ToolFailure(f"the kb engine refused {command}: {exc}", exc.code) from None
+        except EngineCrashed as exc:
+            raise ToolFailure(str(exc), "engine_crashed") from None
+
+    async def kb_ingest(self, args: dict, progress) -> tuple[str, dict]:
+        paths = [p.strip() for p in args.get("paths") or [] if p.strip()]
+        if args.get("metadata_only") and args.get("rebuild"):
+            raise ToolFailure("metadata_only and rebuild cannot be combined: choose one")
+        if not paths and not args.get("metadata_only") and not args.get("rebuild"):
+            raise ToolFailure("paths is required: give at least one file or folder to ingest")
+        payload = _compact({"paths": [_resolve(p) for p in paths] or None, "force": args.get("force"),
+                            "metadata_only": args.get("metadata_only"), "rebuild": args.get("rebuild")})
+        value = await self._engine("ingest", payload, progress)
+        return render_ingest(value), value
+
+    async def kb_zotero(self, args: dict, progress) -> tuple[str, dict]:
+        payload = _compact({k: args.get(k) for k in ("zotero_db", "base_dir", "dry_run", "force", "limit")})
+        for key in ("zotero_db", "base_dir"):
+            if payload.get(key):
+                payload[key] = _resolve(payload[key])
+        value = await self._engine("zotero", payload, progress)
+        return render_zotero(value), value
+
+    async def kb_search(self, args: dict, progress) -> tuple[str, dict]:
+        value = await self._engine("search", _retrieval_payload(args))
+        return render_sources("kb_search", value), value
+
+    async def kb_rag(self, args: dict, progress) -> tuple[str, dict]:
+        payload = _retrieval_payload(args)
+        payload.setdefault("top_k", 3)
+        value = await self._engine("rag", payload)
+        return render_sources("kb_rag", value), value
+
+    async def kb_dedup(self, args: dict, progress) -> tuple[str, dict]:
+        value = await self._engine("dedup", _compact({"apply": args.get("apply")}))
+        return render_dedup(value), value
+
+    async def kb_clear(self, args: dict, progress) -> tuple[str, dict]:
+        if args.get("confirm") is not True:
+            raise ToolFailure("nothing was cleared: kb_clear needs confirm: true, and only after the user explicitly "
+                              "asked to empty the library", "confirm_required")
+        value = await self._engine("clear", {"confirm": True})
+        return render_clear(value), value
+
+    async def kb_stats(self, args: dict, progress) -> tuple[str, dict]:
+        value = await self._engine("stats", {})
+        return render_stats(value), value
+
+    async def kb_fetch(self, args: dict, progress) -> tuple[str, dict]:
+        raise ToolFailure(
+            f"kb_fetch is not available in this engine version: the kb-rag engine has no fetch command yet, so "
+            f"{args.get('identifier')!r} was not downloaded. Ask the user for the PDF (or download it with another "
+            "tool if one is available), save it locally, then add it with kb_ingest.", "not_available")
+
+    async def kb_status(self, args: dict, progress) -> tuple[str, dict]:
+        job_id = (args.get("job_id") or "").strip() or None
+        if args.get("cancel") and not job_id:
+            raise ToolFailure("cancel needs the job_id of the job to stop")
+        value = await self._engine("status", _compact({"job_id": job_id, "cancel": args.get("cancel")}))
+        return render_status(value), value
+
+
+class ProgressRelay:
+    """Engine progress lines as MCP progress notifications: `progress` only grows, across phases."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.offset = 0.0
+        self.last = 0.0
+        self.phase = None
+        self.phase_top = 0.0
+
+    async def __call__(self, event: dict) -> None:
+        done, total = event.get("done"), event.get("total")
+        if not isinstance(done, (int, float)):
+            return
+        phase = event.get("phase")
+        if phase != self.phase:
+            self.offset = self.last
+            self.phase = phase
+        progress = self.offset + done
+        if progress <= self.last and self.last:
+            return
+        self.last = progress
+        grand = self.offset + total if isinstance(total, (int, float)) else None
+        message = f"{phase} {done}/{total}" if total is not None else f"{phase} {done}"
+        if event.get("path"):
+            message += f": {_base(event['path'])}" + (f" ({event['status']})" if event.get("status") else "")
+        await self.ctx.session.report_progress(progress, grand, message)
+
+
+def _text_result(text: str, value: dict, is_error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                structured_content=value, is_error=is_error)
+
+
+def build_server(engine: EngineClient) -> Server:
+    kb = KBServer(engine)
+
+    async def on_list_tools(ctx, params) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=TOOLS)
+
+    async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        args = dict(params.arguments or {})
+        try:
+            text, value = await kb.call(params.name, args, ProgressRelay(ctx))
+        except ToolFailure as exc:
+            return _text_result(f"{params.name} failed: {exc}", {"error": str(exc), "code": exc.code}, is_error=True)
+        except Exception as exc:  # never let one call take the server down
+            log.exception("tool %s failed", params.name)
+            return _text_result(f"{params.name} failed: {type(exc).__name__}: {exc}",
+                                {"error": f"{type(exc).__name__}: {exc}", "code": "internal"}, is_error=True)
+        return _text_result(text, value)
+
+    @asynccontextmanager
+    async def lifespan(_server):
+        try:
+            yield {}
+        finally:
+            await engine.close()
+
+    return Server(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, lifespan=lifespan,
+                  on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("kb-rag")
+    except Exception:
+        return "0.1.0"
+
+
+async def run_stdio(engine: EngineClient) -> None:
+    server = build_server(engine)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def run_http(engine: EngineClient, port: int) -> None:
+    import uvicorn
+
+    server = build_server(engine)
+    app = server.streamable_http_app(host="127.0.0.1")
+    print(f"kb-rag MCP server on http://127.0.0.1:{port}/mcp (library {engine.kb_root})", file=sys.stderr)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kb-rag-mcp", description="kb-rag MCP server (stdio by default)")
+    parser.add_argument("--kb-root", help="library folder (default: $KB_ROOT, else ~/.kb-rag)")
+    parser.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
+    parser.add_argument("--port", type=int, default=8765, help="HTTP port (with --http; default 8765)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("KB_MCP_LOG", "WARNING").upper(), stream=sys.stderr)
+    engine = EngineClient(kb_root=args.kb_root)
+    if args.http:
+        run_http(engine, args.port)
+    else:
+        asyncio.run(run_stdio(engine))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""The MCP server (mcp-server/server.py) driven by the official MCP client over stdio.
+
+Each test starts `python mcp-server/server.py` through `mcp.client.stdio.stdio_client`, talks to it with
+`ClientSession`, and checks the nine tools: listing and annotations, ingest with progress, search, rag, stats,
+background jobs, tool errors for bad arguments (the server keeps serving), and recovery from an engine crash.
+Skipped when the `mcp` package is not installed (`pip install -e '.[mcp]'`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+mcp = pytest.importorskip("mcp")
+anyio = pytest.importorskip("anyio")
+if int(version("mcp").split(".")[0]) < 2:
+    pytest.skip("the MCP server needs the MCP Python SDK 2.x", allow_module_level=True)
+from mcp import ClientSession, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+
+from helpers import ROOT, sp  # noqa: E402
+
+SERVER = ROOT / "mcp-server" / "server.py"
+TOOL_NAMES = {"kb_ingest", "kb_zotero", "kb_search", "kb_rag", "kb_dedup", "kb_clear", "kb_stats", "kb_fetch",
+              "kb_status"}
+CALL_TIMEOUT = 60
+
+
+def server_env(kb_root: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    env.update({"KB_ROOT": str(kb_root), "KB_EMBED_MODEL": "none", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "KB_INGEST_WORKERS": "0"})
+    env.update(extra)
+    return env
+
+
+def run_session(kb_root: Path, body, **env):
+    """Start the server over stdio, initialise a ClientSession and run `await body(session)`."""
+    params = StdioServerParameters(command=sys.executable, args=[str(SERVER)], env=server_env(kb_root, **env),
+                                   cwd=str(ROOT))
+
+    async def main():
+        with anyio.fail_after(CALL_TIMEOUT * 2):
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    return await body(session)
+
+    return anyio.run(main)
+
+
+def text_of(result) -> str:
+    return "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+
+
+async def call(session, name, args=None, **kw):
+    return await session.call_tool(name, args or {}, read_timeout_seconds=CALL_TIMEOUT, **kw)
+
+
+def engine_pids(kb_root: Path) -> list[int]:
+    """Engine processes (`kb_engine.py serve`) working on kb_root, found through /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(b"kb_engine.py" in part for part in cmd) or b"serve" not in cmd:
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"KB_ROOT={kb_root}".encode() in env:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture
+def quick_papers(tmp_path) -> Path:
+    out = tmp_path / "papers"
+    out.mkdir()
+    sp.write_quickstart(out)
+    return out
+
+
+def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
+    async def body(session):
+        return (await session.list_tools()).tools
+
+    tools = {t.name: t for t in run_session(tmp_path / "kb", body)}
+    assert set(tools) == TOOL_NAMES
+    for tool in tools.values():
+        assert tool.description and tool.input_schema["type"] == "object"
+        assert tool.annotations is not None
+    assert tools["kb_search"].input_schema["required"] == ["query"]
+    assert set(tools["kb_search"].input_schema["properties"]) == {"query", "top_k", "mode", "depth", "filters"}
+    assert tools["kb_search"].annotations.read_only_hint is True
+    assert tools["kb_rag"].annotations.read_only_hint is True
+    assert tools["kb_stats"].annotations.read_only_hint is True
+    assert tools["kb_clear"].annotations.destructive_hint is True
+    assert tools["kb_clear"].input_schema["required"] == ["confirm"]
+    assert tools["kb_ingest"].annotations.read_only_hint is False
+    assert tools["kb_fetch"].input_schema["required"] == ["identifier"]
+
+
+def test_ingest_search_rag_stats(tmp_path, quick_papers):
+    kb_root = tmp_path / "kb"
+    progress: list[tuple] = []
+
+    async def on_progress(p, total, message):
+        progress.append((p, total, message))
+
+    async def body(session):
+        out = {"ingest": await call(session, "kb_ingest", {"paths": [str(quick_papers)]}, progress_callback=on_progress)}
+        out["search"] = await call(session, "kb_search", {"query": "graphene nucleation copper", "top_k": 3})
+        out["filtered"] = await call(session, "kb_search", {"query": "graphene", "filters": {"kind": "docx"}})
+        out["rag"] = await call(session, "kb_rag", {"query": "graphene domains nucleate on copper"})
+        out["stats"] = await call(session, "kb_stats")
+        out["dedup"] = await call(session, "kb_dedup")
+        out["status"] = await call(session, "kb_status")
+        return out
+
+    r = run_session(kb_root, body)
+    for name, result in r.items():
+        assert not result.is_error, (name, text_of(result))
+
+    ingest = r["ingest"].structured_content
+    assert ingest["totals"]["added"] == 5 and ingest["totals"]["error"] == 0
+    assert "Ingest finished" in text_of(r["ingest"])
+    assert progress, "ingest progress was not relayed as MCP progress notifications"
+    values = [p for p, _, _ in progress]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    assert any("files" in (m or "") for _, _, m in progress)
+
+    search = r["search"].structured_content
+    assert 1 <= search["count"] <= 3
+    top = search["results"][0]
+    assert "graphene" in top["title"].lower()
+    text = text_of(r["search"])
+    assert text.startswith("**Knowledge base:") and "graphene" in text.lower()
+    assert all(hit["kind"] == "docx" for hit in r["filtered"].structured_content["results"])
+
+    rag = r["rag"].structured_content
+    assert rag["evidence"] and len(rag["evidence"]) <= 3
+    assert "**Evidence**" in text_of(r["rag"])
+
+    stats = r["stats"].structured_content
+    assert stats["indexed_docs"] == 5 and stats["chunks"] > 0
+    assert Path(stats["kb_root"]) == kb_root.resolve()
+    assert "**Knowledge base**" in text_of(r["stats"])
+    assert "groups" in r["dedup"].structured_content
+    assert "jobs" in r["status"].structured_content
+
+
+def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path, quick_papers):
+    async def body(session):
+        out = {
+            "empty_query": await call(session, "kb_search", {"query": "   "}),
+            "bad_type": await call(session, "kb_search", {"query": "graphene", "top_k": "ten"}),
+            "too_many": await call(session, "kb_rag", {"query": "graphene", "top_k": 500}),
+            "bad_filter": await call(session, "kb_search", {"query": "graphene", "filters": {"colour": "red"}}),
+            "no_paths": await call(session, "kb_ingest", {}),
+            "no_confirm": await call(session, "kb_clear", {"confirm": False}),
+            "confirm_missing": await call(session, "kb_clear", {}),
+            "fetch": await call(session, "kb_fetch", {"identifier": "10.1000/xyz"}),
+            "unknown_tool": await call(session, "kb_nope", {}),
+            "missing_job": await call(session, "kb_status", {"job_id": "0123456789ab"}),
+            "cancel_no_id": await call(session, "kb_status", {"cancel": True}),
+        }
+        out["ingest"] = await call(session, "kb_ingest", {"paths": [str(quick_papers)]})
+        out["stats"] = await call(session, "kb_stats")
+        out["clear"] = await call(session, "kb_clear", {"confirm": True})
+        out["after_clear"] = await call(session, "kb_stats")
+        return out
+
+    r = run_session(tmp_path / "kb", body)
+    for name in ("empty_query", "bad_type", "too_many", "bad_filter", "no_paths", "no_confirm", "confirm_missing",
+                 "fetch", "unknown_tool", "missing_job", "cancel_no_id"):
+        assert r[name].is_error, (name, text_of(r[name]))
+        assert text_of(r[name]), name
+    assert "top_k" in text_of(r["bad_type"])
+    assert "not available in this engine version" in text_of(r["fetch"])
+    assert r["fetch"].structured_content["code"] == "not_available"
+    assert r["no_confirm"].structured_content["code"] == "confirm_required"
+    assert r["confirm_missing"].structured_content["code"] == "confirm_required"
+    assert "nothing was cleared" in text_of(r["confirm_missing"])
+    assert r["missing_job"].structured_content["code"] == "not_found"
+    assert not r["ingest"].is_error and not r["stats"].is_error
+    assert r["stats"].structured_content["indexed_docs"] == 5
+    assert not r["clear"].is_error and "Library cleared" in text_of(r["clear"])
+    assert r["after_clear"].structured_content.get("indexed_docs", 0) == 0
+
+
+def test_background_ingest_is_followed_with_kb_status(tmp_path, quick_papers):
+    async def body(session):
+        started = await call(session, "kb_ingest", {"paths": [str(quick_papers)]})
+        job_id = started.structured_content.get("job_id")
+        states = []
+        for _ in range(200):
+            status = await call(session, "kb_status", {"job_id": job_id})
+            states.append(status)
+            if status.structured_content["job"]["state"] not in ("queued", "running"):
+                break
+            await anyio.sleep(0.2)
+        return started, states
+
+    started, states = run_session(tmp_path / "kb", body, KB_ASYNC_THRESHOLD="2")
+    assert not started.is_error, text_of(started)
+    assert started.structured_content["job_id"]
+    assert "kb_status" in text_of(started)
+    final = states[-1]
+    assert not final.is_error
+    assert final.structured_content["job"]["state"] == "done", text_of(final)
+    assert final.structured_content["job"]["result"]["totals"]["added"] == 5
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the engine process through /proc")
+def test_engine_killed_between_calls_restarts(tmp_path, quick_papers):
+    kb_root = (tmp_path / "kb").resolve()
+
+    async def body(session):
+        first = await call(session, "kb_ingest", {"paths": [str(quick_papers)]})
+        pids = engine_pids(kb_root)
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pids[0]}").exists() and time.monotonic() < deadline:
+            await anyio.sleep(0.05)
+        after = await call(session, "kb_search", {"query": "graphene nucleation copper", "top_k": 2})
+        new_pids = engine_pids(kb_root)
+        return first, pids, after, new_pids
+
+    first, pids, after, new_pids = run_session(kb_root, body)
+    assert not first.is_error
+    assert not after.is_error, text_of(after)
+    assert after.structured_content["count"] >= 1
+    assert new_pids and new_pids[0] != pids[0]
+
+
+CRASHING_ENGINE = '''
+import os, runpy, sys, time
+marker = os.environ["KB_TEST_CRASH_MARKER"]
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    sys.stdin.readline()  # the first request: die while handling it, or never answer
+    if os.environ.get("KB_TEST_HANG"):
+        open(marker + ".pid", "w").write(str(os.getpid()))
+        time.sleep(600)
+    sys.stderr.write("simulated engine crash\\n")
+    sys.stderr.flush()
+    os._exit(3)
+sys.argv = [os.environ["KB_TEST_REAL_ENGINE"], "serve"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def test_engine_crash_during_a_call_is_a_tool_error_then_recovers(tmp_path):
+    fake = tmp_path / "crashing_engine.py"
+    fake.write_text(CRASHING_ENGINE)
+
+    async def body(session):
+        crashed = await call(session, "kb_stats")
+        again = await call(session, "kb_stats")
+        return crashed, again
+
+    crashed, again = run_session(tmp_path / "kb", body, KB_ENGINE=str(fake),
+                                 KB_TEST_CRASH_MARKER=str(tmp_path / "crashed"),
+                                 KB_TEST_REAL_ENGINE=str(ROOT / "kb_engine.py"))
+    assert crashed.is_error
+    message = text_of(crashed)
+    assert "exited with status 3" in message and "simulated engine crash" in message
+    assert crashed.structured_content["code"] == "engine_crashed"
+    assert not again.is_error, text_of(again)
+    assert "knowledge base" in text_of(again).lower()
+    assert again.structured_content["kb_root"] == str((tmp_path / "kb").resolve())
+    assert not (tmp_path / "kb").exists(), "a read-only call created the library folder"
+
+
+def test_streamable_http_on_loopback(tmp_path):
+    from mcp.client.streamable_http import streamable_http_client
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--http", "--port", str(port)], cwd=str(ROOT),
+                            env=server_env(tmp_path / "kb"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < deadline, "the HTTP server did not come up"
+                time.sleep(0.1)
+
+        async def main():
+            with anyio.fail_after(CALL_TIMEOUT):
+                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as streams:
+                    async with ClientSession(streams[0], streams[1]) as session:
+                        await session.initialize()
+                        tools = (await session.list_tools()).tools
+                        stats = await call(session, "kb_stats")
+                        return tools, stats
+
+        tools, stats = anyio.run(main)
+        assert {t.name for t in tools} == TOOL_NAMES
+        assert not stats.is_error, text_of(stats)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="checks the engine process through /proc")
+def test_cancelled_call_stops_the_engine_and_the_next_call_gets_a_fresh_one(tmp_path):
+    fake = tmp_path / "hanging_engine.py"
+    fake.write_text(CRASHING_ENGINE)
+    marker = tmp_path / "hung"
+
+    async def body(session):
+        try:
+            hung = await session.call_tool("kb_stats", {}, read_timeout_seconds=1.5)
+        except Exception as exc:  # the client gives up and sends notifications/cancelled
+            hung = exc
+        again = await call(session, "kb_stats")
+        return hung, again
+
+    hung, again = run_session(tmp_path / "kb", body, KB_ENGINE=str(fake), KB_TEST_CRASH_MARKER=str(marker),
+                              KB_TEST_HANG="1", KB_TEST_REAL_ENGINE=str(ROOT / "kb_engine.py"))
+    assert isinstance(hung, Exception) or hung.is_error
+    assert not again.is_error, text_of(again)
+    hung_pid = int(Path(str(marker) + ".pid").read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{hung_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{hung_pid}").exists(), "the engine of the cancelled call is still running"
