@@ -166,8 +166,11 @@ TOOLS: list[types.Tool] = [
     ),
     types.Tool(
         name="kb_fetch",
-        description="Download a paper by DOI, arXiv id or URL into the library. Not supported by the current engine; it explains how to add the paper instead.",
-        input_schema=_obj({"identifier": {"type": "string", "description": "DOI, arXiv id or URL of the paper"}}, ["identifier"]),
+        description="Download a paper by DOI, arXiv id or URL and add it to the library: the publisher's PDF first (arXiv for an arXiv id), then an open-access copy (Unpaywall) when the publisher gives none. The PDF is saved in the library's papers folder and indexed at once.",
+        input_schema=_obj({
+            "identifier": {"type": "string", "description": 'DOI ("10.1234/abc", "doi:…", "https://doi.org/…"), arXiv id ("arXiv:2301.05883", "hep-th/9901001") or http(s) URL of the paper'},
+            "dest": {"type": "string", "description": "Folder to save the PDF in, as an absolute path (a relative one is taken from the server's working directory; default: the library's papers folder)"},
+        }, ["identifier"]),
         annotations=_annotations("Fetch a paper", read_only=False, destructive=False, open_world=True),
     ),
     types.Tool(
@@ -367,6 +370,40 @@ def render_ingest(value: dict) -> str:
     )
 
 
+_FETCH_SOURCES = {"arxiv": "arXiv", "publisher": "the publisher", "unpaywall": "an open-access copy (Unpaywall)",
+                  "direct": "the URL"}
+
+
+def render_fetch(value: dict) -> str:
+    got = value.get("fetched") if isinstance(value.get("fetched"), dict) else {}
+    files = value.get("files") if isinstance(value.get("files"), list) else []
+    entry = next((f for f in files if f.get("path") == got.get("path")), files[0] if files else {})
+    size = got.get("bytes")
+    source = _FETCH_SOURCES.get(got.get("source"), got.get("source") or "?")
+    status = entry.get("status")
+    status_text = None
+    if status:
+        status_text = f"- ingest: **{status}**" + (f" ({entry['reason']})" if entry.get("reason") else "") \
+            + (f" — {_md(_cut(entry['error'], 160))}" if entry.get("error") else "")
+    indexed = status in ("added", "updated", "moved", "duplicate") or (
+        status == "skipped" and entry.get("reason") == "unchanged" and not entry.get("previous"))
+    doi_url = _doi_url(got.get("doi"))
+    return _lines(
+        f"**Fetched {_md(got.get('identifier') or '?')}** from {source}"
+        + (f" ({size / 1024:.0f} KB)" if isinstance(size, (int, float)) else "") + ".",
+        f"- title: {_md(entry['title'])}" if entry.get("title") else None,
+        f"- saved as: `{got['path']}`" if got.get("path") else None,
+        f"- downloaded from: {got['url']}" if got.get("url") else None,
+        status_text,
+        f"- DOI: [{_md(got['doi'])}]({doi_url})" if got.get("doi") and doi_url else None,
+        f"_Note: {_md(value['note'])}_" if value.get("note") else None,
+        ("The library already held a copy of it: kb_search and kb_rag find that one." if status == "duplicate" else
+         "It is in the library now: kb_search and kb_rag can find it.") if indexed else
+        ("The PDF was saved but not indexed; check the ingest status above." if status else None),
+        f"Library: `{value['kb_root']}`" if value.get("kb_root") else None,
+    )
+
+
 def render_zotero(value: dict) -> str:
     if value.get("job_id"):
         return _job_started(value, "Zotero import")
@@ -556,10 +593,13 @@ class KBServer:
         return render_stats(value), value
 
     async def kb_fetch(self, args: dict, progress) -> tuple[str, dict]:
-        raise ToolFailure(
-            f"kb_fetch is not available in this engine version: the kb-rag engine has no fetch command yet, so "
-            f"{args.get('identifier')!r} was not downloaded. Ask the user for the PDF (or download it with another "
-            "tool if one is available), save it locally, then add it with kb_ingest.", "not_available")
+        identifier = (args.get("identifier") or "").strip()
+        if not identifier:
+            raise ToolFailure("identifier is required: give a DOI, an arXiv id or an http(s) URL of the paper")
+        dest = (args.get("dest") or "").strip()
+        payload = _compact({"identifier": identifier, "dest": _resolve(dest) if dest else None})
+        value = await self._engine("fetch", payload, progress)
+        return render_fetch(value), value
 
     async def kb_status(self, args: dict, progress) -> tuple[str, dict]:
         job_id = (args.get("job_id") or "").strip() or None

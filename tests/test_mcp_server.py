@@ -12,7 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import version
 from pathlib import Path
 
@@ -108,6 +110,10 @@ def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
     assert tools["kb_clear"].input_schema["required"] == ["confirm"]
     assert tools["kb_ingest"].annotations.read_only_hint is False
     assert tools["kb_fetch"].input_schema["required"] == ["identifier"]
+    assert set(tools["kb_fetch"].input_schema["properties"]) == {"identifier", "dest"}
+    fetch_hints = tools["kb_fetch"].annotations
+    assert fetch_hints.read_only_hint is False and fetch_hints.destructive_hint is False
+    assert fetch_hints.open_world_hint is True
 
 
 def test_ingest_search_rag_stats(tmp_path, quick_papers):
@@ -169,7 +175,7 @@ def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path, qu
             "no_paths": await call(session, "kb_ingest", {}),
             "no_confirm": await call(session, "kb_clear", {"confirm": False}),
             "confirm_missing": await call(session, "kb_clear", {}),
-            "fetch": await call(session, "kb_fetch", {"identifier": "10.1000/xyz"}),
+            "fetch": await call(session, "kb_fetch", {"identifier": "   "}),
             "unknown_tool": await call(session, "kb_nope", {}),
             "missing_job": await call(session, "kb_status", {"job_id": "0123456789ab"}),
             "cancel_no_id": await call(session, "kb_status", {"cancel": True}),
@@ -186,8 +192,8 @@ def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path, qu
         assert r[name].is_error, (name, text_of(r[name]))
         assert text_of(r[name]), name
     assert "top_k" in text_of(r["bad_type"])
-    assert "not available in this engine version" in text_of(r["fetch"])
-    assert r["fetch"].structured_content["code"] == "not_available"
+    assert "identifier" in text_of(r["fetch"])
+    assert r["fetch"].structured_content["code"] == "bad_arguments"
     assert r["no_confirm"].structured_content["code"] == "confirm_required"
     assert r["confirm_missing"].structured_content["code"] == "confirm_required"
     assert "nothing was cleared" in text_of(r["confirm_missing"])
@@ -196,6 +202,76 @@ def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path, qu
     assert r["stats"].structured_content["indexed_docs"] == 5
     assert not r["clear"].is_error and "Library cleared" in text_of(r["clear"])
     assert r["after_clear"].structured_content.get("indexed_docs", 0) == 0
+
+
+@pytest.fixture
+def paper_server(tmp_path):
+    """A local HTTP server playing arXiv: /pdf/2301.05883 is a small real PDF, anything else a 404."""
+    served = tmp_path / "served"
+    served.mkdir()
+    pdf = sp.make_filler_paper(served, 47).read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path == "/pdf/2301.05883":
+                status, ctype, body = 200, "application/pdf", pdf
+            else:
+                status, ctype, body = 404, "text/html", b"<html><head><title>404 Not Found</title></head></html>"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}", pdf
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_fetch_downloads_saves_and_indexes_a_paper(tmp_path, paper_server):
+    base, pdf = paper_server
+    kb_root = (tmp_path / "kb").resolve()
+
+    async def body(session):
+        out = {"fetch": await call(session, "kb_fetch", {"identifier": "arXiv:2301.05883"})}
+        out["search"] = await call(session, "kb_search", {"query": "specimen047", "mode": "keyword", "top_k": 3})
+        out["missing"] = await call(session, "kb_fetch", {"identifier": "arXiv:2402.00001"})
+        out["stats"] = await call(session, "kb_stats")
+        return out
+
+    r = run_session(kb_root, body, KB_ARXIV_URL=base, KB_DOI_RESOLVER=base + "/doi",
+                    KB_UNPAYWALL_URL=base + "/unpaywall", no_proxy="127.0.0.1,localhost", NO_PROXY="127.0.0.1,localhost")
+    fetch = r["fetch"]
+    assert not fetch.is_error, text_of(fetch)
+    got = fetch.structured_content["fetched"]
+    saved = kb_root / "papers" / "arXiv_2301.05883.pdf"
+    assert got["kind"] == "arxiv" and got["source"] == "arxiv"
+    assert got["url"] == base + "/pdf/2301.05883"
+    assert Path(got["path"]) == saved and saved.read_bytes() == pdf and got["bytes"] == len(pdf)
+    assert got["doi"] == "10.48550/arxiv.2301.05883"
+    assert fetch.structured_content["totals"]["added"] == 1
+    text = text_of(fetch)
+    assert "Fetched arXiv:2301.05883" in text and "from arXiv" in text
+    assert str(saved) in text and "added" in text and "10.48550/arxiv.2301.05883" in text
+
+    assert not r["search"].is_error, text_of(r["search"])
+    hits = r["search"].structured_content["results"]
+    assert hits and Path(hits[0]["path"]) == saved
+
+    missing = r["missing"]
+    assert missing.is_error
+    assert missing.structured_content["code"] == "fetch_failed"
+    assert "404" in text_of(missing)
+    assert not r["stats"].is_error and r["stats"].structured_content["indexed_docs"] == 1
 
 
 def test_background_ingest_is_followed_with_kb_status(tmp_path, quick_papers):

@@ -305,6 +305,27 @@ export function renderIngest(value) {
   )
 }
 
+const FETCH_SOURCES = { arxiv: 'arXiv', publisher: 'the publisher', unpaywall: 'an open-access copy (Unpaywall)', direct: 'the URL' }
+
+export function renderFetch(value) {
+  const fetched = value.fetched && typeof value.fetched === 'object' ? value.fetched : {}
+  const files = Array.isArray(value.files) ? value.files : []
+  const entry = files.find((f) => f.path === fetched.path) ?? files[0] ?? null
+  const size = typeof fetched.bytes === 'number' ? ` (${Math.max(1, Math.round(fetched.bytes / 1024))} KiB)` : ''
+  const from = FETCH_SOURCES[fetched.source] ?? fetched.source ?? 'the web'
+  const link = doiUrl(fetched.doi)
+  return lines(
+    `**Fetched \`${String(fetched.identifier ?? '?').replace(/`/g, "'")}\`** from ${from}${size}.`,
+    bullet('Source URL', fetched.url ? `<${String(fetched.url).replace(/[<>\s]/g, encodeURIComponent)}>` : null),
+    bullet('Saved as', fetched.path ? `\`${fetched.path}\`` : null),
+    entry ? bullet('Indexed', `${entry.title ? `**${escapeMd(cut(entry.title, 160))}**, ` : ''}${entry.status}${entry.reason ? ` (${entry.reason})` : ''}` +
+      `${entry.error ? ` — ${escapeMd(cut(entry.error, 160))}` : ''}`) : null,
+    bullet('DOI', fetched.doi ? (link ? `[${escapeMd(fetched.doi)}](${link})` : escapeMd(fetched.doi)) : null),
+    value.note ? `_Note: ${escapeMd(value.note)}_` : null,
+    value.kb_root ? `Library: \`${value.kb_root}\`` : null,
+  )
+}
+
 export function renderZotero(value) {
   if (value.job_id) return jobStarted(value, 'Zotero import')
   const items = Array.isArray(value.items) ? value.items : []

@@ -2,10 +2,11 @@
 // engine payload without undefined fields, runs it through `kb.call`, and returns the engine's answer as its
 // canonical value; `output.render` turns that value into the Markdown the model reads.
 
+import path from 'node:path'
 import { defineTool } from '@deepseek-ai/dsh-tools'
 import { clean, compact } from './json.js'
 import {
-  buildSourcesView, renderClear, renderDedup, renderIngest, renderScope, renderSourcesMarkdown, renderStats,
+  buildSourcesView, renderClear, renderDedup, renderFetch, renderIngest, renderScope, renderSourcesMarkdown, renderStats,
   renderStatus, renderZotero,
 } from './render.js'
 import { SCOPES, sessionKey } from './scope.js'
@@ -217,14 +218,18 @@ export function createTools(kb) {
 
     defineTool({
       name: 'kb_fetch',
-      description: 'Download a paper by DOI, arXiv id or URL into the library. Not supported by the current engine; it explains how to add the paper instead.',
+      description: 'Download a paper by DOI, arXiv id or URL (publisher PDF first, open-access copy as fallback), save it in the library\'s papers folder and index it.',
       parameters: {
-        identifier: { type: 'string', required: true, description: 'DOI, arXiv id or URL of the paper' },
+        identifier: { type: 'string', required: true, description: 'DOI (10.1234/abc), arXiv id (2301.05883) or http(s) URL of the paper' },
+        dest: { type: 'string', description: 'Folder to save the PDF in; relative paths are taken from the workspace (default: the library\'s papers folder)' },
       },
-      output: { schema: OBJECT, render: (_args, value) => [{ type: 'text', text: JSON.stringify(value) }] },
-      async execute(args) {
-        fail(`kb_fetch is not available in this engine version: the kb-rag engine has no fetch command yet, so "${args.identifier}" was not downloaded. ` +
-          'Ask the user for the PDF (or download it with another tool if one is available), save it in the workspace, then add it with kb_ingest.')
+      timeoutMs: 5 * MINUTE,
+      output: { schema: OBJECT, render: (_args, value) => [{ type: 'text', text: renderFetch(value) }] },
+      async execute(args, exec) {
+        const identifier = args.identifier.trim()
+        if (!identifier) fail('identifier must be a DOI, an arXiv id or an http(s) URL')
+        const dest = args.dest?.trim() ? path.resolve(kb.workspace(exec), args.dest.trim()) : undefined
+        return clean(await kb.call(exec, 'fetch', compact({ identifier, dest })))
       },
     }),
 
@@ -251,6 +256,7 @@ export const GUIDANCE_SECTION = [
   '- Queries are matched as written and most libraries are in English: turn a question in another language into 3-12 English technical terms (material or system, method, property). Put years, authors, sections and Zotero collections in filters, not in the query.',
   '- Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link when there is one. Never cite a passage you were not given.',
   '- Follow the session scope printed with the results: kb answers from the library, both allows web sources marked as such, web prefers the web. In strict mode say plainly when the library does not answer. Change it with kb_scope only when the user asks.',
+  '- kb_fetch downloads a paper by DOI, arXiv id or URL into the library and indexes it; use it when the user wants a paper added that is not in the library.',
   '- kb_ingest and kb_zotero may return a job_id: follow it with kb_status until it is done before relying on the new documents.',
   '- kb_clear and kb_dedup with apply change the library: use them only when the user asks.',
 ].join('\n')

@@ -130,9 +130,9 @@ test('invalid arguments are rejected before any engine starts', async () => {
   assert.deepEqual(enginePids(), [])
 })
 
-test('kb_fetch is registered but reports clearly that this engine cannot fetch', async () => {
-  const r = await rejected('kb_fetch', { identifier: '10.1000/xyz123' }, /not available in this engine version/)
-  assert.match(textOf(r), /kb_ingest/)
+test('kb_fetch checks its identifier before any engine starts', async () => {
+  await rejected('kb_fetch', {}, /missing required property "identifier"/)
+  await rejected('kb_fetch', { identifier: '   ' }, /identifier must be a DOI, an arXiv id or an http\(s\) URL/)
   assert.deepEqual(enginePids(), [])
 })
 
