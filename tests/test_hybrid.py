@@ -8,14 +8,13 @@ depth), never rerank quality.  HF_HUB_OFFLINE=1 throughout and no KB_* setting l
 """
 from __future__ import annotations
 
-import math
 import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from helpers import db_path, err_code, isolate_model_env, use_minilm, words
+from helpers import assert_finite, copy_samples, db_path, err_code, isolate_model_env, use_minilm, words
 
 SMALL_SET = ("owner_password_only.pdf", "sparse_attention.md", "coral_heatwaves.docx", "battery_electrolytes.pdf")
 ENGLISH_SET = SMALL_SET + ("graphene_cvd_copper.pdf",)
@@ -102,7 +101,7 @@ def full_lib(eng, sample_dir, tmp_path_factory) -> Path:
 def english_lib(eng, sample_dir, tmp_path_factory) -> Path:
     """English papers only, plus a second arctic-tern paper (a close neighbour of the first)."""
     base = tmp_path_factory.mktemp("hybrid_english")
-    papers = copy_set(sample_dir, base / "papers", ENGLISH_SET)
+    papers = copy_samples(sample_dir, base / "papers", ENGLISH_SET)
     (papers / "tern_stopovers.md").write_text(TERN_FOLLOWUP_MD, encoding="utf-8")
     root = base / ".kb"
     resp = eng.execute("ingest", {"paths": [str(papers)], "kb_root": str(root)})
@@ -126,7 +125,7 @@ def fresh(kb_engine):
 @pytest.fixture
 def small_lib(eng, sample_dir, tmp_path):
     """A private, writable library of four English papers: (kb_root, papers folder)."""
-    papers = copy_set(sample_dir, tmp_path / "papers", SMALL_SET)
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     resp = eng.execute("ingest", {"paths": [str(papers)], "kb_root": str(root)})
     assert resp["totals"]["added"] == len(SMALL_SET) and resp["totals"]["vectors_missing"] == 0
@@ -135,24 +134,6 @@ def small_lib(eng, sample_dir, tmp_path):
 
 # ---------------------------------------------------------------------------
 # helpers
-
-def copy_set(sample_dir: Path, dest: Path, names) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        shutil.copy2(sample_dir / name, dest / name)
-    return dest
-
-
-def assert_finite(obj, where="response"):
-    if isinstance(obj, float):
-        assert math.isfinite(obj), f"non-finite number at {where}"
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            assert_finite(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            assert_finite(v, f"{where}[{i}]")
-
 
 def search(engine, root, query, **payload):
     resp = engine.execute("search", {"query": query, "kb_root": str(root), **payload})

@@ -14,7 +14,6 @@ device fallback of the batching code (with a stub) and serve-mode progress.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import socket
 import sqlite3
@@ -25,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, ROOT, clean_env, db_path, err_code, isolate_model_env, req, use_minilm
+from helpers import (ENGINE, ROOT, assert_finite, clean_env, copy_samples, db_path, err_code, isolate_model_env, req,
+                     use_minilm)
 
 # a small English subset of the sample papers: 4 documents, about 20 chunks
 SMALL_SET = ("owner_password_only.pdf", "sparse_attention.md", "coral_heatwaves.docx", "battery_electrolytes.pdf")
@@ -109,27 +109,8 @@ def fresh(kb_engine):
         e.close()
 
 
-def copy_small_set(sample_dir: Path, dest: Path, names=SMALL_SET) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        shutil.copy2(sample_dir / name, dest / name)
-    return dest
-
-
 # ---------------------------------------------------------------------------
 # helpers
-
-def assert_finite(obj, where="response"):
-    """No NaN or infinity anywhere in a response."""
-    if isinstance(obj, float):
-        assert math.isfinite(obj), f"non-finite number at {where}"
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            assert_finite(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            assert_finite(v, f"{where}[{i}]")
-
 
 def stats(engine, root):
     return engine.execute("stats", {"kb_root": str(root)})
@@ -245,7 +226,7 @@ def test_unchanged_reingest_encodes_nothing_and_loads_no_model(fresh, full_lib, 
 
 
 def test_reingest_encodes_only_new_chunks(eng, sample_dir, tmp_path, monkeypatch):
-    papers = copy_small_set(sample_dir, tmp_path / "papers")
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     first = eng.execute("ingest", {"paths": [str(papers)], "kb_root": str(root)})
     assert first["totals"]["vectors_written"] == first["totals"]["chunks_written"] > 0
@@ -304,7 +285,7 @@ def test_unavailable_embedder_degrades_to_keyword_with_a_note(eng, full_lib, tmp
 def test_uncached_hub_model_at_ingest_leaves_vectors_missing_with_a_note(fresh, sample_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("KB_EMBED_MODEL", ABSENT_HUB_EMBEDDER)
     engine = fresh()
-    papers = copy_small_set(sample_dir, tmp_path / "papers")
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     resp = engine.execute("ingest", {"paths": [str(papers)], "kb_root": str(root)})
     totals = resp["totals"]
@@ -327,7 +308,7 @@ def test_offline_hub_names_make_no_network_call(fresh, full_lib, sample_dir, tmp
     monkeypatch.setenv("KB_RERANK_FALLBACK", "kb-rag-tests/absent-fallback")
     guard = NetworkGuard(monkeypatch)
     engine = fresh()
-    papers = copy_small_set(sample_dir, tmp_path / "papers", names=SMALL_SET[:2])
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET[:2])
     ingest = engine.execute("ingest", {"paths": [str(papers)], "kb_root": str(tmp_path / "kb")})
     assert ingest["totals"]["added"] == 2 and ingest["totals"]["vectors_written"] == 0, ingest["totals"]
     for mode in ("keyword", "vector", "hybrid"):
@@ -349,7 +330,7 @@ def test_offline_hub_names_make_no_network_call(fresh, full_lib, sample_dir, tmp
 def test_embeddings_switched_off_means_keyword_only(fresh, full_lib, sample_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("KB_EMBED_MODEL", "none")
     engine = fresh()
-    papers = copy_small_set(sample_dir, tmp_path / "papers")
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     resp = engine.execute("ingest", {"paths": [str(papers)], "kb_root": str(root)})
     assert resp["totals"]["vectors_written"] == 0, resp["totals"]
@@ -367,7 +348,7 @@ def test_embeddings_switched_off_means_keyword_only(fresh, full_lib, sample_dir,
 
 def test_missing_vectors_are_filled_by_the_next_ingest(fresh, minilm, minilm_id, sample_dir, tmp_path,
                                                        monkeypatch):
-    papers = copy_small_set(sample_dir, tmp_path / "papers")
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     engine = fresh()
     monkeypatch.setenv("KB_EMBED_MODEL", str(tmp_path / "model-not-copied-yet"))
@@ -392,7 +373,7 @@ def test_missing_vectors_are_filled_by_the_next_ingest(fresh, minilm, minilm_id,
 
 def test_a_different_model_is_refused_until_reembed(eng, minilm, minilm_id, sample_dir, tmp_path, monkeypatch):
     """A copy of the MiniLM folder at another path is, to the engine, another model (its id is the path)."""
-    papers = copy_small_set(sample_dir, tmp_path / "papers")
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     eng.execute("ingest", {"paths": [str(papers)], "kb_root": str(root)})
     assert stats(eng, root)["embedding_model"] == minilm_id
@@ -622,7 +603,7 @@ def _strict_json(line: str):
 
 
 def test_serve_reports_embed_progress_and_finite_json(minilm, sample_dir, tmp_path):
-    papers = copy_small_set(sample_dir, tmp_path / "papers")
+    papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     lines = [
         req(1, "ingest", {"paths": [str(papers)], "kb_root": str(root)}),
