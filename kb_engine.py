@@ -72,6 +72,27 @@ BUSY_TIMEOUT_MS = 30_000
 MAX_PROTOCOL_LINE_BYTES = 16 * 1024 * 1024
 PDF_MIN_TEXT_CHARS = 3         # fewer letters/digits than this in the whole file: no usable text layer
 
+# What the engine imports beyond the standard library, and the pip requirement that provides it. The one list
+# the installers, the plugin's dependency gate and pyproject.toml follow (tests/test_installer.py checks that
+# they agree). The extra names the pyproject extra of an optional module.
+@dataclass(frozen=True)
+class Requirement:
+    module: str
+    pip: str
+    purpose: str
+    extra: str | None = None
+
+
+REQUIREMENTS = (
+    Requirement("pymupdf", "pymupdf>=1.24", "PDF reading"),
+    Requirement("numpy", "numpy>=1.24", "vectors"),
+    Requirement("faiss", "faiss-cpu>=1.7.4", "vector index"),
+    Requirement("sentence_transformers", "sentence-transformers>=2.7", "embedding and reranking models"),
+    # The upper bound keeps pip on an installed torch 2.13 rather than fetching a newer (multi-GB CUDA) build.
+    Requirement("torch", "torch>=2.1,<2.14", "model inference"),
+    Requirement("docx", "python-docx>=1.1", "DOCX reading (optional: the engine reads DOCX XML without it)", "docx"),
+)
+
 STATUS_ADDED, STATUS_UPDATED, STATUS_SKIPPED = "added", "updated", "skipped"
 STATUS_DUPLICATE, STATUS_MOVED, STATUS_ERROR = "duplicate", "moved", "error"
 INGEST_STATUSES = (STATUS_ADDED, STATUS_UPDATED, STATUS_SKIPPED, STATUS_DUPLICATE, STATUS_MOVED, STATUS_ERROR)
@@ -6408,6 +6429,134 @@ def _human_status(args, payload: dict, engine: Engine) -> int:
     return 1 if args.follow and response["job"]["state"] == "failed" else 0
 
 
+def module_present(name: str) -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def print_requirements(argv: list[str]) -> int:
+    """``kb_engine.py requirements``: the engine's pip requirements, one per line. Standard library only, so an
+    installer can ask before anything is installed."""
+    parser = argparse.ArgumentParser(prog="kb_engine.py requirements",
+                                     description="pip requirements of the kb-rag engine, one per line")
+    parser.add_argument("--missing", action="store_true", help="only those whose module cannot be found")
+    parser.add_argument("--with-docx", action="store_true", help="include the optional python-docx")
+    parser.add_argument("--json", action="store_true", help="module, pip requirement, purpose and presence")
+    args = parser.parse_args(argv)
+    chosen = [r for r in REQUIREMENTS if r.extra is None or (args.with_docx and r.extra == "docx")]
+    if args.missing:
+        chosen = [r for r in chosen if not module_present(r.module)]
+    if args.json:
+        print(json.dumps([{"module": r.module, "pip": r.pip, "purpose": r.purpose, "optional": r.extra is not None,
+                           "present": module_present(r.module)} for r in chosen]))
+    else:
+        for requirement in chosen:
+            print(requirement.pip)
+    return 0
+
+
+SELFTEST_TITLE = "Copper Grain Boundaries in Graphene Growth"
+SELFTEST_TEXT = ("Graphene domains nucleate preferentially at copper grain boundaries when the methane partial "
+                 "pressure is kept low, and the nucleation density falls as the annealing time grows.")
+
+
+def _selftest_pdf(path: Path) -> None:
+    import pymupdf
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((72, 90), SELFTEST_TITLE, fontsize=16)
+    page.insert_text((72, 130), "Abstract", fontsize=12)
+    page.insert_textbox(pymupdf.Rect(72, 140, 520, 300), SELFTEST_TEXT, fontsize=10)
+    doc.save(path)
+    doc.close()
+
+
+def _selftest_call(command: str, payload: dict, env: dict) -> dict:
+    """One one-shot protocol call in a child process, as a host makes it: its reply, or a KBError."""
+    import subprocess
+    argv = [sys.executable, str(Path(__file__).resolve()), command]
+    done = subprocess.run(argv, input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=300)
+    try:
+        reply = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise KBError("selftest", f"`{command}` gave no JSON reply (exit {done.returncode}): "
+                                  f"{(done.stderr or done.stdout).strip()[-600:]}") from None
+    if not reply.get("ok"):
+        raise KBError("selftest", f"`{command}` failed: {reply.get('error')} ({reply.get('code')})")
+    return reply
+
+
+def selftest(argv: list[str]) -> int:
+    """``kb_engine.py selftest``: import every required module, then index a generated one-page PDF in a
+    temporary library through the one-shot protocol (keyword only: no model, no network) and find its passage
+    again on page 1. Says whether the embedding model is on disk. Exit 0 when the engine works."""
+    import importlib
+    import tempfile
+    parser = argparse.ArgumentParser(prog="kb_engine.py selftest", description="check that the engine runs here")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    report: dict = {"engine": __version__, "python": sys.version.split()[0], "executable": sys.executable,
+                    "modules": {}, "ok": False}
+    lines = [f"kb-rag engine {__version__} on Python {report['python']} ({sys.executable})"]
+    missing = []
+    for requirement in REQUIREMENTS:
+        try:
+            module = importlib.import_module(requirement.module)
+            version = str(getattr(module, "__version__", getattr(module, "VersionBind", "")) or "")
+            report["modules"][requirement.module] = version or "present"
+            lines.append(f"  ok       {requirement.module} {version}".rstrip())
+        except Exception as exc:     # a broken install raises more than ImportError (e.g. a bad binary)
+            report["modules"][requirement.module] = None
+            optional = requirement.extra is not None
+            lines.append(f"  {'absent' if optional else 'MISSING':<8} {requirement.module}: "
+                         f"{type(exc).__name__}: {exc}"[:300] + (" (optional)" if optional else ""))
+            if not optional:
+                missing.append(requirement.pip)
+    try:
+        if missing:
+            raise KBError("selftest", "missing modules; install them with: python -m pip install "
+                          + " ".join(f"'{m}'" for m in missing))
+        with tempfile.TemporaryDirectory(prefix="kb-selftest-") as tmp:
+            paper = Path(tmp) / "selftest.pdf"
+            _selftest_pdf(paper)
+            env = {**os.environ, "KB_EMBED_MODEL": "none", "HF_HUB_OFFLINE": "1", "KB_INGEST_WORKERS": "0",
+                   "PYTHONIOENCODING": "utf-8"}
+            kb_root = str(Path(tmp) / "kb")
+            ingested = _selftest_call("ingest", {"paths": [str(paper)], "kb_root": kb_root, "background": False}, env)
+            if ingested["totals"].get("added") != 1:
+                raise KBError("selftest", f"the test PDF was not indexed: {ingested['files']}")
+            lines.append(f"  ok       indexed a generated PDF ({ingested['totals']['chunks']} chunks)")
+            found = _selftest_call("search", {"query": "graphene nucleation copper grain boundaries",
+                                              "kb_root": kb_root, "mode": "keyword", "top_k": 1}, env)
+            hits = found.get("results") or []
+            if not hits or hits[0].get("page") != 1 or "grain boundaries" not in (hits[0].get("snippet") or ""):
+                raise KBError("selftest", f"the indexed passage was not found again on page 1: {hits[:1]}")
+            lines.append(f"  ok       keyword search found it on page {hits[0]['page']}")
+            model = _selftest_call("models", {}, {**os.environ, "HF_HUB_OFFLINE": "1"})    # the user's model
+            embedder = model["models"]["embedder"]
+            report["embedder"] = embedder
+            if not embedder.get("enabled", True):
+                lines.append("  note     vectors are switched off (KB_EMBED_MODEL=none)")
+            elif embedder.get("available"):
+                lines.append(f"  ok       embedding model {embedder['name']} is on disk ({embedder['local_path']})")
+            else:
+                lines.append(f"  note     embedding model {embedder['name']} is not on disk yet: "
+                             "`kb_engine.py models --download` fetches it; until then search is keyword-only")
+        report["ok"] = True
+        lines.append("selftest passed")
+    except Exception as exc:
+        report["error"] = str(exc)
+        lines.append(f"selftest FAILED: {exc}")
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, allow_nan=False))
+    else:
+        print("\n".join(lines))
+    return 0 if report["ok"] else 1
+
+
 def run_job(kb_root: str, job_id: str) -> int:
     """The detached process of a background job: run its command, keep the job file current."""
     store = JobStore(Path(kb_root))
@@ -6455,11 +6604,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 3 and argv[0] == "job":
         return run_job(argv[1], argv[2])
+    if argv[:1] == ["requirements"]:      # neither needs the engine object (nor any non-standard module)
+        return print_requirements(argv[1:])
+    if argv[:1] == ["selftest"]:
+        return selftest(argv[1:])
     engine = Engine(allow_background=bool(argv) and (argv == ["serve"] or len(argv) == 1), own_process=True)
     try:
         if not argv or argv[0] in ("-h", "--help"):
             print(__doc__.strip())
             print("\nusage: kb_engine.py serve | <command> < payload.json | <command> ARGS... (human CLI)\n"
+                  "       kb_engine.py requirements [--missing] [--with-docx] | selftest (installers)\n"
                   f"commands: {', '.join(Engine.COMMANDS)}")
             return 0
         if argv[0] in ("--version", "version"):

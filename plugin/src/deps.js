@@ -5,14 +5,14 @@
 
 import { spawn } from 'node:child_process'
 
-/** Modules the engine imports, with the pip requirement that provides each (see pyproject.toml). */
+/** Modules the engine imports, with the pip requirement that provides each: the engine's REQUIREMENTS table
+ * (`kb_engine.py requirements --json`); tests/test_installer.py checks that the two agree. */
 export const MODULES = [
   { module: 'pymupdf', pip: 'pymupdf>=1.24', purpose: 'PDF reading' },
   { module: 'numpy', pip: 'numpy>=1.24', purpose: 'vectors' },
   { module: 'faiss', pip: 'faiss-cpu>=1.7.4', purpose: 'vector index' },
   { module: 'sentence_transformers', pip: 'sentence-transformers>=2.7', purpose: 'embedding and reranking models' },
   { module: 'torch', pip: 'torch>=2.1,<2.14', purpose: 'model inference' },
-  { module: 'rank_bm25', pip: 'rank-bm25>=0.2.2', purpose: 'keyword fallback' },
   { module: 'docx', pip: 'python-docx>=1.1', purpose: 'DOCX reading', optional: true },
 ]
 

@@ -2,7 +2,8 @@
 // `kb_engine.py serve` process per workspace. Named exports only (name, inject, Config, apply): the DSH loader
 // prefers a default export and would then drop inject and Config.
 
-import { existsSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import Schema from '@deepseek-ai/schemastery'
@@ -17,8 +18,8 @@ export const inject = ['tools', 'systemPrompt']
 const MAX_DAEMONS = 4
 
 export const Config = Schema.object({
-  python: Schema.string().default(process.platform === 'win32' ? 'python' : 'python3')
-    .description('Python interpreter (3.10+) that runs kb_engine.py.'),
+  python: Schema.string().default('')
+    .description('Python interpreter (3.10+) that runs kb_engine.py; empty: $KB_PYTHON, else the one the kb-rag installer set up, else python3 (python on Windows).'),
   kbRoot: Schema.string().default('.kb')
     .description('Library folder; a relative path is taken from the session workspace.'),
   embedModel: Schema.string().default('')
@@ -39,6 +40,25 @@ export function resolveEnginePath(configured) {
   const here = path.dirname(fileURLToPath(import.meta.url))
   const candidates = [path.resolve(here, '..', 'kb_engine.py'), path.resolve(here, '..', '..', 'kb_engine.py')]
   return candidates.find((p) => existsSync(p)) ?? candidates[candidates.length - 1]
+}
+
+/** Where the installers record the interpreter they installed the engine's modules into. */
+export function installerPythonRecord(env = process.env) {
+  return path.join(env.KB_RAG_HOME || path.join(os.homedir(), '.kb-rag'), 'python-path')
+}
+
+/**
+ * The interpreter that runs the engine: the configured one, else $KB_PYTHON, else the one recorded by
+ * scripts/install.sh or install.ps1 (when that file still exists), else python3 (python on Windows).
+ */
+export function resolvePython(configured, env = process.env) {
+  if (configured) return configured
+  if (env.KB_PYTHON) return env.KB_PYTHON
+  try {
+    const recorded = readFileSync(installerPythonRecord(env), 'utf8').split(/\r?\n/)[0].trim()
+    if (recorded && existsSync(recorded)) return recorded
+  } catch { /* no installer record */ }
+  return process.platform === 'win32' ? 'python' : 'python3'
 }
 
 const HINTS = {
@@ -73,12 +93,14 @@ export function apply(ctx, config) {
     return env
   }
 
-  const gate = new DependencyGate({ python: config.python, autoPip, env: process.env, log })
+  const python = resolvePython(config.python)
+  log.debug('engine interpreter: %s', python)
+  const gate = new DependencyGate({ python, autoPip, env: process.env, log })
   const pool = new DaemonPool({
     max: MAX_DAEMONS,
     idleMs: config.idleMinutes * 60_000,
     log,
-    create: (workspace) => new EngineDaemon({ python: config.python, engine, cwd: workspace, env: engineEnv(), log }),
+    create: (workspace) => new EngineDaemon({ python, engine, cwd: workspace, env: engineEnv(), log }),
   })
   const scope = new ScopeStore({ questions: () => ctx.get('userQuestions'), log })
 

@@ -2,7 +2,8 @@
 // system-prompt section, argument validation in the real registry, and source hygiene.
 
 import assert from 'node:assert/strict'
-import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
 import { after, before, test } from 'node:test'
 import * as plugin from '../src/index.js'
@@ -33,7 +34,7 @@ test('the module has the named exports DSH loads and no default export', () => {
 test('Config fills the documented defaults and rejects wrong types', () => {
   const config = plugin.Config({})
   assert.deepEqual(config, {
-    python: process.platform === 'win32' ? 'python' : 'python3',
+    python: '',
     kbRoot: '.kb',
     embedModel: '',
     rerankModel: '',
@@ -44,6 +45,25 @@ test('Config fills the documented defaults and rejects wrong types', () => {
   assert.throws(() => plugin.Config({ idleMinutes: 'soon' }))
   assert.throws(() => plugin.Config({ idleMinutes: -1 }))
   assert.throws(() => plugin.Config({ autoPip: 'yes' }))
+})
+
+test('the interpreter: configured, else KB_PYTHON, else the installer record (when it exists), else python3', () => {
+  const home = mkdtempSync(path.join(os.tmpdir(), 'kb-rag-home-'))
+  try {
+    const fallback = process.platform === 'win32' ? 'python' : 'python3'
+    const env = { KB_RAG_HOME: home }
+    assert.equal(plugin.installerPythonRecord(env), path.join(home, 'python-path'))
+    assert.equal(plugin.resolvePython('', env), fallback)
+    const venvPython = path.join(home, 'venv-python')
+    writeFileSync(path.join(home, 'python-path'), `${venvPython}\n`)
+    assert.equal(plugin.resolvePython('', env), fallback, 'a record naming a missing interpreter is ignored')
+    writeFileSync(venvPython, '')
+    assert.equal(plugin.resolvePython('', env), venvPython)
+    assert.equal(plugin.resolvePython('', { ...env, KB_PYTHON: '/opt/py/bin/python3' }), '/opt/py/bin/python3')
+    assert.equal(plugin.resolvePython('/usr/bin/python3.12', { ...env, KB_PYTHON: '/x' }), '/usr/bin/python3.12')
+  } finally {
+    rmSync(home, { recursive: true, force: true })
+  }
 })
 
 test('all ten tools register', () => {
