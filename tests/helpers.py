@@ -341,7 +341,7 @@ def user_version(kb_root) -> int:
 
 MODEL_ENV_VARS = ("KB_ROOT", "KB_EMBED_MODEL", "KB_RERANK_MODEL", "KB_RERANK_FALLBACK", "KB_DEVICE", "KB_GPU_PROBE",
                   "KB_EMBED_BATCH", "KB_RERANK_BATCH", "KB_DOWNLOAD_TIMEOUT", "KB_RELATED_MIN_SIM",
-                  "KB_RELATED_MIN_QUERY_SIM")
+                  "KB_RELATED_MIN_QUERY_SIM", "KB_CPU_BF16")
 
 
 def isolate_model_env(mp) -> None:

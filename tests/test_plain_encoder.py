@@ -94,6 +94,7 @@ def test_minilm_layout_is_recognised(kb_engine, minilm, plain_minilm):
     assert kb_engine.plain_sentence_layout(str(minilm)) == {
         "pooling": "mean_tokens", "normalize": True, "max_seq_length": 256, "lower_case": False}
     assert isinstance(plain_minilm, kb_engine.PlainSentenceEncoder)
+    assert plain_minilm.runtime == "native"          # a plain BERT: run without transformers' model code
     assert plain_minilm.get_sentence_embedding_dimension() == 384
 
 
@@ -123,7 +124,8 @@ def test_minilm_empty_batch(plain_minilm):
     assert out.shape == (0, 384)
 
 
-def test_models_embedder_uses_plain_encoder(kb_engine, minilm, st_minilm):
+def test_models_embedder_uses_plain_encoder(kb_engine, minilm, st_minilm, monkeypatch):
+    monkeypatch.setenv("KB_CPU_BF16", "0")      # float32 throughout: the vectors must match to 1e-5
     models = kb_engine.Models()
     embedder = models.embedder()
     assert isinstance(embedder.model, kb_engine.PlainSentenceEncoder)
@@ -143,6 +145,39 @@ def test_models_embedder_uses_plain_encoder(kb_engine, minilm, st_minilm):
         assert expected > 0
         assert embedder.unknown_token_share(text) == pytest.approx(expected)
     assert embedder.unknown_token_share("钙钛矿太阳能电池") > kb_engine.MAX_UNKNOWN_TOKEN_SHARE
+
+
+def test_cpu_bfloat16_stays_within_cosine_0_9995_of_float32(kb_engine, minilm, st_minilm, monkeypatch):
+    """KB_CPU_BF16=1: the matrix products run in bfloat16 (pooling in float32); every vector stays a unit vector
+    pointing where the float32 one does, and the device report says so."""
+    expected = _st_vectors(st_minilm, TEXTS)
+    monkeypatch.setenv("KB_CPU_BF16", "1")
+    models = kb_engine.Models()
+    embedder = models.embedder()
+    assert embedder.model.cpu_bf16 is True
+    assert models.devices.report["cpu_bf16"] is True and models.devices.report["cpu_bf16_reason"] == "KB_CPU_BF16=1"
+    got = embedder.encode_passages(TEXTS)
+    assert got.dtype == np.float32
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    cosines = (got * expected).sum(axis=1)
+    assert cosines.min() > 0.9995, cosines
+    assert _max_diff(got, expected) > 1e-6         # it did run in bfloat16: not bit-identical to float32
+
+
+@pytest.mark.parametrize("setting, expected", [("0", False), ("off", False), ("1", True), ("yes", True)])
+def test_cpu_bfloat16_setting(kb_engine, monkeypatch, setting, expected):
+    monkeypatch.setenv("KB_CPU_BF16", setting)
+    assert kb_engine.cpu_bf16_wanted()[0] is expected
+
+
+def test_cpu_bfloat16_auto_follows_amx(kb_engine, monkeypatch):
+    monkeypatch.delenv("KB_CPU_BF16", raising=False)
+    amx = bool(torch.cpu._is_amx_tile_supported())
+    assert kb_engine.cpu_bf16_wanted() == (amx, "the CPU has AMX (bfloat16 matrix tiles)" if amx else "the CPU has no AMX")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert kb_engine.cpu_bf16_wanted() == (False, "the CPU has no AMX")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert kb_engine.cpu_bf16_wanted()[0] is True
 
 
 def test_switch_forces_sentence_transformers(kb_engine, minilm, st_minilm, monkeypatch):
@@ -286,6 +321,7 @@ def test_tiny_model_matches_sentence_transformers(kb_engine, tiny, module_env, n
     assert reference.max_seq_length == max_seq       # sentence-transformers reads the same settings
     plain = kb_engine.load_sentence_encoder(str(folder), "cpu")
     assert isinstance(plain, kb_engine.PlainSentenceEncoder)
+    assert plain.runtime == "native"
     assert plain.get_sentence_embedding_dimension() == DIM
     for norm in (True, False):     # unnormalised: the pooling maths itself, not only the direction
         got = plain.encode(TINY_TEXTS, batch_size=3, normalize_embeddings=norm)
@@ -297,6 +333,62 @@ def test_tiny_model_matches_sentence_transformers(kb_engine, tiny, module_env, n
     embedder = kb_engine.Embedder(str(folder), kb_engine.DeviceManager(), plain, "cpu")
     assert embedder.dim == DIM
     assert _max_diff(embedder.encode_passages(TINY_TEXTS), _st_vectors(reference, TINY_TEXTS)) < TOLERANCE
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data.update(changes)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+@pytest.mark.parametrize("case", ["switched_off", "relu", "relative_positions", "lowercase_mismatch", "no_safetensors"])
+def test_bert_the_native_runner_does_not_reproduce_runs_on_transformers(kb_engine, tiny, module_env, tmp_path,
+                                                                        monkeypatch, case):
+    """Anything but a plain BERT (or KB_NATIVE_BERT=0) takes transformers' path, with sentence-transformers'
+    vectors; the native runner gives the same vectors where it applies."""
+    folder = tmp_path / case
+    shutil.copytree(tiny["cls"], folder)
+    native = kb_engine.load_sentence_encoder(str(folder), "cpu")
+    assert native.runtime == "native"
+    if case == "switched_off":
+        monkeypatch.setenv("KB_NATIVE_BERT", "0")
+    elif case == "relu":
+        _edit_json(folder / "config.json", hidden_act="relu")
+    elif case == "relative_positions":
+        _edit_json(folder / "config.json", position_embedding_type="relative_key")
+    elif case == "lowercase_mismatch":       # transformers would rebuild the normaliser from the config
+        _edit_json(folder / "tokenizer_config.json", do_lower_case=True)
+    elif case == "no_safetensors":
+        import torch as t
+        from safetensors.torch import load_file
+        t.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+        (folder / "model.safetensors").unlink()
+    assert kb_engine.native_bert_setup(str(folder)) is None
+    model = kb_engine.load_sentence_encoder(str(folder), "cpu")
+    assert isinstance(model, kb_engine.PlainSentenceEncoder) and model.runtime == "transformers"
+    if case in ("switched_off", "no_safetensors"):      # the same model, another runtime
+        assert _max_diff(model.encode(TINY_TEXTS), native.encode(TINY_TEXTS)) < TOLERANCE
+    assert _max_diff(model.encode(TINY_TEXTS), _st_vectors(_st(folder), TINY_TEXTS)) < TOLERANCE
+
+
+def test_native_setup_needs_a_tokenizer_json(kb_engine, tiny, tmp_path):
+    folder = tmp_path / "no_tokenizer_json"
+    shutil.copytree(tiny["cls"], folder)
+    assert kb_engine.native_bert_setup(str(folder)) is not None
+    (folder / "tokenizer.json").unlink()
+    assert kb_engine.native_bert_setup(str(folder)) is None
+
+
+def test_native_loading_imports_neither_transformers_nor_sentence_transformers(minilm):
+    script = ("import sys, kb_engine\n"
+              "e = kb_engine.Models().embedder()\n"
+              "v = e.encode_passages(['graphene on copper', 'perovskite stability'])\n"
+              "assert e.model.runtime == 'native' and v.shape == (2, 384)\n"
+              "print(sorted(m for m in ('transformers', 'sentence_transformers') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=clean_env(KB_EMBED_MODEL=str(minilm), HF_HUB_OFFLINE="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("name", ["dense", "prompt", "two_modes", "no_prompt_pooling", "weightedmean", "lasttoken",
