@@ -4303,14 +4303,6 @@ def prepare_file(path: str) -> PreparedFile:
                         page_labels=extracted.page_labels)
 
 
-def ingest_file(lib: Library, path: str, explicit: bool, force: bool) -> dict:
-    """Ingest one file in the calling process."""
-    outcome = triage_file(lib, path, explicit, force)
-    if isinstance(outcome, PendingFile):
-        return store_prepared(lib, outcome, prepare_file(outcome.path))
-    return outcome
-
-
 def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
     """The cheap checks (stat, hash, same content elsewhere): a finished entry, or the file's pending work."""
     started = time.perf_counter()
@@ -4779,11 +4771,14 @@ def _chunks_of(lib: Library, path: str) -> list[tuple[int, str]]:
 
 
 def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
-                 feeder: VectorFeeder | None, workers: int = 0) -> list[dict]:
+                 feeder: VectorFeeder | None, workers: int = 0,
+                 on_entry: Callable[[int, dict], dict] | None = None) -> list[dict]:
     """Ingest files in order, one transaction each, reading later files in worker processes meanwhile.
 
     The cheap checks run here, in order; a file that needs reading goes to a worker as soon as a second such file
     shows up (one changed file among many unchanged ones is read in-process: a worker costs a second to start).
+    ``on_entry(index, entry)`` runs right after each file is stored, in input order, and may return a new entry
+    (the Zotero import lays an item's data over its file there).
     """
     from collections import deque
     reader = FileReader(workers)
@@ -4801,6 +4796,8 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
             entry = store_prepared(lib, pending, reader.result(pending, handle))
             if feeder is not None and entry["status"] in (STATUS_ADDED, STATUS_UPDATED):
                 feeder.feed(_chunks_of(lib, pending.path))
+        if on_entry is not None:
+            entry = on_entry(len(entries), entry)
         entries.append(entry)
         if feeder is not None:
             feeder.store_ready(lib)
@@ -5692,20 +5689,44 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
     return {"cleared": counts, "kb_root": str(lib.root)}
 
 
-def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models) -> dict:
+def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models,
+               own_process: bool = False) -> dict:
     """Import the file attachments of a Zotero library (read from a snapshot), with Zotero's metadata,
-    annotations, collections and tags; unchanged items are skipped on the next run."""
+    annotations, collections and tags; unchanged items are skipped on the next run. Files are read ahead and
+    encoded on the ingest pipeline; each item's Zotero data is committed right after its file."""
     dry_run, force = _opt_bool(payload, "dry_run"), _opt_bool(payload, "force")
     db, attachments, n_collections = read_zotero_request(payload)
-    entries = []
-    for done, attachment in enumerate(attachments, start=1):
-        if dry_run:
-            entries.append(_zotero_candidate(attachment))
-        else:
-            entries.append(import_zotero_attachment(lib, attachment, force))
+    entries: list[dict | None] = [None] * len(attachments)
+    done = 0
+
+    def report(index: int) -> None:
+        nonlocal done
+        done += 1
         if progress:
-            progress({"phase": "zotero", "done": done, "total": len(attachments), "path": attachment.path or "",
-                      "status": entries[-1]["status"]})
+            progress({"phase": "zotero", "done": done, "total": len(attachments),
+                      "path": attachments[index].path or "", "status": entries[index]["status"]})
+
+    with_files = []
+    for index, attachment in enumerate(attachments):
+        entry = _zotero_candidate(attachment)
+        if dry_run or entry["status"] == "missing":
+            entries[index] = entry
+            report(index)
+        else:
+            with_files.append(index)
+    feeder = None
+    if not dry_run and with_files:
+        feeder = VectorFeeder(lib, models)
+
+        def lay_over(position: int, result: dict) -> dict:
+            index = with_files[position]
+            entries[index] = zotero_overlay(lib, attachments[index], result, force)
+            report(index)
+            return result
+
+        ingest_files(lib, [(os.path.abspath(attachments[i].path), True) for i in with_files], force, None, feeder,
+                     ingest_workers(own_process), on_entry=lay_over)
+        feeder.finish(lib, progress)
     statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)
     totals = {status: sum(e["status"] == status for e in entries) for status in statuses}
     totals["missing"] = sum(e["status"] == "missing" for e in entries)
@@ -5713,8 +5734,12 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
     response = {"items": entries, "totals": totals, "collections": n_collections, "dry_run": dry_run,
                 "zotero_db": str(db), "kb_root": str(lib.root) if lib is not None else None}
     if not dry_run and lib is not None:
-        vectors = embed_missing_chunks(lib, models, progress)
-        totals["vectors_written"], totals["vectors_missing"] = vectors["vectors_written"], vectors["vectors_missing"]
+        if feeder is not None and feeder.unavailable is not None:
+            vectors = vectors_not_computed(lib.count_missing_vectors(), feeder.unavailable)
+        else:
+            vectors = embed_missing_chunks(lib, models, progress)
+        written = feeder.written if feeder is not None else 0
+        totals["vectors_written"], totals["vectors_missing"] = written + vectors["vectors_written"], vectors["vectors_missing"]
         if vectors.get("note"):
             response["note"] = vectors["note"]
     return response
@@ -5736,13 +5761,8 @@ def _zotero_candidate(attachment: ZoteroAttachment) -> dict:
     return _zotero_entry(attachment, "candidate", annotations=len(attachment.annotations))
 
 
-def import_zotero_attachment(lib: Library, attachment: ZoteroAttachment, force: bool) -> dict:
-    """Index one attachment like ingest does, then lay Zotero's metadata and annotations over it."""
-    if attachment.path is None:
-        return _zotero_entry(attachment, "missing", reason=attachment.problem)
-    if not os.path.isfile(attachment.path):
-        return _zotero_entry(attachment, "missing", reason="file_missing")
-    result = ingest_file(lib, os.path.abspath(attachment.path), True, force)
+def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, force: bool) -> dict:
+    """Lay Zotero's metadata and annotations over the attachment's file, just ingested (``result``)."""
     entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
     entry["chunks"] = result["chunks"]
     row = _zotero_target_row(lib, lib.doc_by_path(os.path.abspath(attachment.path)), attachment)
@@ -5804,7 +5824,7 @@ def read_zotero_request(payload: dict) -> tuple[Path, list[ZoteroAttachment], in
 
 
 def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) -> bool:
-    """Whether importing the attachment would write anything, judged as import_zotero_attachment's unchanged
+    """Whether importing the attachment would write anything, judged as zotero_overlay's unchanged
     check does (size and mtime against the library, Zotero's signature and attachment key), without reading
     the file."""
     if attachment.path is None or not os.path.isfile(attachment.path):
@@ -6091,7 +6111,7 @@ class Engine:
             if command == "cite":
                 return cmd_cite(lib, payload, self.models, state)
             if command == "zotero":
-                return cmd_zotero(lib, payload, progress, self.models)
+                return cmd_zotero(lib, payload, progress, self.models, self.own_process)
             if command == "docs":
                 return cmd_docs(lib, payload)
             if command == "stats":

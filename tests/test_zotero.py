@@ -747,3 +747,35 @@ def test_import_while_zotero_holds_the_database(eng, zcopy, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_import_with_read_ahead_workers_and_vectors_matches_in_process(kb_engine, zcopy, tmp_path, monkeypatch):
+    """The import runs on the ingest pipeline: with a reader process and an encoding thread (as the engine runs
+    as its own program) the library holds the same documents, Zotero data, chunks and progress as when every
+    file is read in-process, and every chunk, annotations included, ends with a vector."""
+    from helpers import use_minilm
+    _isolate(monkeypatch, tmp_path / "home")
+    use_minilm(monkeypatch)
+    results = {}
+    for workers in ("0", "1"):
+        monkeypatch.setenv("KB_INGEST_WORKERS", workers)
+        root = tmp_path / f"kb-{workers}"
+        events = []
+        engine = kb_engine.Engine(own_process=True)
+        try:
+            resp = engine.execute("zotero", {"zotero_db": str(zcopy.db), "kb_root": str(root)},
+                                  progress=events.append)
+        finally:
+            engine.close()
+        check_shape(resp)
+        zotero_done = [e["done"] for e in events if e.get("phase") == "zotero"]
+        assert zotero_done == list(range(1, len(resp["items"]) + 1)), zotero_done
+        with sqlite3.connect(root / "kb.sqlite") as conn:
+            docs = conn.execute("SELECT title, zotero_key, zotero_attachment_key, chunk_count, collections, tags "
+                                "FROM docs ORDER BY path").fetchall()
+            chunks, vectors = conn.execute("SELECT (SELECT COUNT(*) FROM chunks), (SELECT COUNT(*) FROM vecs)").fetchone()
+        assert chunks > 0 and vectors == chunks, (chunks, vectors)
+        assert resp["totals"]["vectors_missing"] == 0 and resp["totals"]["vectors_written"] == chunks
+        results[workers] = ([(i["attachment_key"], i["status"], i["chunks"], i["annotations"]) for i in resp["items"]],
+                            docs)
+    assert results["0"] == results["1"]
