@@ -2914,17 +2914,22 @@ class NativeBertTokenizer:
         from tokenizers import Tokenizer
         self.unk_token = setup["unk_token"]
         self.model_max_length = setup["model_max_length"]
-        self._batch = Tokenizer.from_file(setup["tokenizer_file"])
+        self._file = setup["tokenizer_file"]
+        self._batch = Tokenizer.from_file(self._file)
         self._batch.no_padding()
         self._batch.enable_truncation(max_length)
-        self._plain = Tokenizer.from_file(setup["tokenizer_file"])     # untruncated, for tokenize()
-        self._plain.no_padding()
-        self._plain.no_truncation()
+        self._plain = None            # untruncated, for tokenize(): read only when a query guard asks
         self.pad_id = self._batch.token_to_id(setup["pad_token"])
         if self.pad_id is None:
             raise ValueError(f"pad token {setup['pad_token']!r} is not in the vocabulary")
 
     def tokenize(self, text: str) -> list[str]:
+        if self._plain is None:
+            from tokenizers import Tokenizer
+            plain = Tokenizer.from_file(self._file)
+            plain.no_padding()
+            plain.no_truncation()
+            self._plain = plain
         return self._plain.encode(text, add_special_tokens=False).tokens
 
     def __call__(self, texts: list[str], device: str) -> dict:
