@@ -51,10 +51,10 @@ __version__ = "0.1.0"
 # 1. Config
 # =============================================================================
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 2
+PARSER_REVISION = 3
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"
@@ -63,7 +63,7 @@ SUPPORTED_SUFFIXES = {".pdf": "pdf", ".docx": "docx", ".txt": "txt", ".md": "md"
 CHUNK_MAX_CHARS = 800          # hard cap for one chunk's text
 CHUNK_MIN_CHARS = 200          # a chunk smaller than this absorbs its neighbour paragraph
 ABSTRACT_MIN_CHARS, ABSTRACT_MAX_CHARS = 400, 3000
-SECTION_WEIGHTS = {"abstract": 1.5, "methods": 1.2}
+SECTION_WEIGHTS = {"abstract": 1.5, "methods": 1.2, "appendix": 0.8}   # priors: see SECTION_PRIOR_STRENGTH
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 1000
 DEFAULT_SNIPPET_CHARS = 300
@@ -474,6 +474,17 @@ def _migrate_2_to_3(conn: sqlite3.Connection, has_fts5: bool) -> None:
 
 MIGRATIONS[2] = _migrate_2_to_3
 
+SCHEMA_V4 = """
+ALTER TABLE docs ADD COLUMN page_coverage TEXT;   -- JSON: text pages, pages with chunks, pages without and why
+"""
+
+
+def _migrate_3_to_4(conn: sqlite3.Connection, has_fts5: bool) -> None:
+    run_statements(conn, SCHEMA_V4)
+
+
+MIGRATIONS[3] = _migrate_3_to_4
+
 
 def title_key(title: str | None) -> str | None:
     """Title reduced to lower-case letters and digits: equal keys mean the same title."""
@@ -730,10 +741,20 @@ class Library:
         return [r[0] for r in self.conn.execute("SELECT c.id FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
                                                 "WHERE v.chunk_id IS NULL ORDER BY length(c.text), c.id")]
 
-    def chunk_texts_by_id(self, ids: list[int]) -> list[tuple[int, str]]:
-        """(id, text) of the chunks that still exist, in the order given."""
-        found = dict(self.conn.execute(f"SELECT id, text FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids))
-        return [(i, found[i]) for i in ids if i in found]
+    def chunk_passages(self, ids: list[int] | None = None, path: str | None = None) -> list[tuple[int, str, str, str]]:
+        """(id, document title, section, text) of the chunks given by id (those that still exist, in the order
+        given) or of the document at ``path`` (in reading order): what the embedder reads."""
+        sql = "SELECT c.id, COALESCE(d.title, ''), c.section, c.text FROM chunks c JOIN docs d ON d.id = c.doc_id "
+        if path is not None:
+            return [tuple(r) for r in self.conn.execute(sql + "WHERE d.path = ? ORDER BY c.seq", (path,))]
+        found = {r[0]: tuple(r) for r in self.conn.execute(sql + f"WHERE c.id IN ({', '.join('?' * len(ids))})", ids)}
+        return [found[i] for i in ids if i in found]
+
+    def passage_format(self) -> str | None:
+        """How the library's vectors were made from chunks (see PASSAGE_FORMATS); None without vectors."""
+        if self.vector_model()[0] is None:
+            return None
+        return self.get_meta("embed_passage_format") or "text/0"
 
     def count_missing_vectors(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
@@ -753,12 +774,14 @@ class Library:
         self._term_counts = (generation, key, (total, counts))
         return total, counts
 
-    def store_model_vectors(self, model: str, dim: int, ids: list[int], matrix) -> None:
-        """Store vectors in one transaction, recording the model that made them when it is the library's first."""
+    def store_model_vectors(self, model: str, dim: int, ids: list[int], matrix, passage_format: str) -> None:
+        """Store vectors in one transaction, recording the model and passage format that made them when they are
+        the library's first."""
         with self.transaction():
             if self.vector_model()[0] is None:
                 self.set_meta("embed_model", model)
                 self.set_meta("embed_dim", str(dim))
+                self.set_meta("embed_passage_format", passage_format)
             self.store_vectors(ids, matrix)
 
     def store_vectors(self, ids: list[int], matrix) -> None:
@@ -827,6 +850,8 @@ class Block:
     bold: bool = False
     n_lines: int = 1
     index: int = -1             # position in the document's block list (reading order)
+    in_table: bool = False      # a cell or column header of a table (PDF only): never a heading
+    closed_by: str = ""         # the closing section (references, acknowledgements) that kept it out of the index
 
 
 @dataclass
@@ -868,7 +893,9 @@ SECTION_ALIASES = {
     "appendix": ("appendix", "appendices", "supplementary material", "supplementary materials",
                  "supplementary information", "supporting information", "附录"),
 }
-NOT_INDEXED_SECTIONS = frozenset({"references", "acknowledgements", "appendix"})
+# Sections that close the body: kept out of the search index (a reference list feeds citation linking instead).
+# Appendices are indexed: researchers ask about what papers put there.
+NOT_INDEXED_SECTIONS = frozenset({"references", "acknowledgements"})
 _ALIAS_TO_CANONICAL = {alias: canon for canon, aliases in SECTION_ALIASES.items() for alias in aliases}
 
 _CN_NUM = "一二三四五六七八九十百零〇"
@@ -898,12 +925,22 @@ _BARE_NUMBER = re.compile(r"^\s*\d{1,2}(?:\.\d{1,2}){0,3}\.?\s*$")
 _TERMINAL_PUNCT = tuple(".!?。！？;；:：)]\"”’")
 
 
+_APPENDIX_TITLE = re.compile(r"^(?:appendix|appendices|supplementary (?:material|information|note|methods|text)s?|"
+                             r"supporting information|附录)(?:\s+(?:[a-h]|\d{1,2}|[ivx]{1,4})\b)?(?:\s*[:.\-—–]\s*|\s+|$)")
+
+
 def canonical_section(name: str) -> str | None:
-    """Canonical key of a known section name (any case, numbering removed), else None."""
+    """Canonical key of a known section name (any case, numbering removed), else None.
+
+    An appendix may carry a label and a title ("Appendix B: Proofs", "Supplementary Note 2 Data")."""
     cleaned = re.sub(r"[\s:：.]+$", "", strip_numbering(name)).strip().lower()
     cleaned = re.sub(r"\s+", " ", cleaned.replace("&", "and"))
     cleaned = cleaned.replace(" ", "") if cjk_ratio(cleaned) > 0.5 else cleaned
-    return _ALIAS_TO_CANONICAL.get(cleaned)
+    known = _ALIAS_TO_CANONICAL.get(cleaned)
+    if known is None and _APPENDIX_TITLE.match(cleaned) and len(cleaned.split()) <= 10 and not name.rstrip().endswith(
+            (".", ",", ")")):
+        return "appendix"
+    return known
 
 
 def strip_numbering(text: str) -> str:
@@ -1014,13 +1051,15 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
         if block.role != "body":
             continue
         text = block.text
-        if _BARE_NUMBER.match(text):
+        if _BARE_NUMBER.match(text) and not block.in_table:
             block.role = "noise"
             detached_number = [int(n) for n in re.findall(r"\d+", text)] or None
             continue
         if len(text.strip()) < 2 or not any(ch.isalnum() for ch in text):
             block.role = "noise"
             continue
+        if block.in_table:
+            continue        # a table's cells and column headers are content, never headings
         if (number and looks_like_heading(text, block.size, True, block.n_lines, body_size)
                 and numbering.accept(number)):
             block.role, block.level = "heading", len(number)
@@ -1034,6 +1073,8 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
             continue
         parts = HeadingNumbering.parts(text)
         known = canonical_section(text) is not None
+        if canonical_section(text) in NOT_INDEXED_SECTIONS and not _closing_heading_typeset(block, body_size):
+            continue
         if parts is not None and not known and not numbering.accept(parts):
             continue
         if parts is None and not known and numbering_depth(text) == 0:
@@ -1043,6 +1084,87 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
                 continue
         block.role, block.level = "heading", level
         in_front_matter = False
+    confirm_closing_headings(blocks)
+
+
+def _closing_heading_typeset(block: Block, body_size: float) -> bool:
+    """A References or Acknowledgements heading stands on its own line at least near body size (a table's
+    small column header "Reference" does not). Formats without typography pass: their style said heading."""
+    if not block.size or not body_size:
+        return True
+    small_caps = block.text.isupper() and block.size >= 0.7 * body_size     # IEEE sets "REFERENCES" in small caps
+    return block.n_lines <= 2 and (block.size >= 0.85 * body_size or small_caps)
+
+
+_REF_YEAR = re.compile(r"(?<!\d)(?:1[89]|20)\d{2}[a-z]?(?!\d)")
+_REF_LABEL = re.compile(r"^\s*(?:\[\d{1,4}\]|\(\d{1,4}\)|\d{1,4}\.\s|\d{1,4}\s+[A-Z\u4e00-\u9fff])")
+_REF_MARKS = re.compile(r"et al\b|\bdoi\b|arxiv|\bpp?\.\s*\d|\bvol\.|\bproc\.|\bin:|journal|conference|"
+                        r"proceedings|\[[JMCDRPSNZ]\]|\d+\s*\(\d+\)|\d+\s*[:,]\s*\d+\s*[-\u2013]\s*\d+|"
+                        r"[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*){1,3}|(?:[A-Z]\.\s*){1,3}[A-Z][a-z]+",
+                        re.IGNORECASE)
+_ACKNOWLEDGING = re.compile(r"thank|grateful|gratitude|acknowledg|fund|grant|support|sponsor|fellowship|"
+                            r"谢|资助|基金|支持", re.IGNORECASE)
+
+
+def prose_share(text: str) -> float:
+    """Share of the words that are lower-case words of three or more letters: high in running prose, low in
+    reference entries (names, initials, numbers) and table cells."""
+    words = text.split()
+    if not words:
+        return 0.0
+    return sum(1 for w in words if len(w.strip(".,;:()[]\"'")) >= 3 and w.strip(".,;:()[]\"'").isalpha()
+               and w.strip(".,;:()[]\"'").islower()) / len(words)
+
+
+def looks_like_reference_entry(text: str) -> bool:
+    """One or more bibliography entries: a year, label or DOI with a second bibliographic mark, and no prose."""
+    if cjk_ratio(text) > 0.3:
+        return bool(_REF_YEAR.search(text) or _REF_LABEL.match(text)) and bool(_REF_MARKS.search(text) or "，" in text
+                                                                             or "." in text)
+    anchored = _REF_YEAR.search(text) or _REF_LABEL.match(text) or re.search(r"\bdoi\b|10\.\d{4,}/", text, re.I)
+    return bool(anchored) and len(_REF_MARKS.findall(text)) >= 1 and prose_share(text) < 0.6
+
+
+def is_running_prose(text: str) -> bool:
+    """A paragraph of body text, which no reference list holds."""
+    return (len(text) >= 200 and not _REF_LABEL.match(text) and not looks_like_reference_entry(text)
+            and (prose_share(text) >= 0.6 or (cjk_ratio(text) > 0.3 and "。" in text)))
+
+
+def confirm_closing_headings(blocks: list[Block]) -> None:
+    """Keep a References or Acknowledgements heading only when what follows it is what it claims.
+
+    A reference list must follow a References heading (most of the text up to the next heading reads as
+    entries, or it parses as a numbered list); acknowledging text must follow Acknowledgements. Otherwise the
+    word was a misread (a table column header, a cross-reference) and the block goes back to the body."""
+    for i, block in enumerate(blocks):
+        canonical = canonical_section(block.text) if block.role == "heading" else None
+        if canonical not in NOT_INDEXED_SECTIONS:
+            continue
+        following: list[Block] = []
+        for later in blocks[i + 1:i + 60]:
+            if later.role == "heading":
+                break
+            if later.role == "body":
+                following.append(later)
+        if canonical == "references":
+            claimed = _reads_as_reference_list(following)
+        else:
+            claimed = bool(following) and _ACKNOWLEDGING.search(following[0].text) is not None
+        if not claimed:
+            block.role, block.level = "body", 0
+
+
+def _reads_as_reference_list(blocks: list[Block]) -> bool:
+    if not blocks:
+        return False
+    texts = [b.text for b in blocks]
+    total = sum(len(t) for t in texts)
+    entry_chars = sum(len(t) for t in texts if looks_like_reference_entry(t))
+    if entry_chars >= 0.5 * total:
+        return True
+    joined = "\n".join(texts)
+    return len(_sequential_labels(joined)) >= 3 and not is_running_prose(texts[0])
 
 
 def join_lines(lines: Iterable[str]) -> str:
@@ -1094,6 +1216,7 @@ def _trailing_numbered_list(blocks: list[Block]) -> list[Block]:
 
 
 def _blocks_under_references_heading(blocks: list[Block]) -> list[Block]:
+    """Blocks of the list under a References heading; running prose ends it (the body resumes there)."""
     inside, found = False, []
     for block in blocks:
         if block.role == "heading":
@@ -1103,7 +1226,10 @@ def _blocks_under_references_heading(blocks: list[Block]) -> list[Block]:
             elif inside and (canonical is not None or numbering_depth(block.text)):
                 inside = False      # acknowledgements, appendices, a new chapter: the list is over
             continue
-        if inside and block.role in ("body", "caption", "reference"):
+        if inside and block.role in ("body", "reference"):
+            if block.role == "body" and is_running_prose(block.text):
+                inside = False
+                continue
             block.role = "reference"
             found.append(block)
     return found
@@ -1408,6 +1534,67 @@ def _reading_order(blocks: list[_PdfBlock], width: float) -> list[_PdfBlock]:
     return ordered
 
 
+TABLE_CELL_MAX_CHARS = 80
+
+
+def _short_cell(block: _PdfBlock) -> bool:
+    return len(block.lines) <= 2 and len(block.text) <= TABLE_CELL_MAX_CHARS
+
+
+def _side_by_side(a: tuple, b: tuple) -> bool:
+    """Two boxes on one text row: their vertical spans overlap by half the smaller height, and they do not
+    overlap horizontally."""
+    overlap = min(a[3], b[3]) - max(a[1], b[1])
+    smaller = max(min(a[3] - a[1], b[3] - b[1]), 1.0)
+    return overlap >= 0.5 * smaller and (a[2] <= b[0] or b[2] <= a[0])
+
+
+def _table_cells(blocks: list[_PdfBlock], width: float) -> set[int]:
+    """Indices of the blocks that are cells of a table: short blocks that share a text row with other short blocks.
+
+    Three or more short blocks on one row make a table row. Two make one only when both sit in the same half of
+    the page; a short block in each column of a two-column page (a heading beside a heading) needs a second such
+    row right above or below to count. A block whose own lines stand side by side is a row set as one block."""
+    short = [i for i, b in enumerate(blocks) if _short_cell(b)]
+    row_mates = {i: [j for j in short if j != i and _side_by_side(blocks[i].bbox, blocks[j].bbox)] for i in short}
+    for i in short:       # a section number set apart from its heading text ("2.1" + "Data") is not a cell
+        if len(row_mates[i]) == 1 and _detached_number(blocks[row_mates[i][0]], blocks[i]):
+            row_mates[i] = []
+        elif len(row_mates[i]) == 1 and _detached_number(blocks[i], blocks[row_mates[i][0]]):
+            row_mates[i] = []
+    mid = width / 2
+
+    def same_half(i: int, j: int) -> bool:
+        return ((blocks[i].bbox[0] + blocks[i].bbox[2]) / 2 < mid) == ((blocks[j].bbox[0] + blocks[j].bbox[2]) / 2 < mid)
+
+    def stacked_row(i: int) -> bool:
+        """Another row of two short blocks within three line heights above or below, aligned with this one."""
+        height = max(blocks[i].bbox[3] - blocks[i].bbox[1], 1.0)
+        return any(k != i and row_mates.get(k) and abs(blocks[k].bbox[0] - blocks[i].bbox[0]) < 0.02 * width
+                   and 0 < abs(blocks[k].bbox[1] - blocks[i].bbox[1]) < 3 * height for k in short)
+
+    cells = set()
+    for i in short:
+        mates = row_mates[i]
+        if len(mates) >= 2 or (mates and (same_half(i, mates[0]) or stacked_row(i))):
+            cells.add(i)
+    for i, block in enumerate(blocks):
+        rows = {n for n, a in enumerate(block.lines) for b in block.lines[n + 1:] if _side_by_side(a.bbox, b.bbox)}
+        if len(rows) >= 2:      # one row of two (a number beside its heading, an equation and its label) is not
+            cells.add(i)
+    return cells
+
+
+_DETACHED_SECTION_NUMBER = re.compile(r"^\s*(?:\d{1,2}(?:\.\d{1,2}){0,3}|[IVXLC]{1,6}|[A-H])\.?\s*$")
+
+
+def _detached_number(number: _PdfBlock, text: _PdfBlock) -> bool:
+    """``number`` is a bare section number set just left of ``text`` on the same row."""
+    gap = text.bbox[0] - number.bbox[2]
+    size = max((line.size for line in text.lines), default=10.0)
+    return _DETACHED_SECTION_NUMBER.match(number.text) is not None and 0 <= gap < 3 * size
+
+
 _PAGE_NUMBER_LINE = re.compile(r"^\s*(?:page\s*)?[\divxlc]{1,6}(?:\s*(?:/|of)\s*\d{1,5})?\s*$|^\s*[-–—]\s*\d{1,5}\s*[-–—]\s*$",
                                re.IGNORECASE)
 
@@ -1484,7 +1671,7 @@ def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
 def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     doc = _open_pdf(path)
     try:
-        raw_pages, labels, failed_pages, margin_text = [], [], 0, ""
+        raw_pages, labels, widths, failed_pages, margin_text = [], [], [], 0, ""
         for number, page in enumerate(doc):
             if max_pages is not None and number >= max_pages:
                 break
@@ -1496,6 +1683,7 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
             except Exception:
                 failed_pages += 1
                 raw_pages.append(([], page.rect.height))
+            widths.append(page.rect.width)
             labels.append(_page_label(page))
         raw_meta = dict(doc.metadata or {})
         raw_meta["margin_text"] = margin_text
@@ -1512,9 +1700,12 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     running_heads = " ".join(b.text for b in (raw_pages[0][0] if raw_pages else []) if id(b) not in kept)
     raw_meta["margin_text"] = f"{raw_meta.get('margin_text', '')} {running_heads}".strip()
     body_size = _pdf_body_size(pages)
-    blocks = [Block(text=raw.text, page=number, size=max(line.size for line in raw.lines), n_lines=len(raw.lines),
-                    bold=all(line.bold for line in raw.lines))
-              for number, page_blocks in enumerate(pages, start=1) for raw in page_blocks]
+    blocks = []
+    for number, (page_blocks, width) in enumerate(zip(pages, widths), start=1):
+        cells = _table_cells(page_blocks, width)
+        blocks.extend(Block(text=raw.text, page=number, size=max(line.size for line in raw.lines),
+                            n_lines=len(raw.lines), bold=all(line.bold for line in raw.lines), in_table=i in cells)
+                      for i, raw in enumerate(page_blocks))
     _mark_pdf_title(blocks, body_size)
     classify_blocks(blocks, body_size)
     references, numbered = reference_entries(blocks)
@@ -2088,11 +2279,12 @@ class SectionTracker:
         self.sub: str | None = None
         self.seen_heading = False
         self.body_started = False     # a section other than the abstract has begun
+        self.before_closing: tuple = ("", None, None)   # the section a References/Acknowledgements heading closed
 
     @property
     def label(self) -> str:
         if not self.top:
-            return "Front matter" if self.seen_heading else ""
+            return "Front matter" if self.seen_heading and not self.body_started else ""
         return f"{self.top} > {self.sub}" if self.sub else self.top
 
     @property
@@ -2103,16 +2295,25 @@ class SectionTracker:
         self.seen_heading = True
         canonical = canonical_section(heading)
         name = section_display_name(heading)
+        if canonical == "abstract" and self.body_started:
+            canonical = "conclusion"      # a "Summary" after the body sums the paper up at its end
         self.body_started = self.body_started or canonical != "abstract"
         if canonical:
+            if canonical in NOT_INDEXED_SECTIONS and self.indexed:
+                self.before_closing = (self.top, self.top_canonical, self.sub)
             self.top, self.top_canonical, self.sub = name, canonical, None
         elif not self.indexed:
-            restarts_body = numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I)
-            if restarts_body:
+            # After the reference list: a lettered part ("A Proofs") opens an appendix, a numbered chapter the
+            # body; an unnumbered sub-heading ("Primary sources") stays inside the list.
+            if re.match(r"^\s*[A-H](?:\.\d{1,2})*\.?\s", heading) and numbering_depth(heading):
+                self.top, self.top_canonical, self.sub = name, "appendix", None
+            elif numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I):
                 self.top, self.top_canonical, self.sub = name, None, None
             else:
-                self.sub = name          # lettered appendix parts and the like stay out of the index
-        elif level <= 1 or not self.top:
+                self.sub = name
+        elif self.top_canonical == "appendix" and level > 1:
+            self.sub = name
+        elif level <= 1 or not self.top or self.top_canonical == "abstract":     # an abstract has no subsections
             self.top, self.top_canonical, self.sub = name, None, None
         else:
             self.sub = name
@@ -2120,6 +2321,15 @@ class SectionTracker:
     def enter_abstract(self, name: str = "Abstract") -> None:
         self.seen_heading = True
         self.top, self.top_canonical, self.sub = name, "abstract", None
+
+    def leave_abstract(self) -> None:
+        """An abstract that runs on past its length or page: the body began without a heading."""
+        self.top, self.top_canonical, self.sub = "", None, None
+        self.body_started = True
+
+    def resume_body(self) -> None:
+        """Back to the section before a References/Acknowledgements heading that body text turned out to follow."""
+        self.top, self.top_canonical, self.sub = self.before_closing
 
 
 def _promoted_abstract(blocks: list[Block]) -> Block | None:
@@ -2138,12 +2348,21 @@ def _promoted_abstract(blocks: list[Block]) -> Block | None:
     return None
 
 
+def _resumes_body(closing: str | None, block: Block) -> bool:
+    """Body text after a closing section: under References, a block the list did not take (running prose);
+    under Acknowledgements, a paragraph that acknowledges nothing."""
+    if closing == "references":
+        return block.role == "body"
+    return closing == "acknowledgements" and len(block.text) >= 200 and not _ACKNOWLEDGING.search(block.text)
+
+
 def paragraphs(blocks: list[Block]) -> list[_Para]:
     """Walk blocks in reading order into section-labelled paragraphs (excluded sections dropped)."""
     tracker = SectionTracker()
     promoted = _promoted_abstract(blocks)
     paras: list[_Para] = []
     open_para: _Para | None = None
+    abstract_start, abstract_chars = None, 0       # where the abstract began, and how long it has run
     for index, block in enumerate(blocks):
         block.index = index
         if block.role in ("title", "noise", "reference"):
@@ -2152,10 +2371,12 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
             tracker.enter(block.text, block.level)
             open_para = None
             continue
-        if block.role == "caption":
-            if tracker.indexed:
-                paras.append(_Para([_piece_of(block)], tracker.label, tracker.top_canonical, "caption"))
+        if block.role == "caption":      # figures and tables are content wherever they float
+            paras.append(_Para([_piece_of(block)], tracker.label, tracker.top_canonical, "caption"))
             continue
+        if not tracker.indexed and _resumes_body(tracker.top_canonical, block):
+            tracker.resume_body()
+            open_para = None
         start = 0
         run_in = run_in_abstract(block.text) if tracker.top_canonical in (None, "abstract") else None
         if run_in is not None and not tracker.body_started:
@@ -2164,8 +2385,18 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
         elif block is promoted:
             tracker.enter_abstract()
             open_para = None
-        if not tracker.indexed or start >= len(block.text):
+        if not tracker.indexed:
+            block.closed_by = tracker.top_canonical or ""
             continue
+        if start >= len(block.text):
+            continue
+        if tracker.top_canonical == "abstract":
+            abstract_start, abstract_chars = abstract_start or block.page or 1, abstract_chars + len(block.text)
+            if abstract_chars > ABSTRACT_MAX_CHARS + len(block.text) or (block.page or 1) > abstract_start + 1:
+                tracker.leave_abstract()
+                open_para = None
+        else:
+            abstract_start, abstract_chars = None, 0
         if (open_para is not None and start == 0 and open_para.section == tracker.label
                 and _continues(open_para, block)):
             _continue_para(open_para, block)
@@ -2287,6 +2518,67 @@ def chunk_document(extracted: Extracted, max_chars: int = CHUNK_MAX_CHARS) -> li
 
 def _joined(pieces: list[Piece]) -> str:
     return "".join(p.joiner + p.text for p in pieces)
+
+
+TEXT_PAGE_MIN_CHARS = 100       # letters and digits that make a page a text page
+PAGES_LOST_NOTE_SHARE = 0.1     # ingest notes a document when more of its text pages than this have no passage
+CLOSING_PAGES_NOTE_SHARE = 0.5  # ... or when a reference list / acknowledgements hold more of them than this
+
+
+def page_coverage(extracted: Extracted, chunks: list[Chunk]) -> dict | None:
+    """Which text pages of a PDF have a passage in the index, and why the others have none.
+
+    Reasons: "references" or "acknowledgements" (their text is kept out of the search index by design),
+    "no body text" (only a title, page furniture or headings), "no passage" (text was lost: a parser fault)."""
+    if extracted.kind != "pdf":
+        return None
+    chunked = {entry[1] for chunk in chunks for entry in chunk.page_map if entry[1] is not None}
+    text_pages = [n for n, text in enumerate(extracted.page_texts, start=1)
+                  if sum(ch.isalnum() for ch in text) >= TEXT_PAGE_MIN_CHARS]
+    without = []
+    for page in (n for n in text_pages if n not in chunked):
+        held: dict[str, int] = {}
+        for block in (b for b in extracted.blocks if b.page == page):
+            kind = ("references" if block.role == "reference" else block.closed_by
+                    or ("content" if block.role in ("body", "caption") else ""))
+            if kind:
+                held[kind] = held.get(kind, 0) + len(block.text)
+        if not held:
+            reason = "no body text"
+        elif "content" in held:
+            reason = "no passage"
+        else:
+            reason = max(held, key=held.get)
+        without.append({"page": page, "reason": reason})
+    return {"text_pages": len(text_pages), "pages_with_chunks": len(text_pages) - len(without),
+            "without_chunks": without}
+
+
+def page_coverage_note(coverage: dict | None) -> str | None:
+    """A warning for a document whose text pages did not make it into the index in the expected share."""
+    if not coverage or not coverage["text_pages"]:
+        return None
+    total = coverage["text_pages"]
+    lost = [p["page"] for p in coverage["without_chunks"] if p["reason"] == "no passage"]
+    closing = [p["page"] for p in coverage["without_chunks"] if p["reason"] in NOT_INDEXED_SECTIONS]
+    if lost and len(lost) > PAGES_LOST_NOTE_SHARE * total:
+        return (f"{len(lost)} of {total} text pages produced no passage (pages {page_ranges(lost)}); "
+                "their text may be missing from search")
+    if len(closing) > 2 and len(closing) > CLOSING_PAGES_NOTE_SHARE * total:
+        return (f"{len(closing)} of {total} text pages were read as references or acknowledgements and are not "
+                f"searchable (pages {page_ranges(closing)}); check that the headings were read correctly")
+    return None
+
+
+def page_ranges(pages: list[int]) -> str:
+    """[3, 4, 5, 9] -> "3-5, 9"."""
+    runs: list[list[int]] = []
+    for page in sorted(pages):
+        if runs and page == runs[-1][1] + 1:
+            runs[-1][1] = page
+        else:
+            runs.append([page, page])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
 
 
 # =============================================================================
@@ -2496,6 +2788,25 @@ DEFAULT_DOWNLOAD_TIMEOUT_S = 120.0
 CPU_BATCH = {"embed": 32, "rerank": 16}
 MIN_DEVICE_BATCH = 4
 MAX_UNKNOWN_TOKEN_SHARE = 0.3    # above this the embedder cannot read the query: skip the vector half
+
+
+# What the embedder reads for a chunk. A passage alone is ambiguous ("the model", "this dataset"); its paper's
+# title and section name tell the embedder what it is about (page-level MRR on the full-text questions 0.573 ->
+# 0.670 with all-MiniLM-L6-v2, docs/PERFORMANCE.md). A library's vectors all come from one format, recorded with
+# them; `reembed` moves a library made with an older one to the current one.
+PASSAGE_FORMATS: dict[str, Callable[[str, str, str], str]] = {
+    "text/0": lambda title, section, text: text,
+    "title-section/1": lambda title, section, text: (
+        f"{'. '.join(part for part in (title.strip(), section.strip()) if part)}\n{text}"
+        if title.strip() or section.strip() else text),
+}
+PASSAGE_FORMAT = "title-section/1"
+
+
+def embedding_inputs(passages: list[tuple[int, str, str, str]], passage_format: str) -> list[tuple[int, str]]:
+    """(chunk id, embedder input) for (id, title, section, text) rows, in the library's passage format."""
+    make = PASSAGE_FORMATS.get(passage_format, PASSAGE_FORMATS["text/0"])
+    return [(chunk_id, make(title, section, text)) for chunk_id, title, section, text in passages]
 
 
 class ModelUnavailable(Exception):
@@ -3298,58 +3609,42 @@ def _escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, limit: int,
-                       weighted: bool = True) -> list[tuple[int, float]]:
-    """(chunk id, score) best first: FTS5 BM25 (k1 1.2, b 0.75), times the section weight when ``weighted``."""
+def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, limit: int) -> list[tuple[int, float]]:
+    """(chunk id, BM25) best first: FTS5 BM25 (k1 1.2, b 0.75) by the evidence alone; section priors are added
+    later, once, whichever pools are fused."""
     where, params = filter_sql(filters)
     if lib.has_fts5:
         match = " OR ".join(f'"{t}"' for t in terms)
         if not where:
-            split = _fts_split_top(lib, terms, limit, weighted)
-            return split if split is not None else _fts_top(lib, match, limit, weighted)
-        return _fts_weighted_join(lib, match, limit, where, params, "c.weight" if weighted else "1.0")
-    return _python_bm25(lib, terms, where, params, limit, weighted)
+            split = _fts_split_top(lib, terms, limit)
+            return split if split is not None else _fts_top(lib, match, limit)
+        return _fts_join(lib, match, limit, where, params)
+    return _python_bm25(lib, terms, where, params, limit)
 
 
 MAX_SECTION_WEIGHT = max(1.0, *SECTION_WEIGHTS.values())
 
 
-def _fts_top(lib: Library, match: str, limit: int, weighted: bool) -> list[tuple[int, float]]:
-    """The keyword ranking read from the FTS index alone, section weights applied to a generous top slice.
-
-    Looking up every matching chunk's row for its weight costs several times the scoring itself on a big library
-    (a common word matches a good share of it). A weight lifts a score by at most MAX_SECTION_WEIGHT, so when the
-    weakest candidate kept beats every chunk outside the slice even at that lift, the slice holds the exact
-    answer; otherwise (rare: flat score distributions) every match is weighted in SQL.
-    """
-    slice_size = max(limit * 20, 1000) if weighted else limit
+def _fts_top(lib: Library, match: str, limit: int) -> list[tuple[int, float]]:
+    """The keyword ranking read from the FTS index alone, without touching the chunk rows."""
     rows = lib.conn.execute("SELECT rowid, -bm25(chunks_fts, ?, ?) AS s FROM chunks_fts WHERE chunks_fts MATCH ? "
-                            "ORDER BY s DESC, rowid LIMIT ?", [*FTS_COLUMN_WEIGHTS, match, slice_size]).fetchall()
-    if not weighted:
-        return [(row[0], float(row[1])) for row in rows]
-    weights = chunk_weights(lib, (row[0] for row in rows))
-    scored = sorted(((cid, raw * weights.get(cid, 1.0)) for cid, raw in rows), key=lambda x: (-x[1], x[0]))
-    top = scored[:limit]
-    weakest = rows[-1][1] if rows else 0.0
-    outside_best = max(weakest * MAX_SECTION_WEIGHT, weakest)      # weights are at least 1
-    if len(rows) < slice_size or (len(top) == limit and top[-1][1] > outside_best):
-        return [(cid, float(score)) for cid, score in top]
-    return _fts_weighted_join(lib, match, limit, "", [])
+                            "ORDER BY s DESC, rowid LIMIT ?", [*FTS_COLUMN_WEIGHTS, match, limit]).fetchall()
+    return [(row[0], float(row[1])) for row in rows]
 
 
 COMMON_TERM_SHARE = 0.1      # a query word found in more chunks than this is "common" (see _fts_split_top)
 BM25_K1 = 1.2
 
 
-def _fts_split_top(lib: Library, terms: list[str], limit: int, weighted: bool) -> list[tuple[int, float]] | None:
+def _fts_split_top(lib: Library, terms: list[str], limit: int) -> list[tuple[int, float]] | None:
     """The exact keyword ranking without scoring every chunk that holds a common query word; None to decline.
 
     FTS5 spends most of a query on BM25 for each matching row, and a word found in a large share of the chunks
     makes that nearly every row. So the matches are split by what they contain: rows with a rarer query word and
     no common one, and rows with both. Each set is ranked exactly (every query word is in each expression once,
     so the sums are the full BM25). What is left out holds common words only; BM25 caps each word's share at
-    idf x (k1 + 1) and a section weight lifts it at most MAX_SECTION_WEIGHT times, so when the answer's weakest
-    score beats that cap, no such row could enter it. Otherwise the caller ranks every match.
+    idf x (k1 + 1), so when the answer's weakest score beats that cap, no such row could enter it. Otherwise the
+    caller ranks every match.
     """
     total, counts = lib.term_counts(terms)
     common = [t for t in terms if counts.get(t, 0) > total * COMMON_TERM_SHARE]
@@ -3357,13 +3652,12 @@ def _fts_split_top(lib: Library, terms: list[str], limit: int, weighted: bool) -
     if not common or not rare:
         return None
     idf = sum(max(math.log((total - counts[t] + 0.5) / (counts[t] + 0.5)), 1e-6) for t in common)
-    cap = (MAX_SECTION_WEIGHT if weighted else 1.0) * (BM25_K1 + 1) * idf
+    cap = (BM25_K1 + 1) * idf
     rare_expr = "(" + " OR ".join(f'"{t}"' for t in rare) + ")"
     common_expr = "(" + " OR ".join(f'"{t}"' for t in common) + ")"
-    weight = "c.weight" if weighted else "1.0"
     rows = []
     for expression in (f"{rare_expr} NOT {common_expr}", f"{common_expr} AND {rare_expr}"):
-        rows.extend(_fts_weighted_join(lib, expression, limit, "", [], weight))
+        rows.extend(_fts_top(lib, expression, limit))
     rows.sort(key=lambda item: (-item[1], item[0]))
     top = rows[:limit]
     if len(top) < limit or top[-1][1] <= cap:
@@ -3371,19 +3665,17 @@ def _fts_split_top(lib: Library, terms: list[str], limit: int, weighted: bool) -
     return top
 
 
-def _fts_weighted_join(lib: Library, match: str, limit: int, where: str, params: list,
-                       weight: str = "c.weight") -> list[tuple[int, float]]:
-    """Every match joined with its chunk (and document, for filters), weighted and ranked in SQL."""
+def _fts_join(lib: Library, match: str, limit: int, where: str, params: list) -> list[tuple[int, float]]:
+    """Every match joined with its chunk and document (for filters), ranked in SQL."""
     sql = ("WITH hits AS (SELECT rowid AS id, bm25(chunks_fts, ?, ?) AS s FROM chunks_fts "
            "WHERE chunks_fts MATCH ?) "
-           f"SELECT c.id, -hits.s * {weight} AS score FROM hits JOIN chunks c ON c.id = hits.id "
+           "SELECT c.id, -hits.s AS score FROM hits JOIN chunks c ON c.id = hits.id "
            f"JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where} ORDER BY score DESC, c.id LIMIT ?")
     rows = lib.conn.execute(sql, [*FTS_COLUMN_WEIGHTS, match, *params, limit]).fetchall()
     return [(row[0], float(row[1])) for row in rows]
 
 
-def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit: int,
-                 weighted: bool = True) -> list[tuple[int, float]]:
+def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit: int) -> list[tuple[int, float]]:
     """BM25 over the stored term strings, for a sqlite3 without FTS5 (slow on big libraries)."""
     stats = lib.conn.execute("SELECT body, heading FROM chunk_terms").fetchall()
     n_docs = len(stats) or 1
@@ -3393,10 +3685,10 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
         present = set(body.split()) | set(heading.split())
         for t in terms:
             doc_freq[t] += t in present
-    rows = lib.conn.execute("SELECT c.id, c.weight, t.body, t.heading FROM chunk_terms t JOIN chunks c ON "
+    rows = lib.conn.execute("SELECT c.id, t.body, t.heading FROM chunk_terms t JOIN chunks c ON "
                             f"c.id = t.chunk_id JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where}", params).fetchall()
     scored = []
-    for chunk_id, weight, body, heading in rows:
+    for chunk_id, body, heading in rows:
         score = 0.0
         for column, (text, avg, col_weight) in enumerate(zip((body, heading), avg_len, FTS_COLUMN_WEIGHTS)):
             tokens = text.split()
@@ -3406,9 +3698,75 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
                     idf = math.log(1 + (n_docs - doc_freq[t] + 0.5) / (doc_freq[t] + 0.5))
                     score += col_weight * idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(tokens) / avg))
         if score > 0:
-            scored.append((chunk_id, score * weight if weighted else score))
+            scored.append((chunk_id, score))
     scored.sort(key=lambda item: (-item[1], item[0]))
     return scored[:limit]
+
+
+# A paper's topic words ("graphene", "GW191219") stand in most of its passages: they find the paper but do not
+# tell its pages apart, and the abstract, which names them all, outranks the page a question is really about.
+# So inside each long document among the keyword candidates, the passages are re-ordered by BM25 with each query
+# word's share scaled by how specific the word is to a few of the document's passages:
+#     TOPIC_WORD_SHARE + (1 - TOPIC_WORD_SHARE) * log((n + 1) / (n_word + 0.5)) / log(n + 1)
+# (n: the document's passages, n_word: those that hold the word). The document keeps the scores its passages
+# earned (the re-ordered passages take over its slots), so how documents interleave in the ranking is unchanged.
+# Full-text questions: keyword MRR@10 0.746 -> 0.794 (docs/PERFORMANCE.md); abstracts-only libraries unchanged.
+TOPIC_WORD_SHARE = 0.5
+SPECIFIC_MIN_CHUNKS = 8       # shorter documents (an abstract, a note) have no pages to tell apart
+SPECIFIC_POOL = 100           # keyword candidates that may be re-ordered
+
+
+def long_documents_of(lib: Library, chunk_ids: list[int]) -> tuple[dict[int, int], set[int]]:
+    """(chunk id -> document id, the documents with at least SPECIFIC_MIN_CHUNKS passages) for the given chunks."""
+    ids = list(dict.fromkeys(chunk_ids))
+    doc_of: dict[int, int] = {}
+    for start in range(0, len(ids), 900):
+        batch = ids[start:start + 900]
+        doc_of.update(lib.conn.execute(f"SELECT id, doc_id FROM chunks WHERE id IN ({', '.join('?' * len(batch))})",
+                                       batch))
+    docs = sorted(set(doc_of.values()))
+    long_docs = {d for d, n in lib.conn.execute(
+        f"SELECT doc_id, COUNT(*) FROM chunks WHERE doc_id IN ({', '.join('?' * len(docs))}) GROUP BY doc_id",
+        docs) if n >= SPECIFIC_MIN_CHUNKS} if docs else set()
+    return doc_of, long_docs
+
+
+def chunks_in_long_documents(lib: Library, chunk_ids: list[int]) -> set[int]:
+    doc_of, long_docs = long_documents_of(lib, chunk_ids)
+    return {cid for cid, doc in doc_of.items() if doc in long_docs}
+
+
+def document_aware_order(lib: Library, terms: list[str], ranked: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The keyword ranking with each long document's passages re-ordered by document-specific word weights."""
+    pool = ranked[:SPECIFIC_POOL]
+    if not lib.has_fts5 or not pool:
+        return ranked
+    doc_of, long_docs = long_documents_of(lib, [c for c, _ in pool])
+    slots = dict(pool)
+    for doc_id in sorted(long_docs):
+        members = [c for c, _ in pool if doc_of.get(c) == doc_id]
+        rescored = _specific_scores(lib, doc_id, list(dict.fromkeys(terms)), set(members))
+        earned = sorted((slots[c] for c in members), reverse=True)
+        order = sorted(members, key=lambda c: (-rescored.get(c, 0.0), -slots[c], c))
+        slots.update(zip(order, earned))
+    return sorted(slots.items(), key=lambda item: (-item[1], item[0])) + ranked[SPECIFIC_POOL:]
+
+
+def _specific_scores(lib: Library, doc_id: int, terms: list[str], members: set[int]) -> dict[int, float]:
+    """BM25 of ``members`` (passages of one document) with each word weighted by its specificity there."""
+    ids = {row[0] for row in lib.conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,))}
+    lo, hi = min(ids), max(ids)
+    scores: dict[int, float] = {}
+    for term in terms:
+        rows = lib.conn.execute("SELECT rowid, -bm25(chunks_fts, ?, ?) FROM chunks_fts WHERE chunks_fts MATCH ? "
+                                "AND rowid BETWEEN ? AND ?", [*FTS_COLUMN_WEIGHTS, f'"{term}"', lo, hi]).fetchall()
+        holding = [(rowid, share) for rowid, share in rows if rowid in ids]
+        specificity = math.log((len(ids) + 1) / (len(holding) + 0.5)) / math.log(len(ids) + 1)
+        weight = TOPIC_WORD_SHARE + (1 - TOPIC_WORD_SHARE) * specificity
+        for rowid, share in holding:
+            if rowid in members:
+                scores[rowid] = scores.get(rowid, 0.0) + weight * share
+    return scores
 
 
 def term_idf(lib: Library, terms: list[str]) -> dict[str, float]:
@@ -3553,7 +3911,6 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
 
 # -- vectors ----------------------------------------------------------------------
 
-RRF_K = 60
 RERANK_POOL = 20
 
 
@@ -3656,15 +4013,81 @@ def chunk_weights(lib: Library, ids: Iterable[int]) -> dict[int, float]:
     return weights
 
 
-def rrf_fuse(rankings: list[list[int]], weights: dict[int, float]) -> list[tuple[int, float]]:
-    """Reciprocal rank fusion, sum of 1 / (60 + rank), times each chunk's section weight, best first."""
-    fused: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, chunk_id in enumerate(ranking, start=1):
-            fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (RRF_K + rank)
-    scored = [(cid, score * weights.get(cid, 1.0)) for cid, score in fused.items()]
-    scored.sort(key=lambda item: (-item[1], item[0]))
-    return scored
+# Section weights are a prior, not a verdict. A weight moves a chunk's score by at most SECTION_PRIOR_STRENGTH
+# times the gap that separates neighbouring ranks at the top of the same ranking (log-scaled, so the strongest
+# weight gives the full amount and weight 1 nothing). It breaks near-ties and lifts a section by a rank or so,
+# but it cannot carry a chunk over one that the evidence ranks clearly higher, whatever the scale of the scores:
+# fused ranks, BM25, or the bunched cosines of some embedding models. Measured in docs/DESIGN.md.
+SECTION_PRIOR_STRENGTH = 1.0
+PRIOR_GAP_DEPTH = 10          # ranks over which a score list's own neighbour gap is measured
+
+
+def section_prior(weight: float) -> float:
+    """A section weight as a prior: 1 for the strongest weight, 0 for weight 1, negative below 1."""
+    if weight <= 0 or MAX_SECTION_WEIGHT <= 1.0:
+        return 0.0
+    return math.log(weight) / math.log(MAX_SECTION_WEIGHT)
+
+
+def neighbour_gap(scores: list[float]) -> float:
+    """Mean score difference between neighbouring ranks at the top of a ranking (scores best first)."""
+    top = scores[:PRIOR_GAP_DEPTH]
+    return (top[0] - top[-1]) / (len(top) - 1) if len(top) > 1 else 0.0
+
+
+def with_section_prior(scored: list[tuple[int, float]], weights: dict[int, float],
+                       gap: float) -> list[tuple[int, float]]:
+    """Scores plus each chunk's bounded section prior (``gap``: the ranking's neighbour gap), best first."""
+    lift = SECTION_PRIOR_STRENGTH * gap
+    out = [(cid, score + lift * section_prior(weights.get(cid, 1.0))) for cid, score in scored]
+    out.sort(key=lambda item: (-item[1], -weights.get(item[0], 1.0), item[0]))
+    return out
+
+
+# Hybrid fusion: each half's scores are min-max normalised over its own pool and mixed. Between short documents
+# (abstracts, notes) both halves count alike; inside a long document the passages share its topic, and a
+# bi-encoder's similarity is mostly that topic, so the exact words of the keyword half tell its pages apart
+# better. Measured (docs/PERFORMANCE.md): SciFact (abstracts) best near 0.5, the full-text questions near 0.8;
+# reciprocal-rank fusion was below both there.
+KEYWORD_SHARE_SHORT_DOCS = 0.5
+KEYWORD_SHARE_LONG_DOCS = 0.8
+
+
+def min_max(scored: list[tuple[int, float]]) -> dict[int, float]:
+    """Scores mapped onto [0, 1] over the list (all 1 when they are equal)."""
+    if not scored:
+        return {}
+    low, high = min(s for _, s in scored), max(s for _, s in scored)
+    return {cid: (s - low) / (high - low) if high > low else 1.0 for cid, s in scored}
+
+
+def fuse_halves(keyword: list[tuple[int, float]], vector: list[tuple[int, float]], weights: dict[int, float],
+                in_long_docs: set[int]) -> list[tuple[int, float]]:
+    """The keyword and vector pools combined (a chunk missing from a pool scores 0 there), with the section
+    prior, best first."""
+    kw, vec = min_max(keyword), min_max(vector)
+    fused = []
+    for cid in kw.keys() | vec.keys():
+        share = KEYWORD_SHARE_LONG_DOCS if cid in in_long_docs else KEYWORD_SHARE_SHORT_DOCS
+        fused.append((cid, share * kw.get(cid, 0.0) + (1 - share) * vec.get(cid, 0.0)))
+    fused.sort(key=lambda item: (-item[1], item[0]))
+    lifted = with_section_prior(fused, weights, neighbour_gap([score for _, score in fused]))
+    return keep_dominance(lifted, [cid for cid, _ in fused], kw, vec)
+
+
+DOMINANCE_DEPTH = 100     # fused candidates checked pairwise (a prior cannot lift a chunk from further down)
+
+
+def keep_dominance(lifted: list[tuple[int, float]], by_evidence: list[int], kw: dict[int, float],
+                   vec: dict[int, float]) -> list[tuple[int, float]]:
+    """The prior-lifted ranking, except that no chunk passes one that BOTH halves rank above it: a chunk the
+    evidence ranks higher on every count stays higher, whatever the section weights say."""
+    score = dict(lifted)
+    for position, cid in enumerate(by_evidence[:DOMINANCE_DEPTH]):
+        for better in by_evidence[:position]:
+            if kw.get(better, -1.0) > kw.get(cid, -1.0) and vec.get(better, -1.0) > vec.get(cid, -1.0):
+                score[cid] = min(score[cid], score[better] - 1e-9)
+    return sorted(score.items(), key=lambda item: (-item[1], item[0]))
 
 
 def chunk_texts(lib: Library, ids: list[int]) -> dict[int, str]:
@@ -4284,6 +4707,7 @@ class PreparedFile:
     links: dict = field(default_factory=dict)
     pages: int | None = None
     page_labels: list = field(default_factory=list)
+    coverage: dict | None = None
     rejected: tuple[str, str, str] | None = None    # (status, reason, message): stored as skipped/error
     failure: str | None = None                      # a parser bug: reported, nothing stored, a retry re-reads
 
@@ -4305,7 +4729,7 @@ def prepare_file(path: str) -> PreparedFile:
     except Exception as exc:     # a parser bug must not stop the batch
         return PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
     return PreparedFile(meta=meta, chunks=chunks, references=references, links=links, pages=extracted.pages,
-                        page_labels=extracted.page_labels)
+                        page_labels=extracted.page_labels, coverage=page_coverage(extracted, chunks))
 
 
 def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
@@ -4439,13 +4863,19 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
                                        "year": meta.year, "journal": meta.journal, "doi": meta.doi,
                                        "lang": meta.lang, "pages": prepared.pages, "chunk_count": len(chunks),
                                        "page_labels": json.dumps(prepared.page_labels)
-                                       if any(prepared.page_labels) else None})
+                                       if any(prepared.page_labels) else None,
+                                       "page_coverage": json.dumps(prepared.coverage)
+                                       if prepared.coverage else None})
         lib.delete_chunks(doc_id)
         chunk_ids = lib.insert_chunks(doc_id, chunks, meta.title)
         lib.replace_references(doc_id, prepared.references, chunk_ids, prepared.links)
         lib.invalidate_cache()
     status = STATUS_UPDATED if row is not None else STATUS_ADDED
-    return _file_entry(path, status, started, len(chunks), meta.title)
+    entry = _file_entry(path, status, started, len(chunks), meta.title)
+    note = page_coverage_note(prepared.coverage)
+    if note:
+        entry["note"] = note
+    return entry
 
 
 def vectors_not_computed(missing: int, reason: ModelUnavailable) -> dict:
@@ -4469,13 +4899,15 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
                 "note": f"vectors not computed: the library's vectors were made with {recorded}, the configured "
                         f"model is {embedder.model_id}; run reembed to re-encode the library with it"}
     written = 0
+    passage_format = lib.passage_format() or PASSAGE_FORMAT
     pending = lib.chunk_ids_missing_vectors()          # shortest first: batches of similar length pad little
     for start in range(0, len(pending), 256):
-        batch = lib.chunk_texts_by_id(pending[start:start + 256])
+        batch = embedding_inputs(lib.chunk_passages(pending[start:start + 256]), passage_format)
         if not batch:
             continue
         matrix = embedder.encode_passages([text for _, text in batch])
-        lib.store_model_vectors(embedder.model_id, embedder.dim, [chunk_id for chunk_id, _ in batch], matrix)
+        lib.store_model_vectors(embedder.model_id, embedder.dim, [chunk_id for chunk_id, _ in batch], matrix,
+                                passage_format)
         written += len(batch)
         if progress:
             progress({"phase": "embed", "done": written, "total": missing})
@@ -4681,6 +5113,7 @@ class VectorFeeder:
         import queue
         self.models = models
         self.recorded = lib.vector_model()[0]
+        self.passage_format = lib.passage_format() or PASSAGE_FORMAT
         self.inbox: "queue.Queue" = queue.Queue()
         self.outbox: "queue.Queue" = queue.Queue()
         self.thread = None
@@ -4750,11 +5183,12 @@ class VectorFeeder:
                 progress({"phase": "embed", "done": self.written, "total": max(self.fed, self.written)})
 
     def _store(self, lib: Library, ids: list[int], matrix, embedder: Embedder) -> None:
-        existing = {chunk_id for chunk_id, _ in lib.chunk_texts_by_id(ids)}
+        existing = {row[0] for row in lib.chunk_passages(ids)}
         keep = [i for i, chunk_id in enumerate(ids) if chunk_id in existing]
         if not keep:
             return
-        lib.store_model_vectors(embedder.model_id, embedder.dim, [ids[i] for i in keep], matrix[keep])
+        lib.store_model_vectors(embedder.model_id, embedder.dim, [ids[i] for i in keep], matrix[keep],
+                                self.passage_format)
         self.written += len(keep)
 
     def finish(self, lib: Library, progress=None) -> None:
@@ -4770,9 +5204,6 @@ class VectorFeeder:
         self.inbox.put(None)
 
 
-def _chunks_of(lib: Library, path: str) -> list[tuple[int, str]]:
-    return [(r[0], r[1]) for r in lib.conn.execute(
-        "SELECT c.id, c.text FROM chunks c JOIN docs d ON d.id = c.doc_id WHERE d.path = ? ORDER BY c.seq", (path,))]
 
 
 def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
@@ -4800,7 +5231,7 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
             pending, handle = item
             entry = store_prepared(lib, pending, reader.result(pending, handle))
             if feeder is not None and entry["status"] in (STATUS_ADDED, STATUS_UPDATED):
-                feeder.feed(_chunks_of(lib, pending.path))
+                feeder.feed(embedding_inputs(lib.chunk_passages(path=pending.path), feeder.passage_format))
         if on_entry is not None:
             entry = on_entry(len(entries), entry)
         entries.append(entry)
@@ -5396,25 +5827,22 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
             if not embeddings_disabled(models):
                 models.start_background_download(models.embed_name)
     if mode in ("keyword", "hybrid") and terms:
-        # while the vector half runs on its thread; section weights go into the fusion when it answers
-        keyword = keyword_candidates(lib, terms, filters, pool, weighted=vector_half is None)
+        # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
+        keyword = document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool))
     if vector_half is not None:
         try:
             query_vec, vector = vector_half.result()
         except ModelUnavailable as exc:
             notes.append(f"vector search unavailable: {exc}; using keyword search")
-        if not vector and keyword:      # no vectors to fuse with: rank the keyword side with its weights
-            keyword = keyword_candidates(lib, terms, filters, pool, weighted=True)
+    weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
     if keyword and vector:
-        weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
-        fused = rrf_fuse([[cid for cid, _ in keyword], [cid for cid, _ in vector]], weights)
-        kind = "rrf"
-    elif vector:
-        weights = chunk_weights(lib, (cid for cid, _ in vector))
-        fused = sorted(((cid, score * weights.get(cid, 1.0)) for cid, score in vector), key=lambda x: (-x[1], x[0]))
-        kind = "cosine"
+        candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
+        fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates))
+        kind = "fused"
     else:
-        fused, kind = keyword, "cosine" if mode == "vector" else "bm25"
+        single = vector or keyword
+        fused = with_section_prior(single, weights, neighbour_gap([score for _, score in single]))
+        kind = "cosine" if vector or mode == "vector" else "bm25"
     hits = [SearchHit(cid, score) for cid, score in fused]
     if request["depth"] == "deep" and hits:
         hits, kind = rerank(lib, query, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
@@ -5583,7 +6011,8 @@ def _doc_record(row: sqlite3.Row) -> dict:
             "authors": json.loads(row["authors"] or "[]"), "year": row["year"], "journal": row["journal"],
             "doi": row["doi"], "chunks": row["chunk_count"], "pages": row["pages"], "lang": row["lang"],
             "size": row["size"], "sha256": row["sha256"], "duplicate_of": row["duplicate_of"],
-            "indexed_at": row["indexed_at"], "exists": os.path.exists(row["path"])}
+            "indexed_at": row["indexed_at"], "exists": os.path.exists(row["path"]),
+            "page_coverage": json.loads(row["page_coverage"]) if row["page_coverage"] else None}
 
 
 def cmd_docs(lib: Library | None, payload: dict) -> dict:
@@ -5622,10 +6051,46 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
         "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.get) if langs else None,
         "chunks": chunks, "vectors": vectors, "vectors_missing": lib.count_missing_vectors(),
         "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
+        **passage_format_report(lib),
         "device": models.device_report(),
         "schema_version": conn.execute("PRAGMA user_version").fetchone()[0], "parser_revision": PARSER_REVISION,
         "stale_docs": stale, "keyword_index": "fts5" if lib.has_fts5 else "python-bm25", "db_bytes": size,
+        "page_coverage": library_page_coverage(lib),
     }
+
+
+STATS_LISTED_DOCS = 20
+
+
+def passage_format_report(lib: Library) -> dict:
+    current = lib.passage_format()
+    report = {"embedding_passage_format": current}
+    if current is not None and current != PASSAGE_FORMAT:
+        report["reembed_advised"] = (f"the vectors were made from passages in format {current}; run reembed to "
+                                     f"re-encode them as {PASSAGE_FORMAT} (title and section with each passage), "
+                                     "which finds the right page more often")
+    return report
+
+
+def library_page_coverage(lib: Library) -> dict:
+    """Text pages of the library's PDFs with and without a passage, by reason, and the documents that lost
+    pages (``docs`` lists every document's pages)."""
+    totals = {"text_pages": 0, "pages_with_chunks": 0, "without_chunks": {}}
+    lost_docs = []
+    rows = lib.conn.execute("SELECT id, path, page_coverage FROM docs WHERE status = 'indexed' "
+                            "AND page_coverage IS NOT NULL ORDER BY id")
+    for doc_id, path, raw in rows:
+        coverage = json.loads(raw)
+        totals["text_pages"] += coverage["text_pages"]
+        totals["pages_with_chunks"] += coverage["pages_with_chunks"]
+        for entry in coverage["without_chunks"]:
+            totals["without_chunks"][entry["reason"]] = totals["without_chunks"].get(entry["reason"], 0) + 1
+        note = page_coverage_note(coverage)
+        if note:
+            lost_docs.append({"doc_id": doc_id, "path": path, "note": note})
+    totals["docs_with_notes"] = len(lost_docs)
+    totals["docs_listed"] = lost_docs[:STATS_LISTED_DOCS]
+    return totals
 
 
 def _normalised_title(title: str | None) -> str:
@@ -5689,7 +6154,7 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
         conn.execute("DELETE FROM chunks")
         conn.execute("DELETE FROM docs")
         conn.execute("DELETE FROM cache")
-        conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim')")
+        conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'embed_passage_format')")
     conn.execute("VACUUM")
     return {"cleared": counts, "kb_root": str(lib.root)}
 
@@ -5987,7 +6452,7 @@ def cmd_reembed(lib: Library, payload: dict, models: Models, progress: Callable[
     previous, _ = lib.vector_model()
     with lib.transaction():
         lib.conn.execute("DELETE FROM vecs")
-        lib.conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim')")
+        lib.conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'embed_passage_format')")
     result = embed_missing_chunks(lib, models, progress)
     return {"previous_model": previous, "model": embedder.model_id, "dim": embedder.dim,
             "vectors": result["vectors_written"], "vectors_missing": result["vectors_missing"]}
@@ -6364,7 +6829,7 @@ class ProgressBar:
         self.encoded: tuple | None = None      # (done, total) of the last embed event
         self.line = ""                         # what is on the terminal's line now
         self.pending = ""                      # the newest line, when a redraw was skipped
-        self.last_draw = 0.0
+        self.last_draw = -math.inf              # the first state is always drawn
 
     def __call__(self, event: dict) -> None:
         """The progress callback of a foreground command."""

@@ -176,6 +176,16 @@ class Flow:
             self._place(text, font, size, leading, "left", 0.0)
         self.space(size * 0.55 if after is None else after)
 
+    def table_row(self, cells, offsets, font="tiro", size=7.5, leading=1.35):
+        """One row of a table: each cell at its offset from the column's left edge, all on one baseline."""
+        step = size * leading
+        if self.y + step > self.region[3] + 0.01:
+            self.advance()
+        for cell, dx in zip(cells, offsets):
+            self.items.append(dict(kind="text", page=self.page, col=self.region[4], ncols=self.region[5],
+                                   x=self.region[0] + dx, y=self.y + size, text=cell, font=font, size=size))
+        self.y += step
+
     def heading(self, text, font="tibo", size=12.0, before=8.0, after=3.0, align="left"):
         """A heading is never left alone at the bottom of a column."""
         if self.y > self.region[2] + 1:

@@ -245,6 +245,15 @@ def db_path(kb_root) -> Path:
     return Path(kb_root) / "kb.sqlite"
 
 
+def db_rows(kb_root, sql, params=()) -> list:
+    """Rows of a read-only query on a library's database."""
+    con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
 def integrity_report(kb_root) -> dict:
     """integrity_check, orphan chunks, FTS consistency and per-doc chunk counts."""
     con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
@@ -383,3 +392,19 @@ def assert_finite(obj, where="response"):
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             assert_finite(v, f"{where}[{i}]")
+
+
+def embedder_inputs(kb_root) -> dict[int, str]:
+    """What the engine's embedder reads for each chunk (passage format title-section/1): the document title and
+    the section label, joined by '. ', on a line before the chunk text (either may be missing)."""
+    con = sqlite3.connect(f"file:{db_path(kb_root)}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT c.id, COALESCE(d.title, ''), c.section, c.text FROM chunks c "
+                           "JOIN docs d ON d.id = c.doc_id").fetchall()
+    finally:
+        con.close()
+    out = {}
+    for chunk_id, title, section, text in rows:
+        head = ". ".join(part for part in (title.strip(), section.strip()) if part)
+        out[chunk_id] = f"{head}\n{text}" if head else text
+    return out

@@ -1,8 +1,8 @@
 """The fast keyword paths rank exactly as scoring every match would.
 
-Unfiltered keyword search avoids weighting every matching row (a slice of the FTS ranking, or splitting the
-matches by common and rarer query words). These tests build a library where some words occur in most chunks and
-sections carry different weights, and compare each fast answer with the plain ranking of all matches.
+Unfiltered keyword search avoids scoring every matching row by splitting the matches by common and rarer query
+words. These tests build a library where some words occur in most chunks, and compare each fast answer with the
+plain ranking of all matches (joined with their chunk rows, as a filtered query does).
 """
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ def library(tmp_path_factory):
         engine.close()
 
 
-def _all_matches(lib, terms, limit, weighted=True):
+def _all_matches(lib, terms, limit):
     match = " OR ".join(f'"{t}"' for t in terms)
-    return kb._fts_weighted_join(lib, match, limit, "", [], "c.weight" if weighted else "1.0")
+    return kb._fts_join(lib, match, limit, "", [])
 
 
 def _queries():
@@ -87,15 +87,14 @@ def test_fast_keyword_ranking_equals_ranking_every_match(library, limit):
         terms = kb.query_terms(query)
         if not terms:
             continue
-        for weighted in (True, False):
-            want = _all_matches(library, terms, limit, weighted)
-            got = kb.keyword_candidates(library, terms, None, limit, weighted=weighted)
-            assert [cid for cid, _ in got] == [cid for cid, _ in want], (query, weighted)
-            assert all(abs(a[1] - b[1]) <= 1e-9 * max(1.0, abs(b[1])) for a, b in zip(got, want))
-        split_used += kb._fts_split_top(library, terms, limit, True) is not None
+        want = _all_matches(library, terms, limit)
+        got = kb.keyword_candidates(library, terms, None, limit)
+        assert [cid for cid, _ in got] == [cid for cid, _ in want], query
+        assert all(abs(a[1] - b[1]) <= 1e-9 * max(1.0, abs(b[1])) for a, b in zip(got, want))
+        split_used += kb._fts_split_top(library, terms, limit) is not None
     assert split_used >= (10 if limit == 5 else 3)     # the split path really ran (and agreed) on many queries
 
 
 def test_split_declines_when_nothing_is_common_or_everything_is(library):
-    assert kb._fts_split_top(library, kb.query_terms("perovskite ribosome"), 10, True) is None
-    assert kb._fts_split_top(library, kb.query_terms("sample measured signal"), 10, True) is None
+    assert kb._fts_split_top(library, kb.query_terms("perovskite ribosome"), 10) is None
+    assert kb._fts_split_top(library, kb.query_terms("sample measured signal"), 10) is None

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (ENGINE, ROOT, assert_finite, clean_env, copy_samples, db_path, err_code, isolate_model_env, req,
+from helpers import (ENGINE, ROOT, embedder_inputs, assert_finite, clean_env, copy_samples, db_path, err_code, isolate_model_env, req,
                      use_minilm)
 
 # a small English subset of the sample papers: 4 documents, about 20 chunks
@@ -135,14 +135,6 @@ def stored_vectors(root) -> dict[int, bytes]:
         con.close()
 
 
-def chunk_text_by_id(root) -> dict[int, str]:
-    con = sqlite3.connect(f"file:{db_path(root)}?mode=ro", uri=True)
-    try:
-        return dict(con.execute("SELECT id, text FROM chunks"))
-    finally:
-        con.close()
-
-
 class NetworkGuard:
     """Records (and refuses) every attempt to open a connection or resolve a host name."""
 
@@ -197,13 +189,13 @@ def test_ingest_writes_a_unit_vector_for_every_chunk(eng, full_lib, minilm, mini
 
     import numpy as np
     vecs = stored_vectors(root)
-    texts = chunk_text_by_id(root)
+    texts = embedder_inputs(root)
     assert set(vecs) == set(texts), "every chunk has exactly one vector and no vector is orphaned"
     matrix = np.stack([np.frombuffer(vecs[i], dtype=np.float32) for i in sorted(vecs)])
     assert matrix.shape == (len(texts), hidden)
     assert np.isfinite(matrix).all()
     assert np.allclose(np.linalg.norm(matrix, axis=1), 1.0, atol=1e-3), "embeddings must be normalised"
-    # the stored vector is the model's embedding of that chunk's own text (not of another chunk)
+    # the stored vector is the model's embedding of that chunk's own text, headed by its title and section
     sample_ids = sorted(texts)[::max(1, len(texts) // 6)][:6]
     expected = st_model.encode([texts[i] for i in sample_ids], normalize_embeddings=True, convert_to_numpy=True)
     got = np.stack([np.frombuffer(vecs[i], dtype=np.float32) for i in sample_ids])
@@ -253,11 +245,12 @@ def test_reingest_encodes_only_new_chunks(eng, sample_dir, tmp_path, monkeypatch
     assert len(encoded) == added[0]["chunks"], "only the new document's chunks may be encoded"
     con = sqlite3.connect(f"file:{db_path(root)}?mode=ro", uri=True)
     try:
-        new_doc_texts = [r[0] for r in con.execute(
-            "SELECT c.text FROM chunks c JOIN docs d ON d.id = c.doc_id WHERE d.path LIKE ?", ("%tern_stopovers.md",))]
+        new_ids = [r[0] for r in con.execute(
+            "SELECT c.id FROM chunks c JOIN docs d ON d.id = c.doc_id WHERE d.path LIKE ?", ("%tern_stopovers.md",))]
     finally:
         con.close()
-    assert sorted(encoded) == sorted(new_doc_texts)
+    inputs = embedder_inputs(root)
+    assert sorted(encoded) == sorted(inputs[i] for i in new_ids)
     st = stats(eng, root)
     assert st["vectors"] == st["chunks"] and st["vectors_missing"] == 0, st
 

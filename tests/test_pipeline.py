@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, assert_db_ok, assert_totals, clean_env, db_path, isolate_model_env, sp, use_minilm
+from helpers import ROOT, assert_db_ok, embedder_inputs, assert_totals, clean_env, db_path, isolate_model_env, sp, use_minilm
 
 import crashing_reader  # noqa: E402  (worker-side read functions)
 import kb_engine  # noqa: E402  (helpers put the repository root on sys.path)
@@ -472,11 +472,7 @@ def test_feeder_writes_a_vector_for_every_chunk(tmp_path, monkeypatch, st_minilm
     assert meta["embed_model"] == str(folder.absolute()) and meta["embed_dim"] == "384"
 
     vectors = _vectors(kb)
-    con = sqlite3.connect(f"file:{db_path(kb)}?mode=ro", uri=True)
-    try:
-        texts = dict(con.execute("SELECT id, text FROM chunks"))
-    finally:
-        con.close()
+    texts = embedder_inputs(kb)
     assert set(vectors) == set(texts)
     ids = sorted(texts)
     stored = np.stack([np.frombuffer(vectors[i], dtype=np.float32) for i in ids])

@@ -1,0 +1,214 @@
+"""Headings that end the body need evidence; tables never make headings; no body page is lost.
+
+The papers are generated here with PyMuPDF (examples/sample_papers.Flow): a meta-analysis whose table has a
+"Reference" column header and a cell naming an appendix, a sentence that mentions References, a real
+References heading followed by numbered entries, then an appendix. Every page must keep its passages, the
+appendix is searchable, and the real list still feeds citation linking.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import db_rows, sp
+
+TITLE = "Soil Warming and Root Respiration: A Meta-Analysis of Field Trials"
+INTRO = ("Warming experiments in temperate forests report a wide range of root respiration responses, and "
+         "earlier syntheses disagreed on whether acclimation offsets the initial increase [1]. We pooled the "
+         "published field trials with a random-effects model and a citedmarker check of every estimate [2].")
+METHODS = ("Trials were eligible when they heated the soil in the field for at least one growing season, "
+           "measured root respiration separately from heterotrophic respiration and reported a variance. "
+           "Effect sizes were log response ratios with methodsmarker weights from the inverse variance.")
+RESULTS = [("Across the eleven trials the pooled response ratio was 0.21, equivalent to a twenty three percent "
+            "increase in root respiration per four degrees of warming, with resultsmarker heterogeneity that "
+            "the site moisture explained better than the warming method."),
+           ("References to the individual trials are given in the table and in the appendix, where each "
+            "estimate is listed with its confidence interval and the depth at which roots were sampled.")]
+DISCUSSION = ("The discussionmarker pattern suggests that acclimation is weaker in wet soils, where roots keep "
+              "their carbohydrate supply, and stronger in dry sites, where warming also lowers soil moisture "
+              "and so limits the substrate available to root respiration during the summer months.")
+APPENDIX = ("Trial-level estimates with appendixmarker precision: the Alder trial contributed the largest weight "
+            "because it ran for nine years on four plots, while the two shortest trials had the widest intervals.")
+REFERENCES = [
+    "[1] Varga I, Lindqvist T. Root respiration under soil warming. Global Change Biology 12 (2010) 45-67.",
+    "[2] Okafor N, Brandt K. Acclimation of fine roots to heat. New Phytologist 201 (2014) 112-120.",
+    "[3] Haldane P, Ruiz M. A decade of soil heating at Alder. Ecology 95 (2016) 1201-1213.",
+    "[4] Moreau L. Random-effects models in ecology. Oikos 118 (2009) 301-309. refentrymarker",
+    "[5] Tanaka S, Olsen R. Moisture limits respiration. Plant and Soil 410 (2017) 77-90.",
+]
+
+
+def make_meta_analysis(path, header_size: float, header_font: str) -> None:
+    f = sp.Flow(sp.A4)
+    f.paragraph(TITLE, font="tibo", size=16, after=6)
+    f.line("Ines Varga, Tomas Lindqvist", size=11)
+    f.heading("Abstract")
+    f.paragraph("We pooled eleven soil warming trials and found a modest, moisture-dependent increase of root "
+                "respiration; acclimation was strongest in dry sites and weakest in wet ones.")
+    f.heading("1 Introduction")
+    f.paragraph(INTRO)
+    f.heading("2 Methods")
+    f.paragraph(METHODS)
+    offsets = [0, 150, 200, 270, 320]
+    f.table_row(["Study", "Year", "Reference", "Plots", "Effect"], offsets, font=header_font, size=header_size)
+    for row in (["Alder field trial", "2016", "[3]", "4", "0.24"], ["Birch warming site", "2014", "[2]", "3", "0.18"],
+                ["Pine heating array", "2010", "[1]", "2", "0.31"]):
+        f.table_row(row, offsets)
+    f.table_row(["Oak plots", "2017", "Appendix 1, Section 4.5.5)", "2", "0.12"], offsets)
+    f.space(10)
+    f.new_page()
+    f.heading("3 Results")
+    for text in RESULTS:
+        f.paragraph(text)
+    f.new_page()
+    f.heading("4 Discussion")
+    f.paragraph(DISCUSSION)
+    f.heading("References")
+    for entry in REFERENCES:
+        f.paragraph(entry, size=9)
+    f.new_page()
+    f.heading("Appendix A Trial-level estimates")
+    f.paragraph(APPENDIX)
+    f.save(path)
+
+
+@pytest.fixture(scope="module", params=[(7.5, "tiro"), (10.5, "tibo")], ids=["small-header", "body-size-bold-header"])
+def library(request, tmp_path_factory, kb_engine):
+    folder = tmp_path_factory.mktemp("headings")
+    paper = folder / "meta_analysis.pdf"
+    make_meta_analysis(paper, *request.param)
+    engine = kb_engine.Engine()
+    kb = folder / ".kb"
+    with pytest.MonkeyPatch.context() as mp:      # keyword search is enough here: no model is loaded
+        mp.setenv("KB_EMBED_MODEL", "none")
+        ingest = engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+    yield engine, kb, ingest
+    engine.close()
+
+
+def keyword(engine, kb, query, **payload):
+    return engine.execute("search", {"query": query, "kb_root": str(kb), "mode": "keyword", **payload})["results"]
+
+
+def test_every_page_keeps_passages(library):
+    engine, kb, ingest = library
+    entry = ingest["files"][0]
+    assert entry["status"] == "added" and "note" not in entry, entry
+    doc = engine.execute("docs", {"kb_root": str(kb)})["docs"][0]
+    coverage = doc["page_coverage"]
+    assert coverage["text_pages"] == 4
+    assert coverage["without_chunks"] == [] and coverage["pages_with_chunks"] == 4, coverage
+    pages = {p for (raw,) in db_rows(kb, "SELECT page_map FROM chunks") for _, p, *_ in json.loads(raw)}
+    assert pages == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("token,page,section", [
+    ("methodsmarker", 1, "Methods"), ("resultsmarker", 2, "Results"), ("discussionmarker", 3, "Discussion"),
+    ("appendixmarker", 4, "Appendix A Trial-level estimates")])
+def test_body_after_misleading_words_is_searchable_in_its_section(library, token, page, section):
+    engine, kb, _ = library
+    hits = keyword(engine, kb, token)
+    assert hits, f"{token} was dropped from the index"
+    assert hits[0]["page"] == page and hits[0]["section"] == section, hits[0]
+
+
+def test_table_cells_are_content_not_headings(library):
+    engine, kb, _ = library
+    sections = {s for (s,) in db_rows(kb, "SELECT DISTINCT section FROM chunks")}
+    assert not any("Reference" in s or s.startswith("Appendix 1") for s in sections), sections
+    hits = keyword(engine, kb, "Pine heating array")
+    assert hits and hits[0]["page"] == 1 and hits[0]["section"] == "Methods", hits[:1]
+
+
+def test_real_reference_list_feeds_citations_and_stays_out_of_search(library):
+    engine, kb, _ = library
+    refs = db_rows(kb, "SELECT num, first_author, year FROM refs ORDER BY num")
+    assert [r[0] for r in refs] == [1, 2, 3, 4, 5]
+    assert refs[1][2] == 2014
+    assert keyword(engine, kb, "refentrymarker") == []
+    hit = keyword(engine, kb, "citedmarker", depth="deep")[0]
+    assert hit["section"] == "Introduction"
+    assert [c["ref"] for c in hit["citations"]] == [1, 2], hit["citations"]
+    assert hit["citations"][1]["text"].startswith("Okafor N, Brandt K")
+
+
+def test_appendix_ranks_below_an_equal_body_passage(kb_engine):
+    # the appendix weight is a prior below 1: it only loses a near-tie
+    ranked = kb_engine.with_section_prior([(1, 10.0), (2, 10.0)], {1: kb_engine.SECTION_WEIGHTS["appendix"], 2: 1.0},
+                                          gap=1.0)
+    assert [cid for cid, _ in ranked] == [2, 1]
+
+
+# -- Chinese ---------------------------------------------------------------------------------------------
+
+def test_chinese_reference_heading_closes_the_body_and_feeds_citations(tmp_path, engine, monkeypatch):
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    paper = sp.make_chinese_paper(tmp_path)
+    kb = tmp_path / ".kb"
+    engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+    refs = db_rows(kb, "SELECT COUNT(*) FROM refs")[0][0]
+    assert refs == len(sp._CHINESE_REFERENCES)
+    sections = [s for (s,) in db_rows(kb, "SELECT section FROM chunks ORDER BY seq")]
+    assert "参考文献" not in sections and any(s.startswith("结论") for s in sections), sections
+    doc = engine.execute("docs", {"kb_root": str(kb)})["docs"][0]
+    lost = [p for p in doc["page_coverage"]["without_chunks"] if p["reason"] not in ("references",)]
+    assert lost == [], doc["page_coverage"]
+
+
+# -- the same rules on Markdown (no typography: the content decides) -------------------------------------
+
+def test_markdown_references_heading_followed_by_prose_is_not_a_reference_list(kb_engine, tmp_path):
+    note = tmp_path / "note.md"
+    note.write_text("# Field notes\n\n## Methods\n\nWe sampled twelve plots.\n\n## References\n\n"
+                    "The references we relied on most were the regional soil survey maps, which our team checked "
+                    "against drone imagery in every plot before the sampling campaign of the second season started.\n",
+                    encoding="utf-8")
+    chunks = kb_engine.chunk_document(kb_engine.extract_file(str(note)))
+    assert any("drone imagery" in c.text for c in chunks), [c.section for c in chunks]
+
+
+def test_markdown_references_heading_followed_by_entries_stays_out(kb_engine, tmp_path):
+    note = tmp_path / "paper.md"
+    note.write_text("# A paper\n\n## Results\n\nThe effect was large [1].\n\n## References\n\n"
+                    "1. Smith J, Doe A. Effects of heat on roots. Journal of Ecology 12 (2010) 45-67.\n\n"
+                    "2. Lee K. Moisture and respiration. Plant and Soil 33 (2012) 1-9.\n", encoding="utf-8")
+    extracted = kb_engine.extract_file(str(note))
+    chunks = kb_engine.chunk_document(extracted)
+    assert not any("Journal of Ecology" in c.text for c in chunks)
+    assert len(extracted.references) == 2
+
+
+# -- section weights are a prior ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("long_docs", [False, True], ids=["short-documents", "long-document"])
+def test_hybrid_keeps_the_chunk_both_halves_rank_first_over_an_abstract_ranked_third(kb_engine, long_docs):
+    answer, other, abstract = 11, 12, 13
+    weights = {answer: 1.0, other: 1.0, abstract: kb_engine.SECTION_WEIGHTS["abstract"]}
+    keyword = [(answer, 14.2), (other, 13.9), (abstract, 13.5)] + [(20 + i, 12.0 - i) for i in range(8)]
+    vector = [(answer, 0.81), (other, 0.80), (abstract, 0.79)] + [(40 + i, 0.7 - i / 100) for i in range(8)]
+    fused = kb_engine.fuse_halves(keyword, vector, weights, {answer, other, abstract} if long_docs else set())
+    assert fused[0][0] == answer
+    assert [cid for cid, _ in fused].index(abstract) >= 1     # it may pass its neighbour, never the answer
+
+
+def test_section_prior_breaks_a_near_tie_but_never_a_clear_lead(kb_engine):
+    weights = {1: 1.0, 2: 1.0, 3: kb_engine.SECTION_WEIGHTS["abstract"]}
+    tail = [(10 + i, 5.0 - i / 2) for i in range(8)]
+    near_tie = kb_engine.with_section_prior([(1, 9.0), (3, 8.99), (2, 8.0)] + tail, weights, 0.5)
+    assert near_tie[0][0] == 3
+    clear = kb_engine.with_section_prior([(1, 9.0), (2, 8.0), (3, 7.0)] + tail, weights, 0.5)
+    assert clear[0][0] == 1
+
+
+@pytest.mark.parametrize("spread", [0.002, 0.05])
+def test_vector_only_prior_scales_with_the_models_cosines(kb_engine, spread):
+    # bunched cosines (a model like e5: 0.80, 0.798, ...) or spread ones: the abstract ranked third by the
+    # evidence may pass its neighbour but never the chunk ranked first
+    scored = [(1, 0.80), (2, 0.80 - spread), (3, 0.80 - 2 * spread)] + [(10 + i, 0.80 - (3 + i) * spread)
+                                                                          for i in range(10)]
+    weights = {cid: 1.0 for cid, _ in scored}
+    weights[3] = kb_engine.SECTION_WEIGHTS["abstract"]
+    ranked = kb_engine.with_section_prior(scored, weights, kb_engine.neighbour_gap([s for _, s in scored]))
+    assert ranked[0][0] == 1
+    assert [cid for cid, _ in ranked].index(3) <= 2
