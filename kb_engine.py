@@ -3710,7 +3710,7 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
 #     TOPIC_WORD_SHARE + (1 - TOPIC_WORD_SHARE) * log((n + 1) / (n_word + 0.5)) / log(n + 1)
 # (n: the document's passages, n_word: those that hold the word). The document keeps the scores its passages
 # earned (the re-ordered passages take over its slots), so how documents interleave in the ranking is unchanged.
-# Full-text questions: keyword MRR@10 0.746 -> 0.794 (docs/PERFORMANCE.md); abstracts-only libraries unchanged.
+# Full-text questions: keyword MRR@10 0.746 -> 0.790 (docs/DESIGN.md); abstracts-only libraries unchanged.
 TOPIC_WORD_SHARE = 0.5
 SPECIFIC_MIN_CHUNKS = 8       # shorter documents (an abstract, a note) have no pages to tell apart
 SPECIFIC_POOL = 100           # keyword candidates that may be re-ordered
@@ -3977,6 +3977,21 @@ class VectorIndex:
         import numpy as np
         if chunk_ids:
             self.index.remove_ids(np.array(chunk_ids, dtype=np.int64))
+
+    def similarities(self, query_vec, chunk_ids: list[int]) -> list[tuple[int, float]]:
+        """(chunk id, cosine) of the given chunks that have a vector, read back from the index."""
+        import numpy as np
+        query = np.asarray(query_vec, dtype=np.float32).reshape(-1)
+        out = []
+        for chunk_id in chunk_ids:
+            try:
+                vector = self.index.reconstruct(int(chunk_id))
+            except RuntimeError:        # no vector for this chunk (yet)
+                continue
+            score = float(np.dot(vector, query))
+            if math.isfinite(score):
+                out.append((chunk_id, score))
+        return out
 
     def search(self, query_vec, k: int, allowed_ids: list[int] | None) -> list[tuple[int, float]]:
         """(chunk id, cosine) best first; ``allowed_ids`` restricts the search before top-k."""
@@ -5836,6 +5851,11 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
             notes.append(f"vector search unavailable: {exc}; using keyword search")
     weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
     if keyword and vector:
+        # every keyword candidate gets its real similarity too (not the pool's floor): fusion then compares like
+        # with like, and a chunk both halves like is not beaten for missing the vector pool by a rank
+        pooled = {cid for cid, _ in vector}
+        vector = sorted(vector + index.similarities(query_vec, [c for c, _ in keyword if c not in pooled]),
+                        key=lambda item: (-item[1], item[0]))
         candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
         fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates))
         kind = "fused"
