@@ -3978,21 +3978,6 @@ class VectorIndex:
         if chunk_ids:
             self.index.remove_ids(np.array(chunk_ids, dtype=np.int64))
 
-    def similarities(self, query_vec, chunk_ids: list[int]) -> list[tuple[int, float]]:
-        """(chunk id, cosine) of the given chunks that have a vector, read back from the index."""
-        import numpy as np
-        query = np.asarray(query_vec, dtype=np.float32).reshape(-1)
-        out = []
-        for chunk_id in chunk_ids:
-            try:
-                vector = self.index.reconstruct(int(chunk_id))
-            except RuntimeError:        # no vector for this chunk (yet)
-                continue
-            score = float(np.dot(vector, query))
-            if math.isfinite(score):
-                out.append((chunk_id, score))
-        return out
-
     def search(self, query_vec, k: int, allowed_ids: list[int] | None) -> list[tuple[int, float]]:
         """(chunk id, cosine) best first; ``allowed_ids`` restricts the search before top-k."""
         import faiss
@@ -4066,6 +4051,10 @@ def with_section_prior(scored: list[tuple[int, float]], weights: dict[int, float
 # reciprocal-rank fusion was below both there.
 KEYWORD_SHARE_SHORT_DOCS = 0.5
 KEYWORD_SHARE_LONG_DOCS = 0.8
+# Candidates per half, at least. Min-max scaling is read against the pool's tail, so a deep pool keeps a flat
+# score list (cosines) from being stretched over a short range: 200 beat 50 on both SciFact (0.7391 vs 0.7344
+# nDCG@10) and the full-text questions (0.795 vs 0.782 MRR@10), at a few milliseconds.
+FUSION_POOL = 200
 
 
 def min_max(scored: list[tuple[int, float]]) -> dict[int, float]:
@@ -5820,7 +5809,7 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
     """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None)."""
     query, mode, top_k, filters = request["query"], request["mode"], request["top_k"], request["filters"]
     terms = query_terms(query)
-    pool = max(50, top_k * 5)
+    pool = max(FUSION_POOL, top_k * 5)
     notes: list[str] = []
     keyword: list[tuple[int, float]] = []
     vector: list[tuple[int, float]] = []
@@ -5851,11 +5840,6 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
             notes.append(f"vector search unavailable: {exc}; using keyword search")
     weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
     if keyword and vector:
-        # every keyword candidate gets its real similarity too (not the pool's floor): fusion then compares like
-        # with like, and a chunk both halves like is not beaten for missing the vector pool by a rank
-        pooled = {cid for cid, _ in vector}
-        vector = sorted(vector + index.similarities(query_vec, [c for c, _ in keyword if c not in pooled]),
-                        key=lambda item: (-item[1], item[0]))
         candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
         fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates))
         kind = "fused"

@@ -216,21 +216,15 @@ def test_hybrid_mixes_the_normalised_keyword_and_vector_scores(eng, full_lib, qu
     scores = [h["score"] for h in hybrid["results"]]
     assert scores == sorted(scores, reverse=True), "fused results must be re-sorted by fused score"
 
-    # rebuild the fusion from the two pools of 50 (docs/DESIGN.md, "Retrieval pipeline"): each half min-max
+    # rebuild the fusion from the two pools of 200 (docs/DESIGN.md, "Retrieval pipeline"): each half min-max
     # normalised, mixed 0.8/0.2 for passages of long documents (8+ chunks) and 0.5/0.5 otherwise, plus the
     # section prior (log weight / log 1.5 times the mean neighbour gap of the fused top 10)
     lib = eng.library(Path(full_lib), False)
     terms = kb_engine.query_terms(query)
-    keyword = kb_engine.document_aware_order(lib, terms, kb_engine.keyword_candidates(lib, terms, None, 50))
+    keyword = kb_engine.document_aware_order(lib, terms, kb_engine.keyword_candidates(lib, terms, None, 200))
     embedder = kb_engine.library_embedder(lib, eng.models)
-    query_vec = embedder.encode_query(query)
-    vector = kb_engine.vector_index(lib, eng._states[Path(full_lib)], embedder).search(query_vec, 50, None)
-    # keyword candidates outside the vector pool enter with their own cosine, computed here from the stored vector
-    import numpy as np
-    stored = dict(db_rows(full_lib, "SELECT chunk_id, vec FROM vecs"))
-    pooled = {c for c, _ in vector}
-    vector += [(c, float(np.frombuffer(stored[c], dtype=np.float32) @ np.asarray(query_vec, dtype=np.float32)))
-               for c, _ in keyword if c not in pooled]
+    vector = kb_engine.vector_index(lib, eng._states[Path(full_lib)], embedder).search(
+        embedder.encode_query(query), 200, None)
 
     def unit(pool):
         lo, hi = min(s for _, s in pool), max(s for _, s in pool)
