@@ -3742,9 +3742,14 @@ def document_aware_order(lib: Library, terms: list[str], ranked: list[tuple[int,
     if not lib.has_fts5 or not pool:
         return ranked
     doc_of, long_docs = long_documents_of(lib, [c for c, _ in pool])
+    members_of: dict[int, list[int]] = {}
+    for cid, _ in pool:
+        if doc_of.get(cid) in long_docs:
+            members_of.setdefault(doc_of[cid], []).append(cid)
     slots = dict(pool)
-    for doc_id in sorted(long_docs):
-        members = [c for c, _ in pool if doc_of.get(c) == doc_id]
+    for doc_id, members in sorted(members_of.items()):
+        if len(members) < 2:
+            continue        # one candidate has no sibling to trade places with
         rescored = _specific_scores(lib, doc_id, list(dict.fromkeys(terms)), set(members))
         earned = sorted((slots[c] for c in members), reverse=True)
         order = sorted(members, key=lambda c: (-rescored.get(c, 0.0), -slots[c], c))

@@ -1,4 +1,5 @@
-"""Headings that end the body need evidence; tables never make headings; no body page is lost.
+"""Full-text evidence: headings that end the body need evidence, tables never make headings, no body page is
+lost; section weights are a bounded prior; topic words find the paper and specific words the page.
 
 The papers are generated here with PyMuPDF (examples/sample_papers.Flow): a meta-analysis whose table has a
 "Reference" column header and a cell naming an appendix, a sentence that mentions References, a real
@@ -212,3 +213,65 @@ def test_vector_only_prior_scales_with_the_models_cosines(kb_engine, spread):
     ranked = kb_engine.with_section_prior(scored, weights, kb_engine.neighbour_gap([s for _, s in scored]))
     assert ranked[0][0] == 1
     assert [cid for cid, _ in ranked].index(3) <= 2
+
+
+# -- document-aware word weights: topic words find the paper, specific words the page ----------------------
+
+BAS_SECTIONS = {
+    "Introduction": "Cubic boron arsenide is a semiconductor with an unusually high lattice thermal conductivity. "
+                    "Earlier boron arsenide crystals were small and full of defects, which hid the intrinsic phonon "
+                    "behaviour of the lattice.",
+    "Methods": "We grew boron arsenide crystals by chemical vapour transport and measured them with time-domain "
+               "thermoreflectance. Each boron arsenide sample was polished and coated with an aluminium transducer.",
+    "Sample growth": "The boron arsenide growth ran for two weeks at 800 degrees with iodine as the transport agent. "
+                     "Boron arsenide boules were cleaved along the cubic faces before measurement.",
+    "Thermal transport": "Thermal conductivity of boron arsenide was extracted from the thermoreflectance phase. The "
+                         "boron arsenide lattice carried heat mainly through acoustic phonon modes at room temperature.",
+    "Results": "Below one kelvin the boron arsenide samples were cooled in a dilution refrigerator, which reached a "
+               "base temperature of 40 millikelvin during the boron arsenide runs.",
+    "Phonon scattering": "Four-phonon scattering in boron arsenide limits the conductivity at high temperature. The "
+                         "boron arsenide phonon lifetimes fell with temperature as the calculation predicted.",
+    "Defects": "Arsenic vacancies in boron arsenide scatter phonons strongly. The best boron arsenide crystals had "
+               "vacancy densities below ten to the seventeen per cubic centimetre.",
+    "Comparison with silicon": "Compared with silicon, boron arsenide conducts heat about eight times better at room "
+                               "temperature, which makes boron arsenide attractive for heat spreaders.",
+    "Discussion": "The boron arsenide results agree with first-principles predictions once four-phonon processes are "
+                  "included in the boron arsenide lattice model.",
+    "Conclusion": "Large clean boron arsenide crystals confirm the high lattice thermal conductivity predicted for "
+                  "boron arsenide.",
+}
+BAS_ABSTRACT = ("We measure the lattice thermal conductivity of cubic boron arsenide crystals from millikelvin "
+                "temperature to room temperature and find phonon transport limited by four-phonon scattering in the "
+                "boron arsenide lattice.")
+OTHER_TOPICS = ["coral reef bleaching under marine heatwaves", "graphene growth on copper foil",
+                "protein folding in the ribosome tunnel", "lithium electrolyte interphase growth",
+                "arctic tern migration routes"]
+
+
+def test_topic_words_find_the_paper_and_specific_words_the_page(kb_engine, engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    (papers / "boron_arsenide.md").write_text(
+        "# Heat Flow in Cubic Boron Arsenide Crystals\n\n## Abstract\n\n" + BAS_ABSTRACT + "\n\n"
+        + "".join(f"## {head}\n\n{text}\n\n" for head, text in BAS_SECTIONS.items()), encoding="utf-8")
+    for i, topic in enumerate(OTHER_TOPICS):      # other papers, so the topic words are rare in the library
+        (papers / f"other{i}.md").write_text(
+            f"# A study of {topic}\n\n## Abstract\n\nWe report measurements of {topic} over three seasons, with the "
+            f"base temperature logged at each site.\n\n## Results\n\nThe {topic} measurements showed a clear trend "
+            "in temperature and a weak effect of site.\n", encoding="utf-8")
+    kb = str(tmp_path / ".kb")
+    engine.execute("ingest", {"paths": [str(papers)], "kb_root": kb})
+    question = "what millikelvin base temperature was reached in the boron arsenide lattice thermal conductivity phonon measurements"
+
+    def ranking():
+        hits = engine.execute("search", {"query": question, "kb_root": kb, "mode": "keyword", "cache": False})["results"]
+        return [(h["section"], h["score"]) for h in hits[:3]]
+
+    monkeypatch.setattr(kb_engine, "TOPIC_WORD_SHARE", 1.0)        # every word counts in full: plain BM25
+    plain = ranking()
+    assert plain[0][0] == "Abstract"            # the abstract names every topic word of the question
+    monkeypatch.setattr(kb_engine, "TOPIC_WORD_SHARE", 0.5)
+    aware = ranking()
+    assert aware[0][0] == "Results"             # the page that answers it
+    assert [s for s, _ in aware[:3]] == ["Results", "Abstract", plain[2][0]]   # only the two traded places
