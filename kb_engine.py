@@ -1093,7 +1093,8 @@ def _closing_heading_typeset(block: Block, body_size: float) -> bool:
     if not block.size or not body_size:
         return True
     small_caps = block.text.isupper() and block.size >= 0.7 * body_size     # IEEE sets "REFERENCES" in small caps
-    return block.n_lines <= 2 and (block.size >= 0.85 * body_size or small_caps)
+    bold_small = block.bold and block.size >= 0.8 * body_size                # some journals set headings small, bold
+    return block.n_lines <= 2 and (block.size >= 0.85 * body_size or small_caps or bold_small)
 
 
 _REF_YEAR = re.compile(r"(?<!\d)(?:1[89]|20)\d{2}[a-z]?(?!\d)")
@@ -1102,8 +1103,9 @@ _REF_MARKS = re.compile(r"et al\b|\bdoi\b|arxiv|\bpp?\.\s*\d|\bvol\.|\bproc\.|\b
                         r"proceedings|\[[JMCDRPSNZ]\]|\d+\s*\(\d+\)|\d+\s*[:,]\s*\d+\s*[-\u2013]\s*\d+|"
                         r"[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*){1,3}|(?:[A-Z]\.\s*){1,3}[A-Z][a-z]+",
                         re.IGNORECASE)
-_ACKNOWLEDGING = re.compile(r"thank|grateful|gratitude|acknowledg|fund|grant|support|sponsor|fellowship|"
-                            r"谢|资助|基金|支持", re.IGNORECASE)
+_ACKNOWLEDGING = re.compile(r"thank|grateful|gratitude|acknowledg|indebted|apprecia|fund|grant|support|sponsor|"
+                            r"fellowship|award|contribution|feedback|helpful|discussion|assist|谢|资助|基金|支持",
+                            re.IGNORECASE)
 
 
 def prose_share(text: str) -> float:
@@ -1149,22 +1151,27 @@ def confirm_closing_headings(blocks: list[Block]) -> None:
                 following.append(later)
         if canonical == "references":
             claimed = _reads_as_reference_list(following)
-        else:
-            claimed = bool(following) and _ACKNOWLEDGING.search(following[0].text) is not None
+        else:       # (in two columns the first block may still be the other column's paragraph)
+            claimed = any(_ACKNOWLEDGING.search(b.text) for b in following[:3])
         if not claimed:
             block.role, block.level = "body", 0
 
 
 def _reads_as_reference_list(blocks: list[Block]) -> bool:
+    """Entries, not prose: most text in entry-like blocks, a numbered list, or (entries broken into line-sized
+    blocks) a year every few hundred characters in text that is mostly names, titles and numbers."""
     if not blocks:
         return False
-    texts = [b.text for b in blocks]
+    texts = [b.text for b in blocks[:30]]
     total = sum(len(t) for t in texts)
     entry_chars = sum(len(t) for t in texts if looks_like_reference_entry(t))
     if entry_chars >= 0.5 * total:
         return True
     joined = "\n".join(texts)
-    return len(_sequential_labels(joined)) >= 3 and not is_running_prose(texts[0])
+    if len(_sequential_labels(joined)) >= 3 and not is_running_prose(texts[0]):
+        return True
+    years = len(_REF_YEAR.findall(joined))
+    return years >= 3 and years * 400 >= len(joined) and prose_share(joined) < 0.5
 
 
 def join_lines(lines: Iterable[str]) -> str:
@@ -1550,34 +1557,53 @@ def _side_by_side(a: tuple, b: tuple) -> bool:
 
 
 def _table_cells(blocks: list[_PdfBlock], width: float) -> set[int]:
-    """Indices of the blocks that are cells of a table: short blocks that share a text row with other short blocks.
+    """Indices of the blocks that are cells of a table: short blocks set side by side in rows that repeat.
 
-    Three or more short blocks on one row make a table row. Two make one only when both sit in the same half of
-    the page; a short block in each column of a two-column page (a heading beside a heading) needs a second such
-    row right above or below to count. A block whose own lines stand side by side is a row set as one block."""
+    A short block is a cell when it shares its text row with another short block AND a neighbouring row (a few
+    line heights above or below) also holds side-by-side short blocks that line up with its row in two columns
+    (left, right or centre aligned): a table's columns line up from row to row. Blocks in opposite halves of the
+    page are never row mates (two-column text). A heading beside an equation in the other column, or
+    a section number set apart from its heading text, has no such row. A block whose own lines stand side by
+    side on two rows (or three on one) is a row set as one block."""
     short = [i for i, b in enumerate(blocks) if _short_cell(b)]
-    row_mates = {i: [j for j in short if j != i and _side_by_side(blocks[i].bbox, blocks[j].bbox)] for i in short}
-    for i in short:       # a section number set apart from its heading text ("2.1" + "Data") is not a cell
-        if len(row_mates[i]) == 1 and _detached_number(blocks[row_mates[i][0]], blocks[i]):
-            row_mates[i] = []
-        elif len(row_mates[i]) == 1 and _detached_number(blocks[i], blocks[row_mates[i][0]]):
-            row_mates[i] = []
+    by_top = sorted(short, key=lambda i: blocks[i].bbox[1])
+    mates: dict[int, list[int]] = {i: [] for i in short}
     mid = width / 2
 
-    def same_half(i: int, j: int) -> bool:
-        return ((blocks[i].bbox[0] + blocks[i].bbox[2]) / 2 < mid) == ((blocks[j].bbox[0] + blocks[j].bbox[2]) / 2 < mid)
+    def side(box: tuple) -> int:         # -1 left half, 1 right half, 0 across the middle
+        return 0 if box[0] < mid < box[2] else (-1 if box[2] <= mid else 1)
 
-    def stacked_row(i: int) -> bool:
-        """Another row of two short blocks within three line heights above or below, aligned with this one."""
-        height = max(blocks[i].bbox[3] - blocks[i].bbox[1], 1.0)
-        return any(k != i and row_mates.get(k) and abs(blocks[k].bbox[0] - blocks[i].bbox[0]) < 0.02 * width
-                   and 0 < abs(blocks[k].bbox[1] - blocks[i].bbox[1]) < 3 * height for k in short)
+    for n, i in enumerate(by_top):
+        for j in by_top[n + 1:]:
+            if blocks[j].bbox[1] > blocks[i].bbox[3]:
+                break               # sorted by top: nothing further down shares i's row
+            if side(blocks[i].bbox) * side(blocks[j].bbox) < 0:
+                continue            # one in each column of a two-column page: not one row
+            if _side_by_side(blocks[i].bbox, blocks[j].bbox) and not (
+                    _detached_number(blocks[i], blocks[j]) or _detached_number(blocks[j], blocks[i])):
+                mates[i].append(j)
+                mates[j].append(i)
+    in_rows = [i for i in by_top if mates[i]]
+    tolerance = 0.02 * width
+
+    def aligned(a: tuple, b: tuple) -> bool:
+        return (abs(a[0] - b[0]) < tolerance or abs(a[2] - b[2]) < tolerance
+                or abs((a[0] + a[2]) - (b[0] + b[2])) < 2 * tolerance)
+
+    def rows_line_up(i: int, k: int) -> bool:
+        """Row of k lines up with row of i in two columns: i with k, and a row mate of i with one of k."""
+        return aligned(blocks[i].bbox, blocks[k].bbox) and any(
+            aligned(blocks[a].bbox, blocks[b].bbox) for a in mates[i] for b in mates[k] if a != k and b != i)
 
     cells = set()
-    for i in short:
-        mates = row_mates[i]
-        if len(mates) >= 2 or (mates and (same_half(i, mates[0]) or stacked_row(i))):
-            cells.add(i)
+    for i in in_rows:
+        box = blocks[i].bbox
+        reach = 3 * max(box[3] - box[1], 1.0)
+        for k in in_rows:
+            other = blocks[k].bbox
+            if k != i and k not in mates[i] and 0 < abs(other[1] - box[1]) <= reach and rows_line_up(i, k):
+                cells.add(i)
+                break
     for i, block in enumerate(blocks):
         rows = {n for n, a in enumerate(block.lines) for b in block.lines[n + 1:] if _side_by_side(a.bbox, b.bbox)}
         if len(rows) >= 2:      # one row of two (a number beside its heading, an equation and its label) is not
