@@ -268,10 +268,11 @@ def test_topic_words_find_the_paper_and_specific_words_the_page(kb_engine, engin
         hits = engine.execute("search", {"query": question, "kb_root": kb, "mode": "keyword", "cache": False})["results"]
         return [(h["section"], h["score"]) for h in hits[:3]]
 
+    share = kb_engine.TOPIC_WORD_SHARE
     monkeypatch.setattr(kb_engine, "TOPIC_WORD_SHARE", 1.0)        # every word counts in full: plain BM25
     plain = ranking()
     assert plain[0][0] == "Abstract"            # the abstract names every topic word of the question
-    monkeypatch.setattr(kb_engine, "TOPIC_WORD_SHARE", 0.5)
+    monkeypatch.setattr(kb_engine, "TOPIC_WORD_SHARE", share)
     aware = ranking()
     assert aware[0][0] == "Results"             # the page that answers it
     assert [s for s, _ in aware[:3]] == ["Results", "Abstract", plain[2][0]]   # only the two traded places
