@@ -1099,10 +1099,9 @@ def _closing_heading_typeset(block: Block, body_size: float) -> bool:
 
 _REF_YEAR = re.compile(r"(?<!\d)(?:1[89]|20)\d{2}[a-z]?(?!\d)")
 _REF_LABEL = re.compile(r"^\s*(?:\[\d{1,4}\]|\(\d{1,4}\)|\d{1,4}\.\s|\d{1,4}\s+[A-Z\u4e00-\u9fff])")
-_REF_MARKS = re.compile(r"et al\b|\bdoi\b|arxiv|\bpp?\.\s*\d|\bvol\.|\bproc\.|\bin:|journal|conference|"
-                        r"proceedings|\[[JMCDRPSNZ]\]|\d+\s*\(\d+\)|\d+\s*[:,]\s*\d+\s*[-\u2013]\s*\d+|"
-                        r"[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*){1,3}|(?:[A-Z]\.\s*){1,3}[A-Z][a-z]+",
-                        re.IGNORECASE)
+_REF_MARKS = re.compile(r"(?i:et al\b|\bdoi\b|arxiv|\bpp?\.\s*\d|\bvol\.|\bproc\.|\bin:|journal|conference|"
+                        r"proceedings)|\[[JMCDRPSNZ]\]|\d+\s*\(\d+\)|\d+\s*[:,]\s*\d+\s*[-\u2013]\s*\d+|"
+                        r"\b[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*){1,3}|\b(?:[A-Z]\.\s*){1,3}[A-Z][a-z]+")
 _ACKNOWLEDGING = re.compile(r"thank|grateful|gratitude|acknowledg|indebted|apprecia|fund|grant|support|sponsor|"
                             r"fellowship|award|contribution|feedback|helpful|discussion|assist|谢|资助|基金|支持",
                             re.IGNORECASE)
