@@ -111,14 +111,15 @@ def test_cancel_stops_cleanly_and_a_later_ingest_finishes(tmp_path):
     if job["state"] == "done":
         pytest.skip("the job finished before the cancel arrived")
     assert cancel["cancel_requested"] is True
-    assert job["state"] == "cancelled" and 3 <= job["done"] < 300, job
+    # (the cancel may land after the last file, while the job is still finishing: then every file is in)
+    assert job["state"] == "cancelled" and 3 <= job["done"] <= 300, job
     con = sqlite3.connect(str(kb / "kb.sqlite"))
     try:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         indexed = con.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
     finally:
         con.close()
-    assert job["done"] <= indexed < 300      # what the job counted is committed; nothing half-written
+    assert job["done"] <= indexed <= 300     # what the job counted is committed; nothing half-written
     rest = _call("ingest", {"paths": [str(papers)], "kb_root": str(kb), "background": False}, env)
     assert rest["totals"]["added"] == 300 - indexed and rest["totals"]["skipped"] == indexed
 
