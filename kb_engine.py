@@ -1110,11 +1110,10 @@ _ACKNOWLEDGING = re.compile(r"thank|grateful|gratitude|acknowledg|indebted|appre
 def prose_share(text: str) -> float:
     """Share of the words that are lower-case words of three or more letters: high in running prose, low in
     reference entries (names, initials, numbers) and table cells."""
-    words = text.split()
+    words = [w.strip(".,;:()[]\"'") for w in text.split()]
     if not words:
         return 0.0
-    return sum(1 for w in words if len(w.strip(".,;:()[]\"'")) >= 3 and w.strip(".,;:()[]\"'").isalpha()
-               and w.strip(".,;:()[]\"'").islower()) / len(words)
+    return sum(1 for w in words if len(w) >= 3 and w.isalpha() and w.islower()) / len(words)
 
 
 def looks_like_reference_entry(text: str) -> bool:
