@@ -51,10 +51,10 @@ __version__ = "0.1.0"
 # 1. Config
 # =============================================================================
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 3
+PARSER_REVISION = 4
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"
@@ -149,9 +149,71 @@ _CJK_RUN_OR_WORD = re.compile(f"[{_CJK_RANGES}]+|[^\\W_{_CJK_RANGES}]+")
 _INVISIBLES = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u2060\ufeff"), None)
 
 
+# C0 and C1 controls (tab and newline excepted), private-use glyphs and replacement characters: what a broken font
+# map leaves in extracted text. They never reach a stored or returned field.
+_CONTROL_RESIDUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ue000-\uf8ff\ufffd\U000f0000-\U0010ffff]")
+
+
+def strip_controls(text: str) -> str:
+    return _CONTROL_RESIDUE.sub("", text) if text else text
+
+
+def clean_field(text: str | None) -> str:
+    """A one-line metadata value: no control residue, invisible characters or runs of whitespace."""
+    if not text:
+        return ""
+    return re.sub(r"\s+", " ", strip_controls(normalize_text(str(text)))).strip()
+
+
 def normalize_text(text: str) -> str:
     """NFKC (folds ligatures and full-width forms) without invisible characters."""
     return unicodedata.normalize("NFKC", text).translate(_INVISIBLES)
+
+
+# Spacing accents that TeX fonts draw as separate glyphs ("Fern´andez", "Gonc¸alo"), with the combining mark each
+# stands for. Marks set above a letter usually precede it in the text stream; marks set below follow it.
+_SPACING_ACCENTS = {"\u00b4": "\u0301", "`": "\u0300", "\u00a8": "\u0308", "\u02c6": "\u0302", "\u02dc": "\u0303",
+                    "\u00af": "\u0304", "\u02d8": "\u0306", "\u02c7": "\u030c", "\u02d9": "\u0307", "\u02da": "\u030a",
+                    "\u02dd": "\u030b", "\u00b8": "\u0327", "\u02db": "\u0328"}
+_MARKS_BELOW = frozenset("\u0327\u0328")
+
+
+def _composed(letter: str, mark: str) -> str | None:
+    letter = {"\u0131": "i", "\u0237": "j"}.get(letter, letter)     # dotless i/j carry the accent in TeX
+    joined = unicodedata.normalize("NFC", letter + mark)
+    return joined if len(joined) == 1 else None
+
+
+def compose_spacing_accents(text: str) -> str:
+    """Put a separately drawn accent onto its letter ("Andr´e" -> "André"); leave it where no letter takes it."""
+    if not any(ch in _SPACING_ACCENTS for ch in text):
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        mark = _SPACING_ACCENTS.get(ch)
+        if mark is None:
+            out.append(ch)
+            i += 1
+            continue
+        before = out[-1] if out and out[-1].isalpha() else ""
+        after = text[i + 1] if i + 1 < len(text) and text[i + 1].isalpha() else ""
+        tries = [("before", before), ("after", after)] if mark in _MARKS_BELOW else [("after", after), ("before", before)]
+        for side, letter in tries:
+            joined = _composed(letter, mark) if letter else None
+            if joined and side == "before":
+                out[-1] = joined
+                i += 1
+                break
+            if joined and side == "after":
+                out.append(joined)
+                i += 2
+                break
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
 
 
 def _strip_diacritics(word: str) -> str:
@@ -485,6 +547,23 @@ def _migrate_3_to_4(conn: sqlite3.Connection, has_fts5: bool) -> None:
 
 MIGRATIONS[3] = _migrate_3_to_4
 
+SCHEMA_V5 = """
+ALTER TABLE docs ADD COLUMN metadata_source TEXT;   -- JSON: field -> extracted | crossref | zotero
+CREATE TABLE IF NOT EXISTS metadata_lookups (       -- answers of the opt-in online check, so each is asked once
+    key        TEXT PRIMARY KEY,                    -- doi:<doi> or title:<normalised title>
+    found      INTEGER NOT NULL,                    -- 0: the service has no such record
+    record     TEXT,                                -- JSON: the fields kb-rag uses from the answer
+    fetched_at REAL NOT NULL
+);
+"""
+
+
+def _migrate_4_to_5(conn: sqlite3.Connection, has_fts5: bool) -> None:
+    run_statements(conn, SCHEMA_V5)
+
+
+MIGRATIONS[4] = _migrate_4_to_5
+
 
 def title_key(title: str | None) -> str | None:
     """Title reduced to lower-case letters and digits: equal keys mean the same title."""
@@ -492,9 +571,26 @@ def title_key(title: str | None) -> str | None:
     return key if len(key) >= 12 else None
 
 
+def split_person_name(name: str) -> tuple[str, str, str]:
+    """(given, family, suffix) of 'Given Family', 'Family, Given', 'Family G.' / 'Family GA', with 'Jr.' etc."""
+    name = (name or "").strip()
+    suffix = ""
+    suffixed = re.match(r"^(.+?),?\s+(Jr\.?|Sr\.?|II|III|IV)$", name)
+    if suffixed and " " in suffixed.group(1).strip():
+        name, suffix = suffixed.group(1).strip(), suffixed.group(2)
+    if "," in name:
+        family, given = (part.strip() for part in name.split(",", 1))
+        return given, family, suffix
+    parts = name.split()
+    if len(parts) > 1 and re.fullmatch(r"(?:[A-Z]\.?-?){1,3}", parts[-1]) and not re.fullmatch(r"[A-Z]\.?", parts[0]):
+        return parts[-1], " ".join(parts[:-1]), suffix          # "Smith J." / "Alhadainy HA"
+    return " ".join(parts[:-1]), parts[-1] if parts else "", suffix
+
+
 def surname_key(name: str | None) -> str | None:
     """Lower-case family name of 'Given Family', 'Family, Given' or 'Family G.' (None when unclear)."""
     name = re.sub(r"[\d*†‡§¶#,]+$", "", (name or "").strip()).strip()
+    name = re.sub(r",?\s+(?:Jr|Sr)\.?$|,?\s+(?:II|III|IV)$", "", name)      # "Timothy J. Triche, Jr."
     if not name:
         return None
     if cjk_ratio(name) > 0.5:
@@ -854,6 +950,19 @@ class Block:
     closed_by: str = ""         # the closing section (references, acknowledgements) that kept it out of the index
 
 
+@dataclass(frozen=True)
+class HeaderLine:
+    """One typeset line of a PDF's first pages, with what the front-matter reader needs to know about it."""
+    page: int
+    text: str          # the line as it reads
+    header: str        # the same line with raised spans and wide gaps turned into NAME_BREAK
+    size: float
+    bold: bool
+    bbox: tuple
+    block: int         # lines of one layout block share this number
+    page_height: float
+
+
 @dataclass
 class Extracted:
     kind: str
@@ -864,6 +973,7 @@ class Extracted:
     body_size: float = 0.0
     references: list = field(default_factory=list)   # (number, raw text) of each reference-list entry
     numbered_references: bool = False
+    header: list = field(default_factory=list)       # HeaderLine of the first two PDF pages, for the metadata reader
 
     @property
     def pages(self) -> int | None:
@@ -1403,8 +1513,12 @@ class _PdfLine:
     size: float
     bold: bool
     bbox: tuple
+    # The line as the front-matter reader wants it: every raised span (affiliation letters, symbols, digits) and
+    # every wide gap between spans replaced by NAME_BREAK, so "Roisin^a, Delhaye^a" keeps its names apart.
+    header: str = ""
 
 
+NAME_BREAK = "\u2016"
 _BOLD_FONT = re.compile(r"bold|black|heavy|semibold|demi|cmbx|\.b$|-bd|medi", re.IGNORECASE)
 
 
@@ -1444,18 +1558,25 @@ def _pdf_line(line: dict) -> _PdfLine | None:
     size = max(weights, key=weights.get) if weights else 0.0
     main = next((s for s in spans if round(s.get("size", 0.0), 1) == size and s.get("origin")), None)
     baseline = main["origin"][1] if main else line["bbox"][3]
-    parts = []
+    parts, header_parts, previous_end = [], [], None
     for span in spans:
         raw = span["text"]
-        if raw.strip() and _is_raised(span, size, baseline) and _SUPERSCRIPT_TEXT.fullmatch(raw):
+        raised = bool(raw.strip()) and _is_raised(span, size, baseline)
+        if raised and _SUPERSCRIPT_TEXT.fullmatch(raw):
             core = raw.strip()
             lead, trail = raw[:len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
             parts.append(lead + SUP_OPEN + core + SUP_CLOSE + trail)
         else:
             parts.append(raw)
-    text = normalize_text("".join(parts))
+        bbox = span.get("bbox")
+        wide_gap = (previous_end is not None and bbox is not None and size > 0 and bbox[0] - previous_end > 1.5 * size)
+        header_parts.append(NAME_BREAK if raised else (NAME_BREAK + raw if wide_gap else raw))
+        if bbox is not None:
+            previous_end = bbox[2]
+    text = normalize_text(compose_spacing_accents("".join(parts)))
     text = text.replace(SUP_CLOSE + SUP_OPEN, "")     # "1" "," "2" typeset as separate spans
-    return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]))
+    header = normalize_text(compose_spacing_accents("".join(header_parts)))
+    return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]), header)
 
 
 def _split_line_groups(lines: list[_PdfLine]) -> list[list[_PdfLine]]:
@@ -1727,7 +1848,7 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     blocks = []
     for number, (page_blocks, width) in enumerate(zip(pages, widths), start=1):
         cells = _table_cells(page_blocks, width)
-        blocks.extend(Block(text=raw.text, page=number, size=max(line.size for line in raw.lines),
+        blocks.extend(Block(text=strip_controls(raw.text), page=number, size=max(line.size for line in raw.lines),
                             n_lines=len(raw.lines), bold=all(line.bold for line in raw.lines), in_table=i in cells)
                       for i, raw in enumerate(page_blocks))
     _mark_pdf_title(blocks, body_size)
@@ -1741,7 +1862,11 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
             builder.add(block)
         page_texts.append(builder.text())
     raw_meta["first_page_title"] = " ".join(b.text for b in blocks if b.role == "title")
-    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered)
+    header = [HeaderLine(number, strip_controls(line.text), strip_controls(line.header), line.size, line.bold,
+                         line.bbox, block_number, raw_pages[number - 1][1])
+              for number, page_blocks in enumerate(pages[:2], start=1)
+              for block_number, raw in enumerate(page_blocks) for line in raw.lines]
+    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered, header)
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:
@@ -2019,6 +2144,10 @@ def extract_file(path: str, max_pages: int | None = None) -> Extracted:
 # 5. Metadata
 # =============================================================================
 
+METADATA_FIELDS = ("title", "authors", "year", "journal", "doi")
+METADATA_SOURCES = ("extracted", "crossref", "zotero")     # where a stored field came from (docs.metadata_source)
+
+
 @dataclass
 class DocMeta:
     title: str
@@ -2027,6 +2156,13 @@ class DocMeta:
     journal: str | None
     doi: str | None
     lang: str
+
+    def __post_init__(self):
+        # whatever the source (layout, file metadata, Zotero, Crossref), no control residue is stored
+        self.title = clean_field(self.title)
+        self.authors = [name for name in (clean_field(a) for a in self.authors or []) if name]
+        self.journal = clean_field(self.journal) or None
+        self.doi = clean_field(self.doi).replace(" ", "").lower() or None if self.doi else None
 
 
 _DOI = re.compile(r"\b(10\.\d{4,9}/[^\s\"<>{}]+)", re.IGNORECASE)
@@ -2048,7 +2184,7 @@ def _plausible_title(text: str | None) -> bool:
 
 def _clean_title(text: str) -> str:
     text = re.sub("[\u2010\u2011]", "-", text)
-    return re.sub(r"\s+", " ", text).strip(" .:;-")[:300]
+    return re.sub(r"\s+", " ", text).strip(" .:;-*†‡§¶∗⋆")[:300]
 
 
 def _split_authors(raw: str) -> list[str]:
@@ -2079,9 +2215,20 @@ _CITATION_YEAR = re.compile(r"(?:et al\.?|and \w+|&\s*\w+),?\s*\(?$", re.IGNOREC
 
 
 def _doi_from_text(text: str) -> str | None:
-    """First DOI printed before any reference list, with trailing punctuation and brackets removed."""
+    """The DOI printed before any reference list: one labelled "doi" or "doi.org" first, else the first one."""
     cut = re.search(r"\n\s*(?:references|bibliography|参考文献)\s*\n", text, re.IGNORECASE)
-    return find_doi(text[:cut.start()] if cut else text)
+    text = join_broken_dois(text[:cut.start()] if cut else text)
+    labelled = re.search(r"(?:\bdoi\b\s*[:.]?\s*|doi\.org/)(10\.\d{4,9}/\S+)", text, re.IGNORECASE)
+    return find_doi(labelled.group(1)) if labelled else find_doi(text)
+
+
+# A DOI cut at a line end after ".", "-", "/" or "_" continues on the next line with a piece that has a digit
+# and no capital at its start ("10.1371/journal." + "pone.0197919"); running text after a DOI does not.
+_BROKEN_DOI = re.compile(r"(10\.\d{4,9}/[^\s\"<>{}]*[./_-])\s+(?=[a-z0-9])([^\s\"<>{}]*\d[^\s\"<>{}]*)")
+
+
+def join_broken_dois(text: str) -> str:
+    return _BROKEN_DOI.sub(lambda m: m.group(1) + m.group(2), text or "")
 
 
 def find_doi(text: str) -> str | None:
@@ -2116,10 +2263,32 @@ def _banner_year(banner: str, plausible) -> int | None:
     return max(years) if years else None
 
 
-def guess_year(front_text: str, raw_meta: dict, path: str, doi: str | None, banner: str = "") -> int | None:
-    """Printed on page 1 (dated lines, then header/footer), else in the DOI or arXiv id, else the file's dates."""
+# notices a repository or reprint service adds to page 1: their dates are the download's, not the paper's
+_DISCLAIMER = re.compile(r"\bdownload(?:ed)?\b|digiti[sz]ed|reprint service|terms (?:and|&) conditions|"
+                         r"for personal use|all use subject to|this (?:content|article|copy|pdf) was|"
+                         r"uploaded by|digital archive", re.IGNORECASE)
+# the paper's own citation line: "Z. Naturforsch. 54a, 272-276 (1994)", "Phys. Rev. Lett. 98, 123001 (2007)"
+_CITATION_LINE_YEAR = re.compile(r"\b\d{1,4}\s*[a-zA-Z]?\s*(?:\(\d{1,3}\))?\s*[,:]\s*(?:pp?\.\s*)?"
+                                 r"(?:[a-zA-Z]?\d{1,6}\s*[-–]\s*[a-zA-Z]?\d{1,6}|e?\d{3,8})\s*[,;]?\s*"
+                                 r"\(((?:19|20)\d{2})\)")
+
+
+def without_disclaimers(text: str) -> str:
+    """The text without the paragraphs and lines that are repository or reprint notices."""
+    return "\n".join(part for part in re.split(r"\n", text or "") if not _DISCLAIMER.search(part))
+
+
+def guess_year(front_text: str, raw_meta: dict, path: str, doi: str | None, banner: str = "",
+               head: str = "") -> int | None:
+    """The paper's citation line on page 1, else its dated lines and header/footer (notices of downloads and
+    reprints do not count), else the DOI or arXiv id, else the file's dates."""
     this_year = time.gmtime().tm_year + 1
     plausible = lambda y: 1900 <= y <= this_year  # noqa: E731
+    front_text, banner = without_disclaimers(front_text), without_disclaimers(banner)
+    cited = next((int(m.group(1)) for m in _CITATION_LINE_YEAR.finditer(without_disclaimers(head))
+                  if plausible(int(m.group(1)))), None)
+    if cited:
+        return cited
     dated = [int(m.group(1)) for m in _DATED_YEAR.finditer((front_text or "")[:6000]) if plausible(int(m.group(1)))]
     printed = dated + ([y] if (y := _banner_year(banner, plausible)) else [])
     if printed:
@@ -2156,34 +2325,23 @@ def _title_from_blocks(blocks: list[Block]) -> str | None:
 
 
 def _authors_from_blocks(blocks: list[Block]) -> list[str]:
-    """Names on the lines under the title, before affiliations and the abstract."""
+    """Names in the paragraphs under a title (DOCX, Markdown, and PDFs whose layout gave none): one paragraph per
+    author or one byline, up to the first paragraph that is not a byline."""
+    names: list[str] = []
     after_title = False
     for block in blocks:
         if block.role == "title":
             after_title = True
             continue
-        if not after_title or block.role != "body":
+        if not after_title or block.role not in ("body", "noise"):
+            if names:
+                break
             continue
-        text = re.sub(r"[\d*†‡§¶⊥#✉]+|\[[^\]]*\]|\([^)]*\)", " ", block.text)
-        if _AFFILIATION_WORDS.search(text) or run_in_abstract(block.text) is not None or len(text) > 400:
-            return []
-        names = [n.strip(" .") for n in re.split(r"\s*(?:,|;|\band\b|&|，|、)\s*", text) if n.strip(" .")]
-        names = [re.sub(r"\s+", " ", n) for n in names]
-        good = [n for n in names if _looks_like_name(n)]
-        if good and len(good) >= 0.6 * len(names):
-            return good[:50]
-        return []
-    return []
-
-
-def _looks_like_name(name: str) -> bool:
-    if cjk_ratio(name) > 0.5:
-        return 2 <= len(name.replace(" ", "")) <= 4
-    words = name.split()
-    if not 2 <= len(words) <= 5 or any(ch.isdigit() for ch in name):
-        return False
-    return all(w[0].isupper() or w.lower() in ("de", "van", "von", "der", "den", "da", "di", "le", "la", "del")
-               for w in words if w[0].isalpha())
+        found = names_in_text(block.text) if len(block.text) <= 600 else None
+        if not found:
+            break
+        names.extend(n for n in found if n not in names)
+    return names[:1000]
 
 
 def _journal_from_text(front: str, blocks: list[Block]) -> str | None:
@@ -2197,32 +2355,349 @@ def _journal_from_text(front: str, blocks: list[Block]) -> str | None:
     return None
 
 
+# -- the front matter of a PDF, read from its layout ----------------------------
+# Page 1 (page 2 behind a cover page) is read line by line with its typography: the title is the largest text
+# of the header that is not a banner, a label or a journal line; the byline is the run of name lines under it,
+# with raised affiliation marks and wide gaps keeping the names apart.
+
+_COVER_PAGE = re.compile(r"see discussions, stats,? and author profiles|all content following this page was uploaded|"
+                         r"your use of the jstor archive|jstor is a not-for-profit|brought to you by core|"
+                         r"is brought to you for free and open access by", re.IGNORECASE)
+_HEADER_LABELS = ("research article", "original research article", "original article", "review article",
+                  "open access", "original research", "research paper", "full paper", "short communication",
+                  "brief report", "brief communication", "rapid communication", "case report", "technical note",
+                  "mini review", "article", "review", "letter", "letters", "perspective", "commentary", "editorial",
+                  "communication", "research", "report", "notes", "selected for a viewpoint in physics",
+                  "editors' suggestion", "editor's suggestion", "featured in physics", "accepted manuscript",
+                  "author manuscript", "check for updates", "peer reviewed", "open")
+_LABEL_LINE = re.compile(r"^(?:(?:%s)\b[\s|•·,:;/-]*)+$" % "|".join(map(re.escape, _HEADER_LABELS)), re.IGNORECASE)
+# a multi-word label printed on the title's own line ("Research Article Patient Experiences of ...")
+_GLUED_LABEL = re.compile(r"^(?i:research article|original (?:research )?article|review article|open access|"
+                          r"original research|research paper|short communication|brief report|case report|"
+                          r"technical note)\s*[:|•·—–-]?\s+(?=[A-Z0-9\u4e00-\u9fff])")
+_HEADER_NOISE = re.compile(r"\b(?:doi\b|https?://|www\.|e-?mail|@|issn|isbn|vol\.|volume \d|©|copyright|"
+                           r"arxiv:|preprint|submitted to|accepted for|received\b|published\b|available online|"
+                           r"typeset using|draft version|licen[cs]e)", re.IGNORECASE)
+_FRONT_MATTER_END = re.compile(r"^\s*(?:abstract|summary|a\s?b\s?s\s?t\s?r\s?a\s?c\s?t|key\s?words|index terms|"
+                               r"article info|article history|received\b|accepted\b|published\b|citation:|"
+                               r"cite this|correspondence|introduction|摘\s*要|关键词|引\s*言)", re.IGNORECASE)
+_ORGANISATION_WORDS = re.compile(r"\b(?:research|labs?|laboratories|group|foundation|team|project|consortium|"
+                                 r"society|council|agency|ministry|office|clinic|museum|observatory|network|"
+                                 r"google|microsoft|facebook|meta ai|amazon|ibm|nvidia|deepmind|openai|"
+                                 r"allen institute|press|publishing|journal|editor|avenue|street|road|"
+                                 r"usa|u\.s\.a|china|japan|germany|france|korea|india|italy|spain|canada|brazil)\b",
+                                 re.IGNORECASE)
+_NAME_SEPARATOR = re.compile(r"\s*(?:[,;&，、·•]|\band\b|\bund\b|\bet\b(?!\s*al)|\s{3,}|" + NAME_BREAK + r")\s*",
+                             re.IGNORECASE)
+# degrees and titles: a piece made only of these is dropped; the unambiguous ones are also cut out of a name
+# ("MD" or "MA" inside a name may be initials written after the family name)
+_DEGREE_PIECE = re.compile(r"^(?:(?:ph\.?\s?d|m\.?\s?d|m\.?\s?sc|b\.?\s?sc|m\.?\s?phil|m\.?\s?p\.?\s?h|mbbs|"
+                           r"dr\.?\s?p\.?\s?h|m\.?\s?a|m\.?\s?s|b\.?\s?a|b\.?\s?s|r\.?\s?n|dr|prof|professor|"
+                           r"(?:senior |life |student )?(?:fellow|member)|ieee|acm|frcp\w*|facs|mrcp)\b\.?\s*)+$",
+                           re.IGNORECASE)
+_DEGREE_WORD = re.compile(r"(?:^|\s)(?:ph\.?\s?d|m\.?\s?sc|b\.?\s?sc|m\.?\s?phil|mbbs|dr|prof|frcp\w*|facs)\.?(?=\s|$)",
+                          re.IGNORECASE)
+_NAME_SUFFIX = re.compile(r"^(?:jr|sr|ii|iii|iv)\.?$", re.IGNORECASE)
+_NAME_PARTICLES = frozenset("de van von der den da di do le la del della dos das du ten ter bin ibn al el e y".split())
+# words of a thesis cover or an imprint that are never part of a name
+_NOT_NAME_WORDS = re.compile(r"\b(?:thesis|dissertation|disserta\w*|these|tese|mestrado|doutorado|master|doctor\w*|"
+                             r"bachelor|orientador\w*|co-orientador\w*|supervisor|advisor|adviser|committee|"
+                             r"submitted|presented|degree|program\w*|gradua\w*|faculdade|facultad|abstract|"
+                             r"introduction|contents|chapter|volume|issue|edition|copyright|version|draft)\b",
+                             re.IGNORECASE)
+_MARKER_CHARS = frozenset("*†‡§¶#∗⋆★☆✉☯♢♦♠♣♥□■○●◆◇⊥‖^~_")
+_CN_BYLINE_TAIL = re.compile(r"\s*(?:执笔|著|编著|撰)\s*$")
+
+
+def _letter_spaced(text: str) -> bool:
+    """A journal banner set with spaces between letters ("P H Y S I C A L  R E V I E W")."""
+    tokens = text.split()
+    return len(tokens) >= 5 and sum(len(t) == 1 for t in tokens) >= 0.7 * len(tokens)
+
+
+def _banner_line(text: str) -> bool:
+    text = text.strip()
+    return (not text or _LABEL_LINE.match(text) is not None or _letter_spaced(text) or _BANNER.search(text) is not None
+            or _HEADER_NOISE.search(text) is not None or _COVER_PAGE.search(text) is not None)
+
+
+def _title_banner(text: str) -> bool:
+    return (_LABEL_LINE.match(text) is not None or _letter_spaced(text) or _BANNER.search(text) is not None
+            or _COVER_PAGE.search(text) is not None)
+
+
+def _header_text(line: HeaderLine) -> str:
+    return re.sub(r"\s+", " ", line.header.replace(NAME_BREAK, " ")).strip()
+
+
+def _title_runs(lines: list[HeaderLine]) -> list[list[HeaderLine]]:
+    """Consecutive lines of one size set close together: the pieces a title can be made of."""
+    runs: list[list[HeaderLine]] = []
+    for line in lines:
+        if runs:
+            last = runs[-1][-1]
+            gap = line.bbox[1] - last.bbox[3]
+            if abs(line.size - last.size) <= 0.6 and (line.bold == last.bold or gap <= 0.6 * line.size) and -line.size <= gap <= 1.5 * line.size and \
+                    not _banner_line(_header_text(line)):
+                runs[-1].append(line)
+                continue
+        runs.append([line])
+    return runs
+
+
+def _run_title(run: list[HeaderLine]) -> str:
+    while len(run) > 1 and _title_banner(_header_text(run[0])):
+        run = run[1:]
+    text = join_lines(_SUPERSCRIPT_GROUP.sub(" ", line.text) for line in run)     # footnote numbers dropped
+    return _clean_title(_GLUED_LABEL.sub("", text))
+
+
+def name_case(name: str) -> str:
+    """Capitals set as a name's typography ("DARRICK E. CHANG", "LIU Bingqian") in name case; initials kept."""
+    def fix(word: str) -> str:
+        letters = [ch for ch in word if ch.isalpha()]
+        if len(letters) < 3 or not all(ch.isupper() for ch in letters) or _NAME_SUFFIX.match(word):
+            return word
+        pieces = re.split(r"([-'\u2019])", word.lower())
+        cased = "".join(p[:1].upper() + p[1:] if p[:1].isalpha() else p for p in pieces)
+        return re.sub(r"^Mc([a-z])", lambda m: "Mc" + m.group(1).upper(), cased)
+    if all(ch.isupper() for ch in name if ch.isalpha()) and sum(ch.isalpha() for ch in name) >= 3:
+        return " ".join(fix(w) if len([c for c in w if c.isalpha()]) >= 2 else w for w in name.split())
+    return " ".join(fix(w) for w in name.split())
+
+
+def _clean_name(piece: str) -> str:
+    piece = "".join(" " if ch in _MARKER_CHARS or unicodedata.category(ch) in ("So", "Sm", "Sk", "Co", "Cc") else ch
+                    for ch in piece)
+    piece = re.sub(r"(?<=[^\W\d_])\d+|\b\d+\b", " ", piece)          # affiliation numbers set on the line
+    piece = re.sub(r"\s+", " ", _CN_BYLINE_TAIL.sub("", piece)).strip(" .,:;-–—'\"")
+    if _DEGREE_PIECE.match(piece):
+        return ""
+    return re.sub(r"\s+", " ", _DEGREE_WORD.sub(" ", piece)).strip(" .,:;-–—'\"()[]{}")
+
+
+def _name_words(name: str) -> list[str]:
+    return re.findall(r"[^\W\d_][^\s.]*\.?|(?<=\.)[^\W\d_]+", name)
+
+
+def is_person_name(name: str) -> bool:
+    if not name or len(name) > 60:
+        return False
+    if cjk_ratio(name) > 0.5:
+        return 2 <= len(name.replace(" ", "")) <= 4 and all(is_cjk(ch) or ch == " " for ch in name)
+    if any(ch.isdigit() for ch in name) or ":" in name or _AFFILIATION_WORDS.search(name) \
+            or _ORGANISATION_WORDS.search(name) or _NOT_NAME_WORDS.search(name):
+        return False
+    words = _name_words(name)
+    if not 2 <= len(words) <= 6:
+        return False
+    capitalised = [w for w in words if w.lower().strip(".") not in _NAME_PARTICLES]
+    return bool(capitalised) and all(w[0].isupper() for w in capitalised) and \
+        sum(len(w.strip(".")) > 1 for w in words) >= 1
+
+
+_COLLABORATION = re.compile(r"\bcollaborations?\b", re.IGNORECASE)
+_BYLINE_LEAD = re.compile(r"^\s*(?:authors?|by|written by|作者)\s*[:：]?\s+", re.IGNORECASE)
+_BYLINE_DATE = re.compile(r"\s+on\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d.*$", re.IGNORECASE)
+
+
+@dataclass
+class _BylinePieces:
+    pieces: list[str]
+    open_end: bool          # the text stops inside a name (no separator after its last piece)
+    hyphen: bool            # ... and inside a word broken with a hyphen ("Paulo Ro-")
+    affiliated: bool        # the text also names an institution ("TAL AUGUST, University of Washington")
+
+
+def _byline_pieces(text: str) -> _BylinePieces | None:
+    """The text cut into name-sized pieces, or None where it cannot be a byline (a banner, the abstract)."""
+    plain = re.sub(r"\s+", " ", text.replace(NAME_BREAK, " ")).strip()
+    if not plain or len(plain) > 600 or _banner_line(plain) or _FRONT_MATTER_END.match(plain):
+        return None
+    if _COLLABORATION.search(plain):
+        entry = _clean_name(plain)
+        return _BylinePieces([entry], False, False, False) if entry and not _AFFILIATION_WORDS.search(entry) else None
+    text = _BYLINE_DATE.sub("", _BYLINE_LEAD.sub("", text))
+    text = re.sub(r"\S+@\S+|\([^)]*\)|\[[^\]]*\]", NAME_BREAK, text)
+    stripped = text.rstrip()
+    hyphen = bool(re.search(r"[^\W\d_]-$", stripped))
+    open_end = hyphen or not (stripped[-1:] in (NAME_BREAK, ",", ";", "&") or re.search(r"\band$", stripped))
+    pieces = [p for p in (_clean_name(p) for p in _NAME_SEPARATOR.split(text)) if p and p.lower() != "by"]
+    return _BylinePieces(pieces, open_end, hyphen, bool(_AFFILIATION_WORDS.search(plain)))
+
+
+def _judge_names(pieces: list[str], affiliated: bool) -> list[str] | None:
+    """The names among a byline's pieces, or None when too few of them are names for a byline."""
+    names: list[str] = []
+    for piece in pieces:
+        if _NAME_SUFFIX.match(piece) and names:
+            names[-1] = f"{names[-1]}, {piece}"
+        elif piece.lower().rstrip(".") == "et al":
+            names.append("et al.")
+        elif cjk_ratio(piece) > 0.5 and " " in piece and all(2 <= len(p) <= 4 for p in piece.split()):
+            names.extend(piece.split())
+        else:
+            names.append(piece)
+    if affiliated:      # "NAME, Institution, Country": the names that lead the line, then the affiliation
+        leading = []
+        for name in names:
+            if not (name == "et al." or is_person_name(name)):
+                break
+            leading.append(name)
+        return [name_case(n) for n in leading] or None
+    good = [n if n == "et al." or _COLLABORATION.search(n) else name_case(n) for n in names
+            if n == "et al." or _COLLABORATION.search(n) or is_person_name(n)]
+    if not good or len(good) < 0.6 * len(names):
+        return None
+    return good
+
+
+def names_in_text(text: str) -> list[str] | None:
+    """The names a byline prints, or None when the text is not a byline. NAME_BREAK separates names too."""
+    parsed = _byline_pieces(text)
+    return _judge_names(parsed.pieces, parsed.affiliated) if parsed else None
+
+
+def _cover_page(lines: list[HeaderLine]) -> bool:
+    return any(_COVER_PAGE.search(line.text) for line in lines if line.page == 1) and \
+        any(line.page == 2 for line in lines)
+
+
+def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | None, list[str]]:
+    """(title, authors) of a PDF read from the layout of its first page, or of page 2 behind a cover page."""
+    page = 2 if _cover_page(lines) else 1
+    lines = [line for line in lines if line.page == page]
+    if not lines:
+        return None, []
+    height = lines[0].page_height or max(line.bbox[3] for line in lines)
+    runs = [run for run in _title_runs(lines) if run[0].bbox[1] < 0.7 * height and len(run) <= 6
+            and (run[0].size >= max(body_size * 1.08, 1.0) or (run[0].bold and run[0].size >= body_size))]
+    for run in sorted(runs, key=lambda r: (-round(r[0].size * 2), not r[0].bold)):   # bold wins a tie in size
+        found = _title_and_byline(run, lines)
+        if found:
+            return found
+    # a title set at body size (all capitals, say): the text right above the byline
+    for run in _title_runs(lines):
+        if run[0].bbox[1] < 0.5 * height and len(run) <= 4:
+            found = _title_and_byline(run, lines)
+            if found and found[1] and len(found[0].split()) >= 3:
+                return found
+    return None, []
+
+
+def _title_and_byline(run: list[HeaderLine], lines: list[HeaderLine]) -> tuple[str, list[str]] | None:
+    title = _run_title(run)
+    if not title or len(title) < 2 or len(title) > 300 or _title_banner(title) or canonical_section(title) \
+            or not any(ch.isalpha() for ch in title) or _JUNK_TITLE.search(title) \
+            or len(names_in_text(title) or []) >= 2:
+        return None
+    authors = _byline(_byline_zone(run, lines))
+    if len(title.split()) <= 2 and cjk_ratio(title) < 0.5 and not authors:
+        return None      # a journal logo or a label, unless names follow as they follow a title
+    return title, authors
+
+
+def _ends_front_matter(line: HeaderLine) -> bool:
+    plain = _header_text(line)
+    return bool(_FRONT_MATTER_END.match(plain) or run_in_abstract(plain) is not None or canonical_section(plain)
+                or (len(plain) > 150 and is_running_prose(plain)))
+
+
+def _byline_zone(title: list[HeaderLine], lines: list[HeaderLine]) -> list[list[HeaderLine]]:
+    """The lines between the title and the abstract (or first heading, or first paragraph), row by row from the
+    top and left to right in a row: the order in which author grids and side-by-side author blocks are read."""
+    bottom = max(line.bbox[3] for line in title)
+    below = sorted((line for line in lines if line.bbox[1] >= bottom - 2 and line not in title),
+                   key=lambda line: (line.bbox[1], line.bbox[0]))
+    zone: list[HeaderLine] = []
+    for line in below:
+        if _ends_front_matter(line):
+            break
+        zone.append(line)
+    rows: list[list[HeaderLine]] = []
+    for line in zone:
+        if rows and line.bbox[1] - rows[-1][-1].bbox[1] <= 0.5 * max(line.size, 1.0):
+            rows[-1].append(line)
+        else:
+            rows.append([line])
+    return [sorted(row, key=lambda line: line.bbox[0]) for row in rows]
+
+
+def _byline(rows: list[list[HeaderLine]]) -> list[str]:
+    """The names printed in the byline zone. Once a row with names is found, only lines in the type sizes of its
+    names can add more (affiliations and addresses are set apart); a name broken over two lines is joined."""
+    names: list[str] = []
+    sizes: list[float] = []
+    pending: tuple[HeaderLine, _BylinePieces] | None = None     # the line before, when it stopped inside a name
+    misses = 0
+    for row in rows:
+        first_row = not sizes
+        for line in row:
+            if not first_row and all(abs(line.size - size) > 0.3 for size in sizes):
+                pending = None
+                continue
+            parsed = _byline_pieces(line.header)
+            pieces = list(parsed.pieces) if parsed else []
+            if pending is not None and pieces and line.bbox[1] - pending[0].bbox[3] < line.size:
+                tail, before = pending[1].pieces[-1], pending[1]
+                joined = tail + pieces[0] if before.hyphen else f"{tail} {pieces[0]}"
+                rest_are_names = len(pieces) > 1 and _judge_names(pieces[1:], parsed.affiliated)
+                if is_person_name(joined) and (before.hyphen or not is_person_name(tail) or
+                                               (not is_person_name(pieces[0]) and rest_are_names)):
+                    if names and names[-1] == name_case(tail):
+                        names.pop()
+                    pieces[0] = joined
+            found = _judge_names(pieces, parsed.affiliated) if pieces else None
+            pending = (line, parsed) if parsed and parsed.pieces and parsed.open_end else None
+            if not found:
+                misses += 1
+                continue
+            if first_row:
+                sizes.append(line.size)
+            names.extend(n for n in found if n not in names or n == "et al.")
+            misses = 0
+        if misses > (12 if names else 4):
+            break
+    return names[:1000]
+
+
 def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     """The identifier ladder: what page 1 prints first, then identifiers, then the file's own metadata."""
     raw = extracted.raw_meta
-    first_page = [b for b in extracted.blocks if b.page in (1, None) and b.role != "reference"]
+    front_page = 2 if _cover_page(extracted.header) else 1      # the paper starts behind a cover page
+    first_page = [b for b in extracted.blocks if b.page in (front_page, None) and b.role != "reference"]
     front = "\n\n".join(b.text for b in first_page)[:8000]
+    cover = "\n\n".join(b.text for b in extracted.blocks if b.page == 1) if front_page == 2 else ""
     blocks = _front_blocks(extracted)
     first_text = next((b.text for b in extracted.blocks if b.role == "body"
                        or (b.role == "heading" and not canonical_section(b.text))), "")
-    for candidate in (_title_from_blocks(blocks), html.unescape(raw.get("title") or "")):
-        if _plausible_title(candidate) and not _BANNER.search(candidate):
-            title = _clean_title(candidate)
-            break
+    styled = next((b.text for b in extracted.blocks if b.role == "title"), "") if extracted.kind != "pdf" else ""
+    header_title, header_authors = read_pdf_header(extracted.header, extracted.body_size)
+    if styled.strip() and not _JUNK_TITLE.search(styled):
+        title = _clean_title(styled)      # a Markdown "# Title" or a DOCX Title style says what the title is
+    elif header_title:
+        title = header_title
     else:
-        title = _clean_title(first_text) if first_text and len(first_text) <= 200 else Path(path).stem
+        for candidate in (_title_from_blocks(blocks), html.unescape(raw.get("title") or "")):
+            if _plausible_title(candidate) and not _BANNER.search(candidate):
+                title = _clean_title(candidate)
+                break
+        else:
+            title = _clean_title(first_text) if first_text and len(first_text) <= 200 else Path(path).stem
     margin = raw.get("margin_text", "")
-    doi = (_doi_from_text(front) or find_doi(margin)
+    doi = (_doi_from_text(front) or find_doi(margin) or _doi_from_text(cover)
            or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
            or arxiv_doi(front) or arxiv_doi(margin))
-    authors = _authors_from_blocks(blocks) or _split_authors(raw.get("author", ""))
+    authors = header_authors or _authors_from_blocks(blocks) or _split_authors(raw.get("author", ""))
     sample = " ".join(extracted.page_texts)[:200_000]
-    page_one = [b for b in first_page if b.page == 1]
+    page_one = [b for b in first_page if b.page == front_page]
     banner = "\n".join(b.text for b in page_one[:6] + page_one[-4:] if b.role != "title" and len(b.text) < 400)
+    head = "\n".join(b.text for b in page_one[:12]       # footnotes citing other works do not count
+                     if b.role != "title" and len(b.text) < 400 and not re.match(r"\d{1,2}\s", b.text))
     return DocMeta(
         title=title or Path(path).stem,
         authors=authors,
-        year=guess_year(front, raw, path, doi, banner + "\n" + raw.get("margin_text", "")),
+        year=guess_year(front, raw, path, doi, banner + "\n" + raw.get("margin_text", ""), head),
         journal=_journal_from_text(front, blocks),
         doi=doi,
         lang="zh" if cjk_ratio(sample) > 0.3 else "en",
@@ -4899,7 +5374,9 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
                                        "page_labels": json.dumps(prepared.page_labels)
                                        if any(prepared.page_labels) else None,
                                        "page_coverage": json.dumps(prepared.coverage)
-                                       if prepared.coverage else None})
+                                       if prepared.coverage else None,
+                                       "metadata_source": row["metadata_source"] if row is not None and
+                                       row["zotero_key"] else json.dumps(dict.fromkeys(METADATA_FIELDS, "extracted"))})
         lib.delete_chunks(doc_id)
         chunk_ids = lib.insert_chunks(doc_id, chunks, meta.title)
         lib.replace_references(doc_id, prepared.references, chunk_ids, prepared.links)
@@ -4974,10 +5451,10 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
             continue
         with lib.transaction():
             lib.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
-                             "first_author_key = ? WHERE id = ?",
+                             "first_author_key = ?, metadata_source = ? WHERE id = ?",
                              (meta.title, json.dumps(meta.authors, ensure_ascii=False), meta.year, meta.journal,
                               meta.doi, title_key(meta.title), surname_key(meta.authors[0]) if meta.authors else None,
-                              row["id"]))
+                              json.dumps(dict.fromkeys(METADATA_FIELDS, "extracted")), row["id"]))
             lib.reindex_headings(row["id"], meta.title)
         entries.append(_file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title, "metadata"))
     totals = {status: sum(e["status"] == status for e in entries) for status in INGEST_STATUSES}
@@ -5310,8 +5787,12 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     if metadata_only and rebuild:
         raise KBError("bad_request", "metadata_only and rebuild exclude each other")
     paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
+    verify = _opt_bool(payload, "verify_metadata")
     if metadata_only:
-        return refresh_metadata(lib, paths, progress)
+        response = refresh_metadata(lib, paths, progress)
+        if verify:
+            response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
+        return response
     force = _opt_bool(payload, "force") or rebuild
     if rebuild:       # re-parse the library's own documents, from the paths it recorded
         files = [(row["path"], True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
@@ -5335,7 +5816,20 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     response = {"files": entries, "totals": totals, "kb_root": str(lib.root)}
     if vectors.get("note"):
         response["note"] = vectors["note"]
+    if verify:
+        response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
     return response
+
+
+def _refreshed_ids(lib: Library, response: dict) -> list[int]:
+    """Ids of the documents this ingest wrote (added, updated, moved, or metadata refreshed)."""
+    ids = []
+    for entry in response["files"]:
+        if entry["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED):
+            row = lib.doc_by_path(entry["path"])
+            if row is not None:
+                ids.append(row["id"])
+    return ids
 
 
 # -- fetch: a paper by DOI, arXiv id or URL -------------------------------------
@@ -5365,13 +5859,17 @@ class FetchSettings:
     deadline: float          # time.monotonic() past which no request starts or continues
 
 
+def fetch_settings_number(name: str, default: float) -> float:
+    """A positive number of seconds or megabytes from the environment; the default when unset or invalid."""
+    try:
+        value = float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value > 0 else default
+
+
 def fetch_settings() -> FetchSettings:
-    def number(name: str, default: float) -> float:
-        try:
-            value = float(os.environ.get(name, "") or default)
-        except ValueError:
-            return default
-        return value if math.isfinite(value) and value > 0 else default
+    number = fetch_settings_number
     timeout = number("KB_FETCH_TIMEOUT", 30.0)
     return FetchSettings(
         arxiv=(os.environ.get("KB_ARXIV_URL") or "https://arxiv.org").rstrip("/"),
@@ -5707,6 +6205,199 @@ def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | No
     response["fetched"] = {"identifier": identifier, "kind": kind, "source": source, "url": pdf.url,
                            "path": path_key or str(path), "bytes": len(pdf.body), "doi": stored or doi}
     return response
+
+
+# -- metadata verification: an opt-in check against Crossref ---------------------
+# Off unless asked for (ingest verify_metadata / --verify-metadata). What leaves the machine: a DOI the paper
+# prints, or, for a paper without one, its extracted title. Never its text, authors or file names.
+# A DOI record is taken when it is about the same paper (the title or the first author agrees); a title query
+# only when the returned title matches the extracted one closely and the first author's family name agrees.
+# Answers are kept in metadata_lookups, so a paper is asked about once; Zotero's own data always wins.
+
+CROSSREF_TITLE_MATCH = 0.92          # similarity of normalised titles for a title query to count as a match
+CROSSREF_SELECT = "DOI,title,author,issued,published-print,published-online,container-title"
+
+
+@dataclass
+class MetadataCheck:
+    """The settings of one verification run and what it found, per document."""
+    base: str
+    settings: FetchSettings
+    offline: str = ""                # why no request is made (KB_OFFLINE, or the network failed this run)
+    outcomes: list = field(default_factory=list)
+
+
+def metadata_check() -> MetadataCheck:
+    timeout = fetch_settings_number("KB_METADATA_TIMEOUT", 10.0)
+    settings = FetchSettings(arxiv="", resolver="", unpaywall="", email=None, max_bytes=FETCH_PAGE_MAX_BYTES,
+                             timeout=timeout, deadline=math.inf)
+    check = MetadataCheck((os.environ.get("KB_CROSSREF_URL") or "https://api.crossref.org").rstrip("/"), settings)
+    if os.environ.get("KB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+        check.offline = "KB_OFFLINE is set: metadata was not checked online"
+    return check
+
+
+def _similar_titles(a: str, b: str) -> float:
+    """How alike two titles are, 0 to 1: the lower of their character similarity and the share of words they
+    have in common, so a title differing in one telling word ("... rotating prism") stays apart."""
+    import difflib
+    words_a, words_b = (re.findall(r"\w+", unicodedata.normalize("NFKC", t or "").casefold()) for t in (a, b))
+    if not words_a or not words_b:
+        return 0.0
+    shared = len(set(words_a) & set(words_b)) / len(set(words_a) | set(words_b))
+    return min(shared, difflib.SequenceMatcher(None, " ".join(words_a), " ".join(words_b)).ratio())
+
+
+def crossref_record(message: dict) -> dict | None:
+    """The fields kb-rag uses from a Crossref work, or None when the answer does not have the expected shape."""
+    if not isinstance(message, dict):
+        return None
+    titles = message.get("title")
+    title = titles[0] if isinstance(titles, list) and titles and isinstance(titles[0], str) else None
+    authors = []
+    for person in message.get("author") or []:
+        if not isinstance(person, dict):
+            continue
+        name = " ".join(str(person.get(k) or "").strip() for k in ("given", "family")).strip() or \
+            str(person.get("name") or "").strip()
+        if name:
+            authors.append(html.unescape(name))
+    year = None
+    for key in ("published-print", "published-online", "issued"):
+        parts = (message.get(key) or {}).get("date-parts") if isinstance(message.get(key), dict) else None
+        if isinstance(parts, list) and parts and isinstance(parts[0], list) and parts[0] \
+                and isinstance(parts[0][0], int):
+            year = parts[0][0]
+            break
+    journals = message.get("container-title")
+    journal = journals[0] if isinstance(journals, list) and journals and isinstance(journals[0], str) else None
+    doi = message.get("DOI") if isinstance(message.get("DOI"), str) else None
+    if not title and not doi:
+        return None
+    return {"title": html.unescape(re.sub(r"<[^>]+>", "", title)) if title else None, "authors": authors,
+            "year": year, "journal": html.unescape(journal) if journal else None, "doi": doi.lower() if doi else None}
+
+
+def _crossref_get(check: MetadataCheck, url: str) -> tuple[str, object]:
+    """("ok", message) | ("not_found", None) | ("failed", why). A network failure turns the rest of the run off."""
+    try:
+        response = http_get(url, check.settings, "application/json")
+    except KBError as exc:
+        check.offline = f"Crossref could not be reached ({exc.message}); metadata was not checked online"
+        return "failed", check.offline
+    if response.status == 404:
+        return "not_found", None
+    if response.status >= 400:
+        return "failed", _http_failure(response)
+    try:
+        data = json.loads(response.body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return "failed", f"Crossref sent something that is not JSON ({response.describe()})"
+    message = data.get("message") if isinstance(data, dict) else None
+    if message is None:
+        return "failed", "Crossref's answer has no message"
+    return "ok", message
+
+
+def _lookup(lib: Library, check: MetadataCheck, key: str, url: str, pick: Callable[[object], dict | None]):
+    """A cached answer, or one asked for now: ("found", record) | ("not_found", None) | ("failed", why)."""
+    row = lib.conn.execute("SELECT found, record FROM metadata_lookups WHERE key = ?", (key,)).fetchone()
+    if row is not None:
+        return ("found", json.loads(row["record"])) if row["found"] else ("not_found", None)
+    if check.offline:
+        return "failed", check.offline
+    status, message = _crossref_get(check, url)
+    if status == "failed":
+        return status, message
+    record = pick(message) if status == "ok" else None
+    with lib.transaction():
+        lib.conn.execute("INSERT OR REPLACE INTO metadata_lookups(key, found, record, fetched_at) VALUES (?, ?, ?, ?)",
+                         (key, record is not None, json.dumps(record, ensure_ascii=False) if record else None,
+                          time.time()))
+    return ("found", record) if record else ("not_found", None)
+
+
+def _same_first_author(extracted: list[str], record: dict) -> bool:
+    theirs = record.get("authors") or []
+    return bool(extracted and theirs) and surname_key(extracted[0]) == surname_key(theirs[0])
+
+
+def _check_one(lib: Library, check: MetadataCheck, row: sqlite3.Row) -> dict:
+    from urllib.parse import quote, urlencode
+    authors = json.loads(row["authors"] or "[]")
+    if row["doi"]:
+        status, found = _lookup(lib, check, f"doi:{row['doi']}", f"{check.base}/works/{quote(row['doi'], safe='/')}",
+                                crossref_record)
+        if status != "found":
+            return {"outcome": status, "detail": found if status == "failed" else f"Crossref has no record of {row['doi']}"}
+        if _similar_titles(found["title"] or "", row["title"] or "") < 0.6 and not _same_first_author(authors, found):
+            return {"outcome": "no_match", "detail": f"Crossref's record of {row['doi']} is about another work "
+                                                     f"({found['title'] or 'untitled'!r}); kept what the paper prints"}
+    else:
+        if not row["title"] or not authors:
+            return {"outcome": "skipped", "detail": "no DOI, and no title and first author to ask about"}
+        query = urlencode({"query.bibliographic": row["title"], "rows": 5, "select": CROSSREF_SELECT})
+
+        def best(message):
+            items = message.get("items") if isinstance(message, dict) else None
+            for item in items if isinstance(items, list) else []:
+                record = crossref_record(item)
+                if record and _similar_titles(record["title"] or "", row["title"]) >= CROSSREF_TITLE_MATCH \
+                        and _same_first_author(authors, record):
+                    return record
+            return None
+        status, found = _lookup(lib, check, f"title:{title_key(row['title']) or row['title']}",
+                                f"{check.base}/works?{query}", best)
+        if status != "found":
+            return {"outcome": "no_match" if status == "not_found" else status,
+                    "detail": found if status == "failed" else "no Crossref record matches the title and first author"}
+    return {"outcome": "verified", "record": found}
+
+
+def _apply_record(lib: Library, row: sqlite3.Row, record: dict) -> list[str]:
+    """Write what Crossref knows over the extracted fields; returns the fields that changed."""
+    meta = DocMeta(title=record.get("title") or row["title"], authors=record.get("authors") or
+                   json.loads(row["authors"] or "[]"), year=record.get("year") or row["year"],
+                   journal=record.get("journal") or row["journal"], doi=record.get("doi") or row["doi"],
+                   lang=row["lang"] or "")
+    sources = json.loads(row["metadata_source"] or "{}") or dict.fromkeys(METADATA_FIELDS, "extracted")
+    current = {"title": row["title"], "authors": json.loads(row["authors"] or "[]"), "year": row["year"],
+               "journal": row["journal"], "doi": row["doi"]}
+    changed = [k for k in METADATA_FIELDS if getattr(meta, k) != current[k]]
+    for key in METADATA_FIELDS:
+        if record.get(key):
+            sources[key] = "crossref"
+    with lib.transaction():
+        lib.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
+                         "first_author_key = ?, metadata_source = ? WHERE id = ?",
+                         (meta.title, json.dumps(meta.authors, ensure_ascii=False), meta.year, meta.journal, meta.doi,
+                          title_key(meta.title), surname_key(meta.authors[0]) if meta.authors else None,
+                          json.dumps(sources), row["id"]))
+        if "title" in changed:
+            lib.reindex_headings(row["id"], meta.title)
+        lib.invalidate_cache()
+    return changed
+
+
+def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict], None] | None) -> dict:
+    """Check the metadata of these documents against Crossref (see above); a summary for the ingest reply."""
+    check = metadata_check()
+    rows = [lib.conn.execute("SELECT * FROM docs WHERE id = ?", (doc_id,)).fetchone() for doc_id in doc_ids]
+    rows = [r for r in rows if r is not None and r["status"] == "indexed" and not r["zotero_key"]]
+    results = []
+    for done, row in enumerate(rows, start=1):
+        if progress:
+            progress({"phase": "verify_metadata", "done": done, "total": len(rows), "path": row["path"]})
+        result = _check_one(lib, check, row)
+        if result["outcome"] == "verified":
+            result["changed"] = _apply_record(lib, row, result.pop("record"))
+        results.append({"path": row["path"], **result})
+    counts = {outcome: sum(r["outcome"] == outcome for r in results)
+              for outcome in ("verified", "no_match", "not_found", "skipped", "failed")}
+    summary = {"service": check.base, "checked": len(results), **counts, "documents": results}
+    if check.offline:
+        summary["note"] = check.offline
+    return summary
 
 
 # -- search and rag -------------------------------------------------------------
@@ -6046,7 +6737,8 @@ def _doc_record(row: sqlite3.Row) -> dict:
             "doi": row["doi"], "chunks": row["chunk_count"], "pages": row["pages"], "lang": row["lang"],
             "size": row["size"], "sha256": row["sha256"], "duplicate_of": row["duplicate_of"],
             "indexed_at": row["indexed_at"], "exists": os.path.exists(row["path"]),
-            "page_coverage": json.loads(row["page_coverage"]) if row["page_coverage"] else None}
+            "page_coverage": json.loads(row["page_coverage"]) if row["page_coverage"] else None,
+            "metadata_source": json.loads(row["metadata_source"]) if row["metadata_source"] else None}
 
 
 def cmd_docs(lib: Library | None, payload: dict) -> dict:
@@ -6279,17 +6971,20 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, for
         return entry
     meta = {k: v for k, v in attachment.meta.items() if v}
     with lib.transaction():
-        fields = {"title": meta.get("title", row["title"]), "year": meta.get("year", row["year"]),
-                  "journal": meta.get("journal", row["journal"]), "doi": (meta.get("doi") or row["doi"] or None),
+        zotero = DocMeta(title=meta.get("title", row["title"]), authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
+                         year=meta.get("year", row["year"]), journal=meta.get("journal", row["journal"]),
+                         doi=meta.get("doi") or row["doi"] or None, lang=row["lang"] or "")
+        sources = {key: "zotero" if meta.get(key) else json.loads(row["metadata_source"] or "{}").get(key, "extracted")
+                   for key in METADATA_FIELDS}
+        fields = {"title": zotero.title, "year": zotero.year, "journal": zotero.journal, "doi": zotero.doi,
+                  "metadata_source": json.dumps(sources),
                   "zotero_key": attachment.item_key, "zotero_attachment_key": attachment.attachment_key,
                   "zotero_version": attachment.version,
                   "collections": json.dumps(attachment.collections, ensure_ascii=False),
                   "tags": json.dumps(attachment.tags, ensure_ascii=False)}
-        authors = meta.get("authors") or json.loads(row["authors"] or "[]")
+        authors = zotero.authors
         fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(fields["title"]),
                       first_author_key=surname_key(authors[0]) if authors else None)
-        if fields["doi"]:
-            fields["doi"] = fields["doi"].lower()
         lib.upsert_doc(row["path"], fields)
         lib.reindex_headings(row["id"], fields["title"])
         lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), fields["title"])
@@ -6370,19 +7065,34 @@ def _cite_key(doc: sqlite3.Row, authors: list[str], taken: set[str]) -> str:
     return key
 
 
+# Characters BibTeX or LaTeX would read as markup. Braces in a value are dropped: an unbalanced one would end the
+# field, and a balanced pair in extracted text is noise, not intent.
+_BIBTEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                    "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "{": "", "}": ""}
+
+
 def _bibtex_value(text: str) -> str:
-    return re.sub(r"([{}])", r"\\\1", str(text)).replace("&", "\\&").replace("%", "\\%")
+    return "".join(_BIBTEX_SPECIALS.get(ch, ch) for ch in clean_field(str(text)))
+
+
+def _bibtex_author(name: str) -> str:
+    """One name of a BibTeX author list, as "Family, Suffix, Given"; a collaboration or a Chinese name is kept
+    whole in braces (BibTeX would split it at "and" or take it for a family name)."""
+    if _COLLABORATION.search(name) or re.search(r"\band\b", name) or len(name.split()) == 1:
+        return "{" + _bibtex_value(name) + "}"
+    given, family, suffix = split_person_name(name)
+    return ", ".join(_bibtex_value(part) for part in (family, suffix, given) if part)
 
 
 def _split_name(name: str) -> dict:
-    if "," in name:
-        family, given = (part.strip() for part in name.split(",", 1))
-    elif cjk_ratio(name) > 0.5:
+    """A CSL-JSON name."""
+    if _COLLABORATION.search(name):
+        return {"literal": name}
+    if cjk_ratio(name) > 0.5:
         family, given = name[:1], name[1:].strip()
-    else:
-        parts = name.split()
-        family, given = parts[-1], " ".join(parts[:-1])
-    return {"family": family, "given": given} if given else {"family": family}
+        return {"family": family, "given": given} if given else {"family": family}
+    given, family, suffix = split_person_name(name)
+    return {k: v for k, v in (("family", family), ("given", given), ("suffix", suffix)) if v}
 
 
 def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "LibraryState") -> dict:
@@ -6428,9 +7138,11 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
                 item["DOI"] = doc["doi"]
             entries.append(item)
         else:
-            fields = [("title", doc["title"]), ("author", " and ".join(authors) if authors else None),
-                      ("year", doc["year"]), ("journal", doc["journal"]), ("doi", doc["doi"])]
-            body = ",\n".join(f"  {name} = {{{_bibtex_value(value)}}}" for name, value in fields if value)
+            fields = [("title", _bibtex_value(doc["title"] or "")),
+                      ("author", " and ".join(map(_bibtex_author, authors))),
+                      ("year", str(doc["year"] or "")), ("journal", _bibtex_value(doc["journal"] or "")),
+                      ("doi", clean_field(doc["doi"]).replace("{", "").replace("}", ""))]    # a DOI is verbatim
+            body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if value)
             blocks.append(f"@{'article' if doc['journal'] else 'misc'}{{{key},\n{body}\n}}")
             entries.append({"key": key, "doc_id": doc_id})
     missing = [i for i in doc_ids if i not in rows]
@@ -6989,6 +7701,9 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     ingest.add_argument("paths", nargs="*")
     ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
     ingest.add_argument("--metadata-only", action="store_true", help="refresh titles, authors, years and DOIs")
+    ingest.add_argument("--verify-metadata", action="store_true",
+                        help="check titles, authors, years and DOIs at Crossref (sends each paper's DOI, or its "
+                             "title when it has none; nothing else; off by default)")
     ingest.add_argument("--rebuild", action="store_true", help="re-parse the library's documents in place")
     fetch = sub.add_parser("fetch", help="download a paper by DOI, arXiv id or URL, and ingest it")
     fetch.add_argument("identifier")
@@ -7040,7 +7755,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     if args.command == "ingest":
         if not args.paths and not (args.metadata_only or args.rebuild):
             parser.error("ingest needs PATH... (or --metadata-only / --rebuild)")
-        payload.update(force=args.force, metadata_only=args.metadata_only, rebuild=args.rebuild)
+        payload.update(force=args.force, metadata_only=args.metadata_only, rebuild=args.rebuild,
+                       verify_metadata=args.verify_metadata)
         if args.paths:
             payload["paths"] = args.paths
         progress = _terminal_progress(args)

@@ -59,7 +59,7 @@ def load_truth(path: Path) -> list[dict]:
         raise ValueError(f"{path}: header lacks column(s) {sorted(missing)}")
     rows = []
     for rec in reader:
-        rows.append({k: (rec.get(k) or "").strip() for k in ("path", "doi", "title", "year", "notes")})
+        rows.append({k: (rec.get(k) or "").strip() for k in ("path", "doi", "title", "year", "authors", "notes")})
     return rows
 
 
@@ -113,6 +113,47 @@ def title_match(truth: str, engine) -> tuple[bool, bool]:
     short, long_ = sorted((a, b), key=len)
     lenient = short in long_ and len(short) / len(long_) >= LENIENT_RATIO
     return False, lenient
+
+
+def _name_key(name: str) -> tuple[str, str]:
+    """(family name, first initial) of a printed name, diacritics and case folded; a collaboration or a name
+    without spaces (Chinese) is compared whole."""
+    s = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name or ""))
+    s = "".join(ch for ch in s if not unicodedata.combining(ch)).casefold()
+    s = re.sub(r"[^\w\s]", " ", s.replace("\u2019", "'")).strip()
+    words = [w for w in s.split() if w not in ("jr", "sr", "ii", "iii")]
+    if not words:
+        return "", ""
+    if len(words) == 1 or "collaboration" in s or "collaborations" in s:
+        return " ".join(words), ""
+    return words[-1], words[0][0]
+
+
+def names_match(truth: str, engine: str) -> bool:
+    return bool(truth) and _name_key(truth) == _name_key(engine)
+
+
+def split_truth_authors(value: str) -> list[str]:
+    return [a.strip() for a in (value or "").split(";") if a.strip()]
+
+
+def has_control(value) -> bool:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+    return any(unicodedata.category(ch) in ("Cc", "Co") or ch == "\ufffd" for ch in text)
+
+
+def doc_class(row: dict) -> str:
+    """The kind of document a row is, for the per-class table."""
+    path = row["path"].lower()
+    if path.endswith(".docx"):
+        return "DOCX"
+    if not row["title"]:
+        return "fragment (no title block)"
+    if re.search(r"thesis|dis_|redp|report|progression", path):
+        return "thesis / report"
+    if norm_doi(row["doi"]).startswith("10.48550/"):
+        return "arXiv preprint"
+    return "journal / proceedings"
 
 
 def norm_year(value) -> str:
@@ -170,10 +211,13 @@ def usable(rec: dict | None) -> bool:
 # -- comparison -----------------------------------------------------------------------------------------
 
 def evaluate(truth: list[dict], records: dict[str, dict]) -> dict:
-    fields = {name: {"correct": 0, "total": 0} for name in ("doi", "title", "title_lenient", "year")}
+    fields = {name: {"correct": 0, "total": 0} for name in ("doi", "title", "title_lenient", "year",
+                                                           "first_author", "authors")}
+    classes: dict[str, dict] = {}
     false_dois = {"spurious": 0, "wrong": 0, "rows": 0}
     extra_years = 0
-    mismatches = {"doi": [], "title": [], "year": [], "false_doi": []}
+    mismatches = {"doi": [], "title": [], "year": [], "false_doi": [], "authors": []}
+    control_fields = []
     no_record = []
     for row in truth:
         rec = records.get(row["path"])
@@ -220,10 +264,42 @@ def evaluate(truth: list[dict], records: dict[str, dict]) -> dict:
         elif e_year:
             extra_years += 1
 
+        t_authors = split_truth_authors(row.get("authors", ""))
+        e_authors = list(rec.get("authors") or []) if ok else []
+        first_ok = full_ok = None
+        if t_authors:
+            fields["first_author"]["total"] += 1
+            fields["authors"]["total"] += 1
+            first_ok = bool(e_authors) and names_match(t_authors[0], e_authors[0])
+            full_ok = len(e_authors) == len(t_authors) and all(map(names_match, t_authors, e_authors))
+            fields["first_author"]["correct"] += first_ok
+            fields["authors"]["correct"] += full_ok
+            if not full_ok:
+                mismatches["authors"].append({"path": row["path"], "truth": "; ".join(t_authors),
+                                              "engine": "; ".join(e_authors) or status_note or None})
+        if ok:
+            bad = [k for k in ("title", "authors", "journal", "doi") if rec.get(k) and has_control(rec.get(k))]
+            if bad:
+                control_fields.append({"path": row["path"], "fields": bad})
+
+        per_class = classes.setdefault(doc_class(row), {k: [0, 0] for k in
+                                                        ("doi", "title", "year", "first_author", "authors")})
+        per_class.setdefault("rows", [0, 0])[1] += 1
+        for key, truth_value, correct in (("doi", t_doi, e_doi == t_doi), ("title", row["title"], None),
+                                          ("year", t_year, e_year == t_year), ("first_author", t_authors, first_ok),
+                                          ("authors", t_authors, full_ok)):
+            if not truth_value:
+                continue
+            if key == "title":
+                correct = title_match(row["title"], e_title)[0]
+            per_class[key][0] += bool(correct)
+            per_class[key][1] += 1
+
     for f in fields.values():
         f["pct"] = round(100.0 * f["correct"] / f["total"], 1) if f["total"] else None
     return {"fields": fields, "false_dois": false_dois, "years_where_truth_has_none": extra_years,
-            "no_usable_record": no_record, "mismatches": mismatches}
+            "no_usable_record": no_record, "mismatches": mismatches, "classes": classes,
+            "control_characters": control_fields}
 
 
 # -- citation linking -----------------------------------------------------------------------------------
@@ -287,20 +363,29 @@ def print_report(result: dict, cites: dict | None) -> None:
     print()
     print(f"{'field':<26} {'correct':>7} {'total':>6} {'percent':>8}")
     labels = (("doi", "DOI (rows with a DOI)"), ("title", "title (strict)"),
-              ("title_lenient", "title (lenient >=0.8)"), ("year", "year (rows with a year)"))
+              ("title_lenient", "title (lenient >=0.8)"), ("year", "year (rows with a year)"),
+              ("first_author", "first author"), ("authors", "complete author list"))
     for key, label in labels:
         print(f"{label:<26} {f[key]['correct']:>7} {f[key]['total']:>6} {_fmt_pct(f[key]['pct']):>8}")
     fd = result["false_dois"]
     print(f"{'false DOIs (all rows)':<26} {fd['spurious'] + fd['wrong']:>7} {fd['rows']:>6}"
           f"   ({fd['spurious']} where truth has none, {fd['wrong']} different)")
     print(f"{'years where truth has none':<26} {result['years_where_truth_has_none']:>7}   (information only)")
+    print(f"{'fields with control chars':<26} {len(result['control_characters']):>7}   "
+          f"{', '.join(c['path'] + ':' + '/'.join(c['fields']) for c in result['control_characters'])}")
+    print(f"\n{'class':<27} {'rows':>4}  {'DOI':>7}  {'title':>7}  {'year':>7}  {'1st auth':>8}  {'authors':>7}")
+    for name, counts in sorted(result["classes"].items()):
+        cells = [f"{c}/{t}" if t else "-" for c, t in (counts[k] for k in ("doi", "title", "year", "first_author",
+                                                                           "authors"))]
+        print(f"{name:<27} {counts['rows'][1]:>4}  {cells[0]:>7}  {cells[1]:>7}  {cells[2]:>7}  {cells[3]:>8}  "
+              f"{cells[4]:>7}")
     if result["no_usable_record"]:
         print(f"\nrows without a usable engine record: {len(result['no_usable_record'])}")
         for r in result["no_usable_record"]:
             print(f"  {r['path']}: {r['status']}{'/' + r['reason'] if r.get('reason') else ''}")
     mm = result["mismatches"]
     for key, head in (("doi", "DOI mismatches"), ("false_doi", "false DOIs"), ("title", "title mismatches"),
-                      ("year", "year mismatches")):
+                      ("year", "year mismatches"), ("authors", "author list mismatches")):
         rows = mm[key]
         print(f"\n{head}: {len(rows)}")
         for r in rows:

@@ -148,8 +148,10 @@ ELLIPSES = ("\u2026", "...")
 
 
 def norm(text: str) -> str:
-    """NFKC, casefold, no ellipsis markers, hyphen line breaks joined, whitespace collapsed."""
+    """NFKC, casefold, no ellipsis markers, hyphen line breaks joined, whitespace collapsed, accents dropped (the
+    engine puts an accent a TeX font draws apart, "F¨arber", onto its letter; PyMuPDF's own reading does not)."""
     text = unicodedata.normalize("NFKC", text or "")
+    text = "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
     for e in ELLIPSES:
         text = text.replace(e, " ")
     text = re.sub(r"-[ \t]*\r?\n[ \t]*", "", text)
