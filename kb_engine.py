@@ -2324,23 +2324,25 @@ def _title_from_blocks(blocks: list[Block]) -> str | None:
     return title if _plausible_title(title) and not _BANNER.search(title) else None
 
 
-def _authors_from_blocks(blocks: list[Block]) -> list[str]:
+def _authors_from_blocks(blocks: list[Block], title: str = "") -> list[str]:
     """Names in the paragraphs under a title (DOCX, Markdown, and PDFs whose layout gave none): one paragraph per
-    author or one byline, up to the first paragraph that is not a byline."""
+    author or one byline, through an "Authors" heading or a note or two before it, up to the first paragraph
+    after them that is not a byline."""
     names: list[str] = []
-    after_title = False
+    after_title, misses = False, 0
     for block in blocks:
-        if block.role == "title":
+        if block.role == "title" or (not after_title and title and _clean_title(block.text) == title):
             after_title = True
             continue
-        if not after_title or block.role not in ("body", "noise"):
-            if names:
-                break
+        if not after_title or block.role in ("caption", "reference"):
             continue
-        found = names_in_text(block.text) if len(block.text) <= 600 else None
-        if not found:
+        found = names_in_text(block.text) if len(block.text) <= 600 and not canonical_section(block.text) else None
+        if found:
+            names.extend(n for n in found if n not in names)
+            continue
+        misses += 1
+        if names or misses > 3:
             break
-        names.extend(n for n in found if n not in names)
     return names[:1000]
 
 
@@ -2403,7 +2405,10 @@ _NAME_PARTICLES = frozenset("de van von der den da di do le la del della dos das
 _NOT_NAME_WORDS = re.compile(r"\b(?:thesis|dissertation|disserta\w*|these|tese|mestrado|doutorado|master|doctor\w*|"
                              r"bachelor|orientador\w*|co-orientador\w*|supervisor|advisor|adviser|committee|"
                              r"submitted|presented|degree|program\w*|gradua\w*|faculdade|facultad|abstract|"
-                             r"introduction|contents|chapter|volume|issue|edition|copyright|version|draft)\b",
+                             r"introduction|contents|chapter|volume|issue|edition|copyright|version|draft|"
+                             r"county|city|province|district|prefecture|region|state|street|strasse|road|avenue|"
+                             r"box|rua|calle|town|village|campus|independent|researcher|scholar|student|lecturer|"
+                             r"engineer|scientist|candidate|corresponding|equal contribution|contributed)\b",
                              re.IGNORECASE)
 _MARKER_CHARS = frozenset("*†‡§¶#∗⋆★☆✉☯♢♦♠♣♥□■○●◆◇⊥‖^~_")
 _CN_BYLINE_TAIL = re.compile(r"\s*(?:执笔|著|编著|撰)\s*$")
@@ -2469,7 +2474,8 @@ def name_case(name: str) -> str:
 def _clean_name(piece: str) -> str:
     piece = "".join(" " if ch in _MARKER_CHARS or unicodedata.category(ch) in ("So", "Sm", "Sk", "Co", "Cc") else ch
                     for ch in piece)
-    piece = re.sub(r"(?<=[^\W\d_])\d+|\b\d+\b", " ", piece)          # affiliation numbers set on the line
+    # affiliation numbers set on the line; a longer number (a postal code) stays and marks an address
+    piece = re.sub(r"(?<=[^\W\d_])\d{1,2}\b|\b\d{1,2}\b", " ", piece)
     piece = re.sub(r"\s+", " ", _CN_BYLINE_TAIL.sub("", piece)).strip(" .,:;-–—'\"")
     if _DEGREE_PIECE.match(piece):
         return ""
@@ -2480,11 +2486,27 @@ def _name_words(name: str) -> list[str]:
     return re.findall(r"[^\W\d_][^\s.]*\.?|(?<=\.)[^\W\d_]+", name)
 
 
+# Common Chinese family names: a run of two to four characters is taken for a name only when it starts with one.
+_CN_SURNAMES = frozenset(
+    "王李张刘陈杨黄赵吴周徐孙马朱胡郭何高林罗郑梁谢宋唐许韩冯邓曹彭曾肖田董袁潘于蒋蔡余杜叶程苏魏吕丁任沈姚卢姜崔"
+    "钟谭陆汪范金石廖贾夏韦付傅方白邹孟熊秦邱江尹薛闫段雷侯龙史陶黎贺顾毛郝龚邵万钱严覃武戴莫孔向汤常温康施文牛樊"
+    "葛邢安齐易乔伍庞颜倪庄聂章鲁岳翟殷詹申欧耿关兰焦俞左柳甘祝包宁尚符舒阮柯纪梅童凌毕单季裴霍涂成苗谷盛曲翁冉骆"
+    "蓝路游辛靳管柴蒙鲍华喻祁蒲房滕屈饶解牟艾尤阳时穆农司卓古吉缪简车项连芦麦褚娄窦戚岑景党宫费卜冷晏席卫米柏宗瞿"
+    "桂全佟应臧闵苟邬边卞姬师和仇栾隋商刁沙荣巫寇桑郎甄丛仲虞敖巩明佘池查麻苑迟邝")
+_CN_COMPOUND_SURNAMES = ("欧阳", "司马", "上官", "诸葛", "东方", "皇甫", "尉迟", "公孙", "慕容", "长孙", "令狐", "夏侯")
+
+
+def _chinese_name(name: str) -> bool:
+    name = name.replace(" ", "")
+    return 2 <= len(name) <= 4 and all(is_cjk(ch) for ch in name) and \
+        (name[0] in _CN_SURNAMES or name.startswith(_CN_COMPOUND_SURNAMES))
+
+
 def is_person_name(name: str) -> bool:
     if not name or len(name) > 60:
         return False
     if cjk_ratio(name) > 0.5:
-        return 2 <= len(name.replace(" ", "")) <= 4 and all(is_cjk(ch) or ch == " " for ch in name)
+        return _chinese_name(name)
     if any(ch.isdigit() for ch in name) or ":" in name or _AFFILIATION_WORDS.search(name) \
             or _ORGANISATION_WORDS.search(name) or _NOT_NAME_WORDS.search(name):
         return False
@@ -2518,12 +2540,13 @@ def _byline_pieces(text: str) -> _BylinePieces | None:
         entry = _clean_name(plain)
         return _BylinePieces([entry], False, False, False) if entry and not _AFFILIATION_WORDS.search(entry) else None
     text = _BYLINE_DATE.sub("", _BYLINE_LEAD.sub("", text))
-    text = re.sub(r"\S+@\S+|\([^)]*\)|\[[^\]]*\]", NAME_BREAK, text)
+    text = re.sub(r"\S+@\S+|\([^)]*\)|\[[^\]]*\]|\b\d{4}-\d{4}-\d{4}-\d{3}[\dX]\b", NAME_BREAK, text)  # ORCID too
     stripped = text.rstrip()
     hyphen = bool(re.search(r"[^\W\d_]-$", stripped))
     open_end = hyphen or not (stripped[-1:] in (NAME_BREAK, ",", ";", "&") or re.search(r"\band$", stripped))
     pieces = [p for p in (_clean_name(p) for p in _NAME_SEPARATOR.split(text)) if p and p.lower() != "by"]
-    return _BylinePieces(pieces, open_end, hyphen, bool(_AFFILIATION_WORDS.search(plain)))
+    return _BylinePieces(pieces, open_end, hyphen,
+                         bool(_AFFILIATION_WORDS.search(plain) or _ORGANISATION_WORDS.search(plain)))
 
 
 def _judge_names(pieces: list[str], affiliated: bool) -> list[str] | None:
@@ -2531,7 +2554,8 @@ def _judge_names(pieces: list[str], affiliated: bool) -> list[str] | None:
     names: list[str] = []
     for piece in pieces:
         if _NAME_SUFFIX.match(piece) and names:
-            names[-1] = f"{names[-1]}, {piece}"
+            suffix = piece.rstrip(".")
+            names[-1] = f"{names[-1]}, {suffix}{'.' if suffix.lower() in ('jr', 'sr') else ''}"
         elif piece.lower().rstrip(".") == "et al":
             names.append("et al.")
         elif cjk_ratio(piece) > 0.5 and " " in piece and all(2 <= len(p) <= 4 for p in piece.split()):
@@ -2559,8 +2583,10 @@ def names_in_text(text: str) -> list[str] | None:
 
 
 def _cover_page(lines: list[HeaderLine]) -> bool:
-    return any(_COVER_PAGE.search(line.text) for line in lines if line.page == 1) and \
-        any(line.page == 2 for line in lines)
+    """Page 1 is a repository's cover page, or blank, and the paper starts on page 2."""
+    first = [line for line in lines if line.page == 1]
+    return any(line.page == 2 for line in lines) and \
+        (any(_COVER_PAGE.search(line.text) for line in first) or sum(len(line.text.strip()) for line in first) < 20)
 
 
 def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | None, list[str]]:
@@ -2576,12 +2602,21 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
         found = _title_and_byline(run, lines)
         if found:
             return found
-    # a title set at body size (all capitals, say): the text right above the byline
-    for run in _title_runs(lines):
-        if run[0].bbox[1] < 0.5 * height and len(run) <= 4:
-            found = _title_and_byline(run, lines)
-            if found and found[1] and len(found[0].split()) >= 3:
-                return found
+    # a title set at body size (all capitals, say): the lines right above the first byline
+    for index, line in enumerate(lines):
+        if line.bbox[1] > 0.5 * height:
+            break
+        if index == 0 or not names_in_text(line.header):
+            continue
+        run: list[HeaderLine] = []
+        for above in reversed(lines[max(0, index - 4):index]):
+            if _title_banner(_header_text(above)) or (run and (abs(above.size - run[0].size) > 0.6
+                                                                or above.bold != run[0].bold)):
+                break
+            run.insert(0, above)
+        found = _title_and_byline(run, lines) if run else None
+        if found and found[1] and len(found[0].split()) >= 3:
+            return found
     return None, []
 
 
@@ -2688,7 +2723,8 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     doi = (_doi_from_text(front) or find_doi(margin) or _doi_from_text(cover)
            or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
            or arxiv_doi(front) or arxiv_doi(margin))
-    authors = header_authors or _authors_from_blocks(blocks) or _split_authors(raw.get("author", ""))
+    opening = [b for b in extracted.blocks if b.page in (front_page, None)][:60]
+    authors = header_authors or _authors_from_blocks(opening, title) or _split_authors(raw.get("author", ""))
     sample = " ".join(extracted.page_texts)[:200_000]
     page_one = [b for b in first_page if b.page == front_page]
     banner = "\n".join(b.text for b in page_one[:6] + page_one[-4:] if b.role != "title" and len(b.text) < 400)
