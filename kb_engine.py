@@ -2459,16 +2459,17 @@ def _run_title(run: list[HeaderLine]) -> str:
 
 def name_case(name: str) -> str:
     """Capitals set as a name's typography ("DARRICK E. CHANG", "LIU Bingqian") in name case; initials kept."""
-    def fix(word: str) -> str:
+    def fix(word: str, shortest: int = 3) -> str:
         letters = [ch for ch in word if ch.isalpha()]
-        if len(letters) < 3 or not all(ch.isupper() for ch in letters) or _NAME_SUFFIX.match(word):
+        if len(letters) < shortest or not all(ch.isupper() for ch in letters) or _NAME_SUFFIX.match(word) \
+                or re.fullmatch(r"(?:[A-Z]\.)+", word):
             return word
         pieces = re.split(r"([-'\u2019])", word.lower())
         cased = "".join(p[:1].upper() + p[1:] if p[:1].isalpha() else p for p in pieces)
         return re.sub(r"^Mc([a-z])", lambda m: "Mc" + m.group(1).upper(), cased)
     if all(ch.isupper() for ch in name if ch.isalpha()) and sum(ch.isalpha() for ch in name) >= 3:
-        return " ".join(fix(w) if len([c for c in w if c.isalpha()]) >= 2 else w for w in name.split())
-    return " ".join(fix(w) for w in name.split())
+        return " ".join(fix(w, shortest=2) for w in name.split())      # all capitals: "LU" is a name too
+    return " ".join(fix(w) for w in name.split())       # mixed: a two-letter "HA" is more likely initials
 
 
 def _clean_name(piece: str) -> str:
@@ -5124,7 +5125,7 @@ def job_view(job: dict) -> dict:
 
 # Phases whose events count the items a command goes through (files, Zotero attachments, documents); the
 # embed phase counts chunks and leaves the item count alone.
-ITEM_PHASES = ("files", "zotero", "metadata")
+ITEM_PHASES = ("files", "zotero", "metadata", "verify_metadata")
 
 
 def fold_progress(state: dict, event: dict) -> dict:
@@ -7602,7 +7603,8 @@ class ProgressBar:
     (files, attachments) on the bar and, once chunks are being encoded, their count after it, since an ingest
     encodes while it still reads files."""
 
-    LABELS = {"files": "files", "zotero": "attachments", "metadata": "documents", "embed": "encoding"}
+    LABELS = {"files": "files", "zotero": "attachments", "metadata": "documents", "verify_metadata": "crossref",
+              "embed": "encoding"}
 
     def __init__(self, stream, width: int = 30, min_interval_s: float = 0.1):
         self.stream, self.width, self.min_interval_s = stream, width, min_interval_s

@@ -119,6 +119,7 @@ TOOLS: list[types.Tool] = [
             "force": {"type": "boolean", "description": "Re-read files even when unchanged"},
             "metadata_only": {"type": "boolean", "description": "Only refresh title, authors, year, journal and DOI of documents already indexed"},
             "rebuild": {"type": "boolean", "description": "Re-parse documents already indexed (after an engine upgrade)"},
+            "verify_metadata": {"type": "boolean", "description": "Also check the title, authors, year and DOI of each document at Crossref (sends only its DOI, or its title when it has none). Off by default: use it only when the user asks for it"},
         }),
         annotations=_annotations("Add papers to the library", read_only=False, destructive=False, idempotent=True),
     ),
@@ -355,6 +356,15 @@ def _job_started(value: dict, what: str) -> str:
     )
 
 
+def _verification_line(check) -> str | None:
+    if not isinstance(check, dict):
+        return None
+    counts = ", ".join(f"{check[k]} {k.replace('_', ' ')}" for k in ("verified", "no_match", "not_found", "skipped", "failed")
+                       if check.get(k))
+    return (f"Metadata checked at Crossref ({check.get('checked', 0)} document(s){': ' + counts if counts else ''})."
+            + (f" _{_md(check['note'])}_" if check.get("note") else ""))
+
+
 def render_ingest(value: dict) -> str:
     if value.get("job_id"):
         return _job_started(value, "Ingest")
@@ -363,6 +373,7 @@ def render_ingest(value: dict) -> str:
     return _lines(
         f"**{'Metadata refreshed' if value.get('metadata_only') else 'Ingest finished'}** ({len(files)} file(s)): {_totals(value.get('totals'))}.",
         f"_Note: {_md(value['note'])}_" if value.get("note") else None,
+        _verification_line(value.get("metadata_verification")),
         "Files not indexed:" if problems else None,
         _limit(problems, 15, lambda f: f"- `{_base(f.get('path'))}`: {f.get('status')}" + (f" ({f['reason']})" if f.get("reason") else "")
                + (f" — {_md(_cut(f['error'], 160))}" if f.get("error") else ""), "files"),
@@ -555,7 +566,8 @@ class KBServer:
         if not paths and not args.get("metadata_only") and not args.get("rebuild"):
             raise ToolFailure("paths is required: give at least one file or folder to ingest")
         payload = _compact({"paths": [_resolve(p) for p in paths] or None, "force": args.get("force"),
-                            "metadata_only": args.get("metadata_only"), "rebuild": args.get("rebuild")})
+                            "metadata_only": args.get("metadata_only"), "rebuild": args.get("rebuild"),
+                            "verify_metadata": args.get("verify_metadata")})
         value = await self._engine("ingest", payload, progress)
         return render_ingest(value), value
 

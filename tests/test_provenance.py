@@ -468,9 +468,9 @@ def test_cite_bibtex(lib):
     assert entry_a.startswith("@")
     assert f"doi = {{{sp.CITING_DOI}}}" in entry_a
     assert "year = {2024}" in entry_a
-    assert "author = {Alice M. Chen and Rahul Verma}" in entry_a
+    assert "author = {Chen, Alice M. and Verma, Rahul}" in entry_a       # "Family, Given": never ambiguous
     assert f"title = {{{sp.CITING_TITLE}}}" in entry_a
-    assert f"doi = {{{sp.CITED_DOI}}}" in text and "author = {Bola Okafor and Lucia Santos}" in text
+    assert f"doi = {{{sp.CITED_DOI}}}" in text and "author = {Okafor, Bola and Santos, Lucia}" in text
     keys = [e["key"] for e in resp["entries"]]
     assert len(set(keys)) == 2 and all(f"{{{k}," in text for k in keys)
 

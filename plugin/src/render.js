@@ -291,6 +291,14 @@ function jobStarted(value, what) {
   )
 }
 
+function verificationLine(check) {
+  if (!check || typeof check !== 'object') return null
+  const counts = ['verified', 'no_match', 'not_found', 'skipped', 'failed']
+    .filter((k) => check[k]).map((k) => `${check[k]} ${k.replace('_', ' ')}`).join(', ')
+  return `Metadata checked at Crossref (${check.checked ?? 0} document(s)${counts ? `: ${counts}` : ''}).` +
+    (check.note ? ` _${escapeMd(check.note)}_` : '')
+}
+
 export function renderIngest(value) {
   if (value.job_id) return jobStarted(value, 'Ingest')
   const files = Array.isArray(value.files) ? value.files : []
@@ -299,6 +307,7 @@ export function renderIngest(value) {
   return lines(
     `**${head}** (${files.length} file(s)): ${totalsLine(value.totals)}.`,
     value.note ? `_Note: ${escapeMd(value.note)}_` : null,
+    verificationLine(value.metadata_verification),
     problems.length ? 'Files not indexed:' : null,
     limitList(problems, 15, (f) => `- \`${baseName(f.path)}\`: ${f.status}${f.reason ? ` (${f.reason})` : ''}${f.error ? ` — ${escapeMd(cut(f.error, 160))}` : ''}`, 'files'),
     value.kb_root ? `Library: \`${value.kb_root}\`` : null,

@@ -120,6 +120,7 @@ export function createTools(kb) {
         force: { type: 'boolean', description: 'Re-read files even when unchanged' },
         metadata_only: { type: 'boolean', description: 'Only refresh title, authors, year, journal and DOI of documents already indexed' },
         rebuild: { type: 'boolean', description: 'Re-parse documents already indexed (after an engine upgrade)' },
+        verify_metadata: { type: 'boolean', description: 'Also check the title, authors, year and DOI of each document at Crossref (sends only its DOI, or its title when it has none). Off by default: use it only when the user asks for it' },
       },
       timeoutMs: 30 * MINUTE,
       output: { schema: OBJECT, render: (_args, value) => [{ type: 'text', text: renderIngest(value) }] },
@@ -132,6 +133,7 @@ export function createTools(kb) {
           force: args.force,
           metadata_only: args.metadata_only,
           rebuild: args.rebuild,
+          verify_metadata: args.verify_metadata,
         })
         return clean(await kb.call(exec, 'ingest', payload))
       },
