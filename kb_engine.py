@@ -2408,7 +2408,11 @@ _NOT_NAME_WORDS = re.compile(r"\b(?:thesis|dissertation|disserta\w*|these|tese|m
                              r"introduction|contents|chapter|volume|issue|edition|copyright|version|draft|"
                              r"county|city|province|district|prefecture|region|state|street|strasse|road|avenue|"
                              r"box|rua|calle|town|village|campus|independent|researcher|scholar|student|lecturer|"
-                             r"engineer|scientist|candidate|corresponding|equal contribution|contributed)\b",
+                             r"engineer|scientist|candidate|corresponding|equal contribution|contributed|"
+                             # words of titles, never of names ("Fifth-order Shallow Water-wave Models")
+                             r"analysis|study|studies|methods?|models?|solutions?|approach|theory|systems?|"
+                             r"learning|effects?|review|survey|evaluation|algorithms?|equations?|waves?|order|"
+                             r"dynamics|properties|structures?|towards?|using|based|via|novel)\b",
                              re.IGNORECASE)
 _MARKER_CHARS = frozenset("*†‡§¶#∗⋆★☆✉☯♢♦♠♣♥□■○●◆◇⊥‖^~_")
 _CN_BYLINE_TAIL = re.compile(r"\s*(?:执笔|著|编著|撰)\s*$")
@@ -2601,7 +2605,7 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
             and (run[0].size >= max(body_size * 1.08, 1.0) or (run[0].bold and run[0].size >= body_size))]
     for run in sorted(runs, key=lambda r: (-round(r[0].size * 2), not r[0].bold)):   # bold wins a tie in size
         found = _title_and_byline(run, lines)
-        if found:
+        if found and (found[1] or run[0].size >= body_size * 1.08):     # bold body text needs names under it
             return found
     # a title set at body size (all capitals, say): the lines right above the first byline
     for index, line in enumerate(lines):
@@ -2621,9 +2625,20 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
     return None, []
 
 
+def _reads_as_words(text: str) -> bool:
+    """Most of it is words (not a formula or the glyph salad of a broken text layer)."""
+    if cjk_ratio(text) > 0.5:
+        return True
+    tokens = text.split()
+    words = [t for t in tokens if re.fullmatch(r"[(\"'“‘]?[^\W\d_][^\W_]*(?:[-'’][^\W_]+)*[)\"'”’:;,.?!]*", t)
+             and sum(ch.isalpha() for ch in t) >= 2 or t.lower() in ("a", "i")]
+    return bool(tokens) and len(words) >= 0.6 * len(tokens)
+
+
 def _title_and_byline(run: list[HeaderLine], lines: list[HeaderLine]) -> tuple[str, list[str]] | None:
     title = _run_title(run)
     if not title or len(title) < 2 or len(title) > 300 or _title_banner(title) or canonical_section(title) \
+            or not _reads_as_words(title) \
             or not any(ch.isalpha() for ch in title) or _JUNK_TITLE.search(title) \
             or len(names_in_text(title) or []) >= 2:
         return None
