@@ -2245,8 +2245,10 @@ def find_doi(text: str) -> str | None:
 
 
 def arxiv_doi(text: str) -> str | None:
-    """The DataCite DOI of an arXiv id printed in the text (the file name does not count)."""
-    match = _ARXIV_FULL.search(text or "")
+    """The DataCite DOI of an arXiv id printed in the text (the file name does not count); an id cut at a line end
+    after its dot ("arXiv:2301." / "05883v2") is joined."""
+    text = re.sub(r"(arxiv[:\s]*\d{4}\.)\s+(?=\d{4,5}(?:v\d+)?\b)", r"\1", text or "", flags=re.IGNORECASE)
+    match = _ARXIV_FULL.search(text)
     if not match:
         return None
     arxiv_id = match.group(1)

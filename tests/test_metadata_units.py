@@ -52,6 +52,11 @@ def test_a_doi_cut_at_a_line_end_is_joined_but_running_text_is_not(kb_engine):
     assert kb_engine.join_broken_dois("https://doi.org/10.1063/1.\n2409490") == "https://doi.org/10.1063/1.2409490"
 
 
+def test_an_arxiv_id_cut_after_its_dot_is_joined(kb_engine):
+    assert kb_engine.arxiv_doi("Preprint arXiv:2301.\n05883v2 [nucl-th]") == "10.48550/arxiv.2301.05883"
+    assert kb_engine.arxiv_doi("see arXiv:2301. The id is incomplete") is None
+
+
 def test_the_papers_citation_line_beats_a_reprint_notice_and_a_footnote(kb_engine):
     head = "Annalen für Kristallchemie 49b, 272–276 (1994)\nReceived November 3, 1993"
     banner = "This article was downloaded on 12 March 2008 from the Kristall Digital Archive. © 2008 reprint service"
