@@ -70,7 +70,27 @@ DEFAULT_SNIPPET_CHARS = 300
 FTS_COLUMN_WEIGHTS = (1.0, 0.5)   # body, heading (document title + section)
 BUSY_TIMEOUT_MS = 30_000
 MAX_PROTOCOL_LINE_BYTES = 16 * 1024 * 1024
+MAX_PAYLOAD_DEPTH = 32          # no command needs values nested deeper
+MAX_QUERY_CHARS = 10_000        # a longer query is refused (bad_request): no question is that long
+MAX_FILTER_CHARS = 1_000        # the longest filter value accepted
 PDF_MIN_TEXT_CHARS = 3         # fewer letters/digits than this in the whole file: no usable text layer
+# What one document may expand to; past these it gets a too_large entry (in seconds, memory bounded) and the
+# batch goes on. Each has an environment override.
+DOCUMENT_LIMITS = {
+    "KB_DOCX_MAX_XML_MB": 64,      # uncompressed size of a DOCX part (word/document.xml, styles.xml)
+    "KB_DOCX_MAX_RATIO": 100,      # uncompressed / compressed size of such a part, once it is over 8 MB
+    "KB_TEXT_MAX_MB": 64,          # size of a TXT or Markdown file
+    "KB_MAX_CHUNKS": 20_000,       # passages of one document (a 1,000-page book makes about 5,000)
+}
+
+
+def document_limit(name: str) -> int:
+    """A limit of DOCUMENT_LIMITS, or its positive integer override from the environment."""
+    try:
+        value = int(os.environ.get(name, "") or DOCUMENT_LIMITS[name])
+    except ValueError:
+        return DOCUMENT_LIMITS[name]
+    return value if value > 0 else DOCUMENT_LIMITS[name]
 
 # What the engine imports beyond the standard library, and the pip requirement that provides it. The one list
 # the installers, the plugin's dependency gate and pyproject.toml follow (tests/test_installer.py checks that
@@ -549,6 +569,7 @@ MIGRATIONS[3] = _migrate_3_to_4
 
 SCHEMA_V5 = """
 ALTER TABLE docs ADD COLUMN metadata_source TEXT;   -- JSON: field -> extracted | crossref | zotero
+ALTER TABLE docs ADD COLUMN path_bytes BLOB;        -- the file's path as bytes, where it is not valid UTF-8
 CREATE TABLE IF NOT EXISTS metadata_lookups (       -- answers of the opt-in online check, so each is asked once
     key        TEXT PRIMARY KEY,                    -- doi:<doi> or title:<normalised title>
     found      INTEGER NOT NULL,                    -- 0: the service has no such record
@@ -563,6 +584,61 @@ def _migrate_4_to_5(conn: sqlite3.Connection, has_fts5: bool) -> None:
 
 
 MIGRATIONS[4] = _migrate_4_to_5
+
+
+def names_match(stored: str | None, wanted: str, nested: int) -> int:
+    """SQL function kb_names_match: does a JSON list of names (Zotero collection paths or tags) hold ``wanted``
+    as a whole name, ignoring case? With ``nested``, "Materials" also covers "Materials/Graphene", and
+    "Graphene" covers "Materials/Graphene"."""
+    try:
+        names = json.loads(stored) if stored else []
+    except ValueError:
+        return 0
+    want = "/".join(part.strip() for part in wanted.casefold().split("/") if part.strip())
+    if not want or not isinstance(names, list):
+        return 0
+    for name in names:
+        name = str(name).casefold()
+        if name == want or (nested and f"/{want}/" in f"/{name}/"):
+            return 1
+    return 0
+
+
+# Paths. A file name that is not valid UTF-8 (an archive unpacked from a GBK system) cannot be stored as text or
+# sent as JSON as it is: the library stores and shows a readable spelling of it (``path_key``) and keeps the real
+# bytes in docs.path_bytes, from which ``fs_path`` gives the path to open.
+_NAME_ENCODINGS = ("utf-8", "gb18030", "big5", "shift_jis", "cp1252")
+
+
+def path_key(path: str) -> str:
+    """How a file path is stored in the library and shown: the path itself, or a readable spelling of it."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        pass
+    parts = []
+    for part in os.fsencode(path).split(os.fsencode(os.sep)):
+        for encoding in _NAME_ENCODINGS:
+            try:
+                parts.append(part.decode(encoding))
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            parts.append(part.decode("latin-1"))
+    return os.sep.join(parts)
+
+
+def path_bytes(path: str) -> bytes | None:
+    """The raw bytes of a path whose stored spelling differs from it, else None."""
+    return os.fsencode(path) if path_key(path) != path else None
+
+
+def fs_path(row: sqlite3.Row) -> str:
+    """The path to open for a stored document (its raw bytes when its name is not UTF-8)."""
+    raw = row["path_bytes"] if "path_bytes" in row.keys() else None
+    return os.fsdecode(raw) if raw else row["path"]
 
 
 def title_key(title: str | None) -> str | None:
@@ -653,6 +729,7 @@ class Library:
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.create_function("kb_names_match", 3, names_match, deterministic=True)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if writable and version <= SCHEMA_VERSION:
@@ -740,7 +817,8 @@ class Library:
 
     # -- documents ------------------------------------------------------------
     def doc_by_path(self, path: str) -> sqlite3.Row | None:
-        return self.conn.execute("SELECT * FROM docs WHERE path = ?", (path,)).fetchone()
+        """The row of a file path (as found on disk, or as stored)."""
+        return self.conn.execute("SELECT * FROM docs WHERE path = ?", (path_key(path),)).fetchone()
 
     def docs_by_sha(self, sha256: str) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM docs WHERE sha256 = ? ORDER BY id", (sha256,)).fetchall()
@@ -748,6 +826,11 @@ class Library:
     def upsert_doc(self, path: str, fields: dict) -> int:
         """Insert or update the row of ``path``; returns its id."""
         existing = self.doc_by_path(path)
+        if path_bytes(path) is not None:
+            fields = {**fields, "path_bytes": path_bytes(path)}
+        # text derived from an undecodable file name (a title taken from it) is stored in its readable spelling
+        fields = {k: path_key(v) if isinstance(v, str) else v for k, v in fields.items()}
+        path = path_key(path)
         columns = list(fields)
         if existing is None:
             placeholders = ", ".join("?" for _ in columns)
@@ -842,7 +925,7 @@ class Library:
         given) or of the document at ``path`` (in reading order): what the embedder reads."""
         sql = "SELECT c.id, COALESCE(d.title, ''), c.section, c.text FROM chunks c JOIN docs d ON d.id = c.doc_id "
         if path is not None:
-            return [tuple(r) for r in self.conn.execute(sql + "WHERE d.path = ? ORDER BY c.seq", (path,))]
+            return [tuple(r) for r in self.conn.execute(sql + "WHERE d.path = ? ORDER BY c.seq", (path_key(path),))]
         found = {r[0]: tuple(r) for r in self.conn.execute(sql + f"WHERE c.id IN ({', '.join('?' * len(ids))})", ids)}
         return [found[i] for i in ids if i in found]
 
@@ -900,6 +983,11 @@ class _Transaction:
         self.conn.execute("BEGIN IMMEDIATE")
         return self.conn
 
+    def _rollback(self) -> None:
+        # SQLite has already rolled back after some errors (a full disk): only roll back what is still open
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
     def __exit__(self, exc_type, exc, tb):
         committed = False
         try:
@@ -907,17 +995,39 @@ class _Transaction:
                 try:
                     if self.on_commit:
                         self.on_commit()
+                    self.conn.execute("COMMIT")
                 except BaseException:
-                    self.conn.execute("ROLLBACK")
+                    self._rollback()
                     raise
-                self.conn.execute("COMMIT")
                 committed = True
             else:
-                self.conn.execute("ROLLBACK")
+                self._rollback()
         finally:
             if self.on_end:
                 self.on_end(committed)
         return False
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """SQLite's SQLITE_FULL, or a write that found no space left on the device."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno == 28      # ENOSPC
+
+
+class DiskFull(KBError):
+    """The library's disk filled up: what was committed stays, the reply keeps the entries of the files written."""
+
+    def __init__(self, root: Path, details: dict | None = None):
+        import shutil
+        try:
+            free = f"{shutil.disk_usage(root).free / (1024 * 1024):.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        super().__init__("disk_full", f"the disk holding the library {root} is full ({free}); the files before "
+                                      "the one in flight are stored, that one was rolled back. Free some space "
+                                      "and run the same ingest again: it goes on where it stopped")
+        self.details = details or {}
 
 
 def sha256_of_file(path: str, block_size: int = 1 << 20) -> str:
@@ -1775,7 +1885,11 @@ def _open_pdf(path: str):
     if os.path.getsize(path) == 0:
         raise FileRejected(STATUS_ERROR, "empty", "the file is empty (0 bytes)")
     try:
-        doc = pymupdf.open(path, filetype="pdf")
+        if path_key(path) != path:      # MuPDF takes file names as UTF-8: hand it the bytes of such a file
+            with open(path, "rb") as handle:
+                doc = pymupdf.open(stream=handle.read(), filetype="pdf")
+        else:
+            doc = pymupdf.open(path, filetype="pdf")
     except Exception as exc:   # PyMuPDF raises several types for damaged files
         raise FileRejected(STATUS_ERROR, "corrupt", f"not a readable PDF ({_short_error(exc)})") from None
     if doc.needs_pass and not doc.authenticate(""):
@@ -2003,11 +2117,38 @@ def _docx_style_table(styles_xml: bytes) -> dict[str, tuple[str, int | None]]:
     return table
 
 
+def check_docx_expansion(path: str) -> None:
+    """Refuse a DOCX whose XML parts expand past the limits, by decompressing them as a stream (a few MB at a
+    time, never the whole part) before any XML parser sees them."""
+    cap = document_limit("KB_DOCX_MAX_XML_MB") * 1024 * 1024
+    ratio = document_limit("KB_DOCX_MAX_RATIO")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".xml") or not info.filename.startswith("word/"):
+                    continue
+                expanded = 0
+                with archive.open(info) as part:
+                    while chunk := part.read(4 * 1024 * 1024):
+                        expanded += len(chunk)
+                        too_big = expanded > cap
+                        too_dense = expanded > 8 * 1024 * 1024 and expanded > ratio * max(info.compress_size, 1)
+                        if too_big or too_dense:
+                            what = (f"more than {cap // (1024 * 1024)} MB (KB_DOCX_MAX_XML_MB)" if too_big else
+                                    f"over {ratio} times its compressed size (KB_DOCX_MAX_RATIO)")
+                            raise FileRejected(STATUS_ERROR, "too_large",
+                                               f"{info.filename} inside the DOCX expands to {what}; a document "
+                                               "this large is not indexed (raise the limit to index it)")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
+        raise FileRejected(STATUS_ERROR, "corrupt", f"the DOCX could not be read ({_short_error(exc)})") from None
+
+
 def extract_docx(path: str) -> Extracted:
     if os.path.getsize(path) == 0:
         raise FileRejected(STATUS_ERROR, "empty", "the file is empty (0 bytes)")
     if not zipfile.is_zipfile(path):
         raise FileRejected(STATUS_ERROR, "corrupt", "not a valid DOCX file (it is not a zip archive)")
+    check_docx_expansion(path)
     try:
         items, meta = _docx_paragraphs_python_docx(path)
     except Exception:
@@ -2091,6 +2232,10 @@ def _text_paragraphs(text: str, markdown: bool) -> Iterator[tuple[str, int]]:
 
 
 def extract_text_file(path: str, kind: str) -> Extracted:
+    cap = document_limit("KB_TEXT_MAX_MB") * 1024 * 1024
+    if os.path.getsize(path) > cap:
+        raise FileRejected(STATUS_ERROR, "too_large", f"the file is larger than {cap // (1024 * 1024)} MB "
+                                                      "(KB_TEXT_MAX_MB); a text this large is not indexed")
     with open(path, "rb") as handle:
         data = handle.read()
     if not data.strip():
@@ -3338,6 +3483,7 @@ DEFAULT_RERANK_MODEL = "BAAI/bge-reranker-base"
 DEFAULT_RERANK_FALLBACK = "BAAI/bge-large-en-v1.5"
 BGE_ZH_QUERY_PREFIX = "为这个句子生成表示以用于检索相关文章："
 DEFAULT_DOWNLOAD_TIMEOUT_S = 120.0
+DEFAULT_DOWNLOAD_RETRY_S = 3600.0     # after a failed download, later processes wait this long before trying again
 CPU_BATCH = {"embed": 32, "rerank": 16}
 MIN_DEVICE_BATCH = 4
 MAX_UNKNOWN_TOKEN_SHARE = 0.3    # above this the embedder cannot read the query: skip the vector half
@@ -3408,8 +3554,24 @@ def local_model_path(name: str) -> str | None:
         return None
 
 
+def download_memory_path() -> Path:
+    """Where failed downloads are remembered across processes (one small JSON file per user)."""
+    base = os.environ.get("KB_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                          os.path.expanduser("~/.cache"), "kb-rag")
+    return Path(base) / "failed-downloads.json"
+
+
+def _download_retry_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get("KB_DOWNLOAD_RETRY_S", DEFAULT_DOWNLOAD_RETRY_S)))
+    except ValueError:
+        return DEFAULT_DOWNLOAD_RETRY_S
+
+
 class Downloads:
-    """Background hub downloads, one per model name; a caller waits at most its time box."""
+    """Background hub downloads, one per model name; a caller waits at most its time box. A download that failed
+    (or did not finish in its time box) is remembered on disk for KB_DOWNLOAD_RETRY_S, so that the next one-shot
+    ingest on an offline machine does not wait for it again; ``force`` (``models --download``) retries at once."""
 
     def __init__(self):
         import threading
@@ -3417,12 +3579,56 @@ class Downloads:
         self._threads: dict[str, object] = {}
         self._errors: dict[str, str] = {}
 
-    def fetch(self, name: str, wait_s: float) -> str:
+    @staticmethod
+    def _failures() -> dict:
+        try:
+            data = json.loads(download_memory_path().read_text(encoding="utf-8"))
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _remember_failure(self, name: str, why: str) -> None:
+        failures = self._failures()
+        failures[name] = {"at": time.time(), "error": why[:300]}
+        try:
+            path = download_memory_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(failures), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass        # a read-only home only costs the next process a retry
+
+    def _forget_failure(self, name: str) -> None:
+        failures = self._failures()
+        if failures.pop(name, None) is not None:
+            try:
+                download_memory_path().write_text(json.dumps(failures), encoding="utf-8")
+            except OSError:
+                pass
+
+    def recent_failure(self, name: str) -> str | None:
+        """Why the last download of ``name`` failed and when it is tried again, while that is in the future."""
+        failure = self._failures().get(name)
+        if not isinstance(failure, dict) or not isinstance(failure.get("at"), (int, float)):
+            return None
+        retry_at = failure["at"] + _download_retry_s()
+        if time.time() >= retry_at:
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(retry_at))
+        return (f"downloading {name} failed at {time.strftime('%H:%M', time.localtime(failure['at']))} "
+                f"({failure.get('error', 'unknown error')}); it is tried again after {when} (KB_DOWNLOAD_RETRY_S), "
+                "or now with `kb-engine models --download`")
+
+    def fetch(self, name: str, wait_s: float, force: bool = False) -> str:
         """The model's local folder, downloading it for at most ``wait_s`` seconds."""
         import threading
         if offline_mode():
             raise ModelUnavailable(f"{name} is not in the local model cache and HF_HUB_OFFLINE=1 forbids "
                                    "downloading it; copy the model folder locally and point the variable at it")
+        remembered = None if force or self.in_progress(name) else self.recent_failure(name)
+        if remembered:
+            raise ModelUnavailable(remembered)
         with self._lock:
             thread = self._threads.get(name)
             if thread is None or (not thread.is_alive() and name in self._errors):
@@ -3433,11 +3639,15 @@ class Downloads:
                 thread.start()
         thread.join(wait_s)
         if thread.is_alive():
+            if wait_s > 0:
+                self._remember_failure(name, f"not finished within {wait_s:.0f}s")
             raise ModelUnavailable(f"downloading {name} did not finish within {wait_s:.0f}s; it goes on in the "
                                    "background while this process runs (`kb-engine models --download` fetches "
                                    "models ahead of time; HF_ENDPOINT selects a mirror, KB_DOWNLOAD_TIMEOUT the wait)")
         if name in self._errors:
+            self._remember_failure(name, self._errors[name])
             raise ModelUnavailable(f"{name} could not be downloaded: {self._errors[name]}")
+        self._forget_failure(name)
         path = local_model_path(name)
         if path is None:
             raise ModelUnavailable(f"{name} was downloaded but cannot be found in the local cache")
@@ -4121,10 +4331,13 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
     unknown = sorted(set(filters) - set(FILTER_KEYS))
     if unknown:
         raise KBError("bad_request", f"unknown filter(s): {', '.join(unknown)}; known: {', '.join(FILTER_KEYS)}")
+    for key, value in filters.items():
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and len(v) > MAX_FILTER_CHARS for v in values):
+            raise KBError("bad_request", f"filters.{key}: a value longer than {MAX_FILTER_CHARS} characters")
     clauses, params = [], []
     for key, column in (("authors", "d.authors"), ("title", "d.title"), ("journal", "d.journal"),
-                        ("section", "c.section"), ("doi", "d.doi"), ("path", "d.path"),
-                        ("collection", "d.collections")):
+                        ("section", "c.section"), ("doi", "d.doi"), ("path", "d.path")):
         value = filters.get(key)
         if value in (None, "", []):
             continue
@@ -4133,13 +4346,16 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
             raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
         clauses.append("(" + " OR ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in values) + ")")
         params.extend(f"%{_escape_like(v.strip())}%" for v in values)
-    tag = filters.get("tag")
-    if tag not in (None, "", []):
-        tags = tag if isinstance(tag, list) else [tag]
-        if not all(isinstance(t, str) for t in tags):
-            raise KBError("bad_request", "filters.tag must be a string or a list of strings")
-        clauses.append("(" + " OR ".join("d.tags LIKE ? ESCAPE '\\'" for _ in tags) + ")")
-        params.extend(f'%{_escape_like(json.dumps(t.strip(), ensure_ascii=False))}%' for t in tags)
+    # Zotero collections and tags match whole names, ignoring case; a collection also covers its sub-collections
+    for key, column, nested in (("collection", "d.collections", 1), ("tag", "d.tags", 0)):
+        value = filters.get(key)
+        if value in (None, "", []):
+            continue
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
+        clauses.append("(" + " OR ".join(f"kb_names_match({column}, ?, {nested})" for _ in values) + ")")
+        params.extend(v.strip() for v in values)
     kind = filters.get("kind")
     if kind not in (None, "", []):
         kinds = kind if isinstance(kind, list) else [kind]
@@ -4689,7 +4905,7 @@ def query_language(query: str) -> str:
     return "zh" if cjk_ratio(query) > 0.3 else "en"
 
 
-def language_note(query: str, library_langs: dict[str, int]) -> str | None:
+def language_note(query: str, library_langs: dict[str, int], vectors_used: bool = True) -> str | None:
     """A note when the query's script differs from the language most of the library is written in."""
     total = sum(library_langs.values())
     if not total:
@@ -4700,8 +4916,10 @@ def language_note(query: str, library_langs: dict[str, int]) -> str | None:
     if asked == dominant or share < 0.8:
         return None
     if asked == "zh":
+        bridge = ("results lean on vector similarity" if vectors_used else
+                  "no vector similarity was used for this search (keyword mode, or no vectors yet)")
         return (f"the query is Chinese but {share:.0%} of the library is English: keyword matching cannot bridge "
-                "the languages and results lean on vector similarity; an English term query retrieves better")
+                f"the languages and {bridge}; an English term query retrieves better")
     return (f"the query is English but {share:.0%} of the library is Chinese: keyword matching cannot bridge "
             "the languages; a Chinese query retrieves better")
 
@@ -5205,13 +5423,20 @@ def _kb_root(payload: dict) -> Path:
 
 # -- ingest -------------------------------------------------------------------
 
-def collect_files(paths: list[str], kb_root: Path) -> Iterator[tuple[str, bool]]:
-    """(absolute path, named explicitly) for every file to consider, in a stable order."""
+def collect_files(paths: list[str], kb_root: Path,
+                  unreadable: list[tuple[str, str]] | None = None) -> Iterator[tuple[str, bool]]:
+    """(absolute path, named explicitly) for every file to consider, in a stable order. Folders that cannot be
+    listed are added to ``unreadable`` as (folder, why) instead of vanishing from the walk."""
     seen: set[str] = set()
+
+    def cannot_list(exc: OSError) -> None:
+        if unreadable is not None:
+            unreadable.append((exc.filename or "", _short_error(exc)))
+
     for raw in paths:
         path = os.path.abspath(os.path.expanduser(raw))
         if os.path.isdir(path):
-            for folder, dirs, files in os.walk(path):
+            for folder, dirs, files in os.walk(path, onerror=cannot_list):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".")
                                  and os.path.abspath(os.path.join(folder, d)) != str(kb_root))
                 for name in sorted(files):
@@ -5228,7 +5453,7 @@ def collect_files(paths: list[str], kb_root: Path) -> Iterator[tuple[str, bool]]
 
 def _file_entry(path: str, status: str, started: float, chunks: int = 0, title: str | None = None,
                 reason: str | None = None, error: str | None = None) -> dict:
-    entry = {"path": path, "status": status, "chunks": chunks, "title": title,
+    entry = {"path": path_key(path), "status": status, "chunks": chunks, "title": title,
              "ms": int((time.perf_counter() - started) * 1000)}
     if reason:
         entry["reason"] = reason
@@ -5281,6 +5506,9 @@ def prepare_file(path: str) -> PreparedFile:
         extracted = extract_file(path)
         meta = extract_metadata(extracted, path)
         chunks = chunk_document(extracted)
+        if len(chunks) > document_limit("KB_MAX_CHUNKS"):
+            raise FileRejected(STATUS_ERROR, "too_large", f"the document makes {len(chunks)} passages, more than "
+                                                          f"{document_limit('KB_MAX_CHUNKS')} (KB_MAX_CHUNKS)")
         references = document_references(extracted)
         links = link_chunk_citations(chunks, references, extracted.numbered_references)
         if not chunks:
@@ -5301,6 +5529,9 @@ def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | 
     kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
     try:
         stat = os.stat(path)
+    except ValueError:      # a NUL byte: no file can have this name
+        return _file_entry(path, STATUS_ERROR, started, reason="bad_path",
+                           error="the path contains a NUL byte, which no file name can hold")
     except FileNotFoundError:
         return _file_entry(path, STATUS_ERROR, started, reason="not_found", error="no such file or folder")
     except OSError as exc:
@@ -5338,7 +5569,7 @@ def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | 
 
 
 def _indexed_twin(lib: Library, path: str, sha: str) -> sqlite3.Row | None:
-    return next((d for d in lib.docs_by_sha(sha) if d["path"] != path and d["status"] == "indexed"), None)
+    return next((d for d in lib.docs_by_sha(sha) if d["path"] != path_key(path) and d["status"] == "indexed"), None)
 
 
 def store_prepared(lib: Library, pending: PendingFile, prepared: PreparedFile) -> dict:
@@ -5354,13 +5585,14 @@ def _original_row(lib: Library, row: sqlite3.Row) -> sqlite3.Row | None:
     """The indexed document a recorded duplicate stands for (None once it was deleted)."""
     if row["duplicate_of"] is None:
         return None
-    return lib.conn.execute("SELECT path, status, sha256 FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+    return lib.conn.execute("SELECT path, path_bytes, status, sha256 FROM docs WHERE id = ?",
+                            (row["duplicate_of"],)).fetchone()
 
 
 def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
     original = _original_row(lib, row)
     return (original is not None and original["status"] == "indexed" and original["sha256"] == row["sha256"]
-            and not os.path.exists(original["path"]))
+            and not os.path.exists(fs_path(original)))
 
 
 def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, started: float) -> dict:
@@ -5373,8 +5605,8 @@ def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, started
 
 def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: float) -> dict:
     """Point an indexed document at its new path (inside the caller's transaction); its chunks stay."""
-    lib.conn.execute("UPDATE docs SET path = ?, size = ?, mtime_ns = ? WHERE id = ?",
-                     (path, stat.st_size, stat.st_mtime_ns, doc["id"]))
+    lib.conn.execute("UPDATE docs SET path = ?, path_bytes = ?, size = ?, mtime_ns = ? WHERE id = ?",
+                     (path_key(path), path_bytes(path), stat.st_size, stat.st_mtime_ns, doc["id"]))
     lib.invalidate_cache()
     entry = _file_entry(path, STATUS_MOVED, started, doc["chunk_count"], doc["title"], reason="moved")
     entry["moved_from"] = doc["path"]
@@ -5384,7 +5616,7 @@ def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: flo
 def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, started: float) -> dict:
     """Same content as an indexed document: a move when the old path is gone, else a duplicate."""
     with lib.transaction():
-        if row is None and not os.path.exists(twin["path"]):
+        if row is None and not os.path.exists(fs_path(twin)):
             return _move_document(lib, twin, path, stat, started)
         if row is not None:
             lib.delete_chunks(row["id"])
@@ -5488,12 +5720,12 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
         started = time.perf_counter()
         if progress:
             progress({"phase": "metadata", "done": done, "total": len(rows), "path": row["path"]})
-        if not os.path.exists(row["path"]):
+        if not os.path.exists(fs_path(row)):
             entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], "not_found",
                                        "no such file or folder"))
             continue
         try:
-            extracted = extract_file(row["path"], max_pages=2)
+            extracted = extract_file(fs_path(row), max_pages=2)
             meta = extract_metadata(extracted, row["path"])
         except FileRejected as rejected:
             entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], rejected.reason,
@@ -5522,7 +5754,7 @@ def _docs_under(lib: Library, paths: list[str] | None, statuses: tuple[str, ...]
     rows = lib.conn.execute(f"SELECT * FROM docs WHERE status IN ({marks}) ORDER BY id", statuses).fetchall()
     if not paths:
         return rows
-    prefixes = [os.path.abspath(os.path.expanduser(p)) for p in paths]
+    prefixes = [path_key(os.path.abspath(os.path.expanduser(p))) for p in paths]
     return [r for r in rows if any(r["path"] == p or r["path"].startswith(p.rstrip(os.sep) + os.sep) for p in prefixes)]
 
 
@@ -5548,7 +5780,7 @@ def ingest_pending(lib: Library, payload: dict) -> tuple[int, int]:
         row = lib.doc_by_path(path)
         try:
             stat = os.stat(path)
-        except OSError:
+        except (OSError, ValueError):
             continue
         if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
             pending += 1
@@ -5794,6 +6026,7 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
             entry = item
         else:
             pending, handle = item
+            in_flight[:] = [pending.path]
             entry = store_prepared(lib, pending, reader.result(pending, handle))
             if feeder is not None and entry["status"] in (STATUS_ADDED, STATUS_UPDATED):
                 feeder.feed(embedding_inputs(lib.chunk_passages(path=pending.path), feeder.passage_format))
@@ -5810,8 +6043,11 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
         front = window[0]
         return isinstance(front, dict) or (front[1] is not None and front[1].done())
 
+    in_flight: list[str] = []      # the file being stored when something fails
+
     try:
         for path, explicit in files:
+            in_flight[:] = [path]
             outcome = triage_file(lib, path, explicit, force)
             if isinstance(outcome, PendingFile):
                 pending_count += 1
@@ -5826,9 +6062,13 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
                 finish_front()
         while window:
             finish_front()
-    except BaseException:
+    except BaseException as exc:
         if feeder is not None:
             feeder.stop()
+        if is_disk_full(exc):
+            stopped = [_file_entry(p, STATUS_ERROR, time.perf_counter(), reason="disk_full",
+                                   error="not stored: the disk is full") for p in in_flight]
+            raise DiskFull(lib.root, {"files": entries + stopped}) from None
         raise
     finally:
         reader.close()
@@ -5848,12 +6088,15 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
             response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
         return response
     force = _opt_bool(payload, "force") or rebuild
+    unreadable: list[tuple[str, str]] = []
     if rebuild:       # re-parse the library's own documents, from the paths it recorded
-        files = [(row["path"], True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
+        files = [(fs_path(row), True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
     else:
-        files = list(collect_files(paths, lib.root))
+        files = list(collect_files(paths, lib.root, unreadable))
     feeder = VectorFeeder(lib, models)
-    entries = ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process))
+    entries = [_file_entry(folder, STATUS_ERROR, time.perf_counter(), reason="unreadable",
+                           error=f"the folder cannot be read ({why})") for folder, why in unreadable]
+    entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process))
     feeder.finish(lib, progress)
     totals = {status: 0 for status in INGEST_STATUSES}
     for entry in entries:
@@ -6052,11 +6295,14 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
                 raise KBError("too_large", f"{final_url} announces {int(length)} bytes, over the limit of "
                                            f"{cap} bytes (KB_FETCH_MAX_MB)")
             parts, total = [], 0
+            # read1 returns what one receive brings, so a server that drips a byte at a time meets the deadline
+            # check after every byte instead of filling a whole chunk first
+            read_some = getattr(response, "read1", None) or response.read
             while True:
                 if time.monotonic() > settings.deadline:
                     raise _fetch_failed(final_url, "the overall fetch deadline passed while reading the body "
                                                    "(KB_FETCH_DEADLINE)")
-                chunk = response.read(FETCH_CHUNK_BYTES)
+                chunk = read_some(FETCH_CHUNK_BYTES)
                 if not chunk:
                     break
                 total += len(chunk)
@@ -6521,13 +6767,21 @@ def _search_request(payload: dict, rag: bool) -> dict:
     query = payload.get("query")
     if not isinstance(query, str) or not query.strip():
         raise KBError("bad_request", "query must be a non-empty string")
-    mode = _opt_str(payload, "mode", "hybrid") or "hybrid"
+    if len(query) > MAX_QUERY_CHARS:
+        raise KBError("bad_request", f"query has {len(query)} characters; at most {MAX_QUERY_CHARS} are accepted")
+    mode = _opt_str(payload, "mode", "hybrid")
+    if mode is None:
+        mode = "hybrid"
     if mode not in SEARCH_MODES:
         raise KBError("bad_request", f"unknown mode {mode!r}; use one of {', '.join(SEARCH_MODES)}")
-    depth = _opt_str(payload, "depth", "deep" if rag else "quick") or ("deep" if rag else "quick")
+    depth = _opt_str(payload, "depth", "deep" if rag else "quick")
+    if depth is None:
+        depth = "deep" if rag else "quick"
     if depth not in SEARCH_DEPTHS:
         raise KBError("bad_request", f"unknown depth {depth!r}; use quick or deep")
     filters = payload.get("filters")
+    if filters is not None and not isinstance(filters, dict):
+        raise KBError("bad_request", "filters must be an object (or null)")
     filter_sql(filters)
     return {"query": query, "mode": mode, "depth": depth, "filters": filters or None,
             "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
@@ -6675,7 +6929,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
     langs = dict(lib.conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
                                   "GROUP BY lang").fetchall())
-    lang_note = language_note(request["query"], langs)
+    lang_note = language_note(request["query"], langs, vectors_used=query_vec is not None)
     if lang_note:
         response["lang_note"] = lang_note
     if notes:
@@ -6790,7 +7044,7 @@ def _doc_record(row: sqlite3.Row) -> dict:
             "authors": json.loads(row["authors"] or "[]"), "year": row["year"], "journal": row["journal"],
             "doi": row["doi"], "chunks": row["chunk_count"], "pages": row["pages"], "lang": row["lang"],
             "size": row["size"], "sha256": row["sha256"], "duplicate_of": row["duplicate_of"],
-            "indexed_at": row["indexed_at"], "exists": os.path.exists(row["path"]),
+            "indexed_at": row["indexed_at"], "exists": os.path.exists(fs_path(row)),
             "page_coverage": json.loads(row["page_coverage"]) if row["page_coverage"] else None,
             "metadata_source": json.loads(row["metadata_source"]) if row["metadata_source"] else None}
 
@@ -7270,7 +7524,7 @@ def cmd_models(models: Models, payload: dict) -> dict:
         entry = {"name": name, "local_path": local_model_path(name)}
         if download and entry["local_path"] is None:
             try:
-                entry["local_path"] = models.downloads.fetch(name, download_timeout())
+                entry["local_path"] = models.downloads.fetch(name, download_timeout(), force=True)
             except ModelUnavailable as exc:
                 entry["error"] = str(exc)
         entry["available"] = entry["local_path"] is not None
@@ -7477,7 +7731,9 @@ def to_json_line(obj: dict) -> str:
 
 def error_reply(exc: BaseException) -> dict:
     if isinstance(exc, KBError):
-        return {"ok": False, "error": exc.message, "code": exc.code}
+        return {"ok": False, "error": exc.message, "code": exc.code, **getattr(exc, "details", {})}
+    if is_disk_full(exc):
+        return {"ok": False, "error": f"the disk is full: {_short_error(exc)}", "code": "disk_full"}
     if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
         return {"ok": False, "error": f"the library is busy (locked by another process): {exc}", "code": "busy"}
     return {"ok": False, "error": f"{type(exc).__name__}: {_short_error(exc)}", "code": "internal"}
@@ -7520,14 +7776,17 @@ def parse_request(raw: bytes) -> tuple[object, str, dict]:
     return request_id, command, payload
 
 
-def scrub_surrogates(value):
-    """Replace lone UTF-16 surrogates (legal in JSON escapes, not in UTF-8) inside any JSON value."""
+def scrub_surrogates(value, depth: int = 0):
+    """Replace lone UTF-16 surrogates (legal in JSON escapes, not in UTF-8) inside any JSON value; a payload
+    nested deeper than any command needs is refused."""
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise KBError("bad_request", f"the payload nests values more than {MAX_PAYLOAD_DEPTH} levels deep")
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
-        return [scrub_surrogates(v) for v in value]
+        return [scrub_surrogates(v, depth + 1) for v in value]
     if isinstance(value, dict):
-        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+        return {scrub_surrogates(k, depth + 1): scrub_surrogates(v, depth + 1) for k, v in value.items()}
     return value
 
 
@@ -7748,12 +8007,30 @@ def _print_stats(response: dict) -> None:
             print(f"{key:>18}: {json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value}")
 
 
-def human_cli(argv: list[str], engine: Engine) -> int:
-    parser = argparse.ArgumentParser(prog="kb-engine", description="kb-rag: local literature knowledge base")
-    parser.add_argument("--kb-root", help="library folder (default: $KB_ROOT or ./.kb)")
-    sub = parser.add_subparsers(dest="command", required=True)
+CLI_USAGE_NOTE = """\
+Programs talk to the engine in JSON: `kb_engine.py serve` reads one request per line on stdin, and
+`kb_engine.py COMMAND < payload.json` answers one request (see docs/PROTOCOL.md). Installers use
+`kb_engine.py requirements [--missing] [--with-docx]` and `kb_engine.py selftest`."""
+
+# One line per command for `kb-engine --help`; the commands with options of their own say more in their parsers.
+CLI_COMMAND_HELP = {
+    "stats": "counts, models, schema, stale documents and page coverage of the library",
+    "docs": "list the documents: id, status, chunks, title, file",
+    "dedup": "find documents held twice (same DOI or title); --apply sets the extra copies aside",
+    "clear": "delete everything in the library (needs --yes)",
+    "reembed": "recompute every vector with the configured embedding model",
+    "models": "which models are configured, present and loaded; --download fetches missing ones",
+}
+
+
+def build_cli_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kb-engine", description="kb-rag: a local literature knowledge base. "
+                                     "Index papers, then search them with page-anchored passages.",
+                                     epilog=CLI_USAGE_NOTE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kb-root", metavar="KB_ROOT", help="library folder (default: $KB_ROOT or ./.kb)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ingest = sub.add_parser("ingest", help="index files or folders")
-    ingest.add_argument("paths", nargs="*")
+    ingest.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (folders are walked)")
     ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
     ingest.add_argument("--metadata-only", action="store_true", help="refresh titles, authors, years and DOIs")
     ingest.add_argument("--verify-metadata", action="store_true",
@@ -7761,46 +8038,53 @@ def human_cli(argv: list[str], engine: Engine) -> int:
                              "title when it has none; nothing else; off by default)")
     ingest.add_argument("--rebuild", action="store_true", help="re-parse the library's documents in place")
     fetch = sub.add_parser("fetch", help="download a paper by DOI, arXiv id or URL, and ingest it")
-    fetch.add_argument("identifier")
+    fetch.add_argument("identifier", help="a DOI, an arXiv id or an http(s) URL of a PDF")
     fetch.add_argument("--dest", help="folder for the PDF (default: <kb_root>/papers)")
     zotero = sub.add_parser("zotero", help="import the PDFs of a Zotero library (read from a snapshot)")
     zotero.add_argument("--db", help="path to zotero.sqlite (default: found in the usual places)")
     zotero.add_argument("--dry-run", action="store_true", help="list what would be imported")
-    zotero.add_argument("--force", action="store_true")
-    zotero.add_argument("--limit", type=int, default=0)
+    zotero.add_argument("--force", action="store_true", help="re-import attachments even when unchanged")
+    zotero.add_argument("--limit", type=int, default=0, help="import at most N attachments (0: all)")
     cite = sub.add_parser("cite", help="BibTeX or CSL-JSON for documents")
-    cite.add_argument("query", nargs="?")
-    cite.add_argument("--doc-ids", type=int, nargs="+")
-    cite.add_argument("--format", choices=CITE_FORMATS, default="bibtex")
-    cite.add_argument("-k", "--top-k", type=int, default=10)
+    cite.add_argument("query", nargs="?", help="cite the documents this search finds")
+    cite.add_argument("--doc-ids", type=int, nargs="+", metavar="ID", help="cite these documents (see `docs`)")
+    cite.add_argument("--format", choices=CITE_FORMATS, default="bibtex", help="output format (default bibtex)")
+    cite.add_argument("-k", "--top-k", type=int, default=10, help="documents to cite for a query (default 10)")
     for name, helptext in (("search", "find passages"), ("rag", "evidence, answering guidance and related work")):
         search = sub.add_parser(name, help=helptext)
-        search.add_argument("query")
-        search.add_argument("-k", "--top-k", type=int, default=None)
-        search.add_argument("--snippet", type=int, default=None)
-        search.add_argument("--mode", choices=SEARCH_MODES, default=None)
-        search.add_argument("--depth", choices=SEARCH_DEPTHS, default=None)
-        search.add_argument("--section")
-        search.add_argument("--year")
-        search.add_argument("--author")
+        search.add_argument("query", help="a question or keywords")
+        search.add_argument("-k", "--top-k", type=int, default=None, help="passages to return")
+        search.add_argument("--snippet", type=int, default=None, help="snippet length in characters (0: none)")
+        search.add_argument("--mode", choices=SEARCH_MODES, default=None, help="default hybrid")
+        search.add_argument("--depth", choices=SEARCH_DEPTHS, default=None,
+                            help="deep reranks and adds citations (default: quick for search, deep for rag)")
+        search.add_argument("--section", help="only passages of this section (methods, results, ...)")
+        search.add_argument("--year", help="a year or a range such as 2015-2020")
+        search.add_argument("--author", help="only documents with this author")
     delete = sub.add_parser("delete", help="remove documents (files or folders) from the library")
-    delete.add_argument("paths", nargs="+")
+    delete.add_argument("paths", nargs="+", metavar="PATH", help="files, or folders (everything under them)")
     status = sub.add_parser("status", help="background jobs of the library (started through the JSON protocols)")
     status.add_argument("job_id", nargs="?", help="one job (default: every recent job)")
     status.add_argument("--cancel", action="store_true", help="ask the job to stop")
     status.add_argument("--follow", action="store_true",
                         help="wait until the job (default: the running one) ends, with a progress bar on a terminal")
     for name in ("stats", "docs", "dedup", "clear", "reembed", "models"):
-        command = sub.add_parser(name)
+        command = sub.add_parser(name, help=CLI_COMMAND_HELP[name], description=CLI_COMMAND_HELP[name])
         if name == "clear":
             command.add_argument("--yes", action="store_true", help="confirm deleting everything (required)")
         if name == "dedup":
-            command.add_argument("--apply", action="store_true")
+            command.add_argument("--apply", action="store_true", help="set the extra copies aside (default: list)")
         if name == "models":
             command.add_argument("--download", action="store_true", help="fetch missing models (time-boxed)")
     for command in sub.choices.values():
         command.add_argument("--json", action="store_true", help="print the JSON response")
-        command.add_argument("--kb-root", dest="kb_root_sub", default=None)
+        command.add_argument("--kb-root", dest="kb_root_sub", metavar="KB_ROOT", default=None,
+                             help="library folder (default: $KB_ROOT or ./.kb)")
+    return parser
+
+
+def human_cli(argv: list[str], engine: Engine) -> int:
+    parser = build_cli_parser()
     args = parser.parse_args(argv)
     payload: dict = {}
     kb_root = args.kb_root_sub or args.kb_root
@@ -7863,7 +8147,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     elif args.command == "rag":
         _print_rag(response)
     elif args.command == "cite":
-        print(response["text"])
+        if response["text"]:
+            print(response["text"])
     elif args.command == "zotero":
         for item in response["items"]:
             detail = item.get("error") or item.get("reason") or f"{item['chunks']} chunks, {item['annotations']} annotations"
@@ -7875,6 +8160,18 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         print(f"{response['total']} documents")
     else:
         _print_stats(response)
+    return _cli_exit_status(args.command, response)
+
+
+def _cli_exit_status(command: str, response: dict) -> int:
+    """1 when the command did nothing it was asked to: every file failed, or no requested document exists."""
+    totals = response.get("totals") or {}
+    if command in ("ingest", "fetch") and totals.get("files") and totals.get("error") == totals["files"]:
+        print(f"error: every file failed ({totals['files']}); nothing was indexed", file=sys.stderr)
+        return 1
+    if command == "cite" and response.get("not_found"):
+        print("error: not in the library: doc id(s) " + ", ".join(map(str, response["not_found"])), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -8092,10 +8389,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(allow_background=bool(argv) and (argv == ["serve"] or len(argv) == 1), own_process=True)
     try:
         if not argv or argv[0] in ("-h", "--help"):
-            print(__doc__.strip())
-            print("\nusage: kb_engine.py serve | <command> < payload.json | <command> ARGS... (human CLI)\n"
-                  "       kb_engine.py requirements [--missing] [--with-docx] | selftest (installers)\n"
-                  f"commands: {', '.join(Engine.COMMANDS)}")
+            build_cli_parser().print_help()
             return 0
         if argv[0] in ("--version", "version"):
             print(__version__)

@@ -5,21 +5,28 @@ kb_stats, kb_fetch, kb_status), served over stdio (default) or streamable HTTP o
 (`--http [--port N]`). Every call goes to one resident `kb_engine.py serve` process (see engine_client.py) working
 on the library at KB_ROOT (default ~/.kb-rag).
 
+Over HTTP every request needs `Authorization: Bearer <token>`: the token comes from KB_MCP_TOKEN or `--token`, or
+is generated at start and printed on standard error. stdio needs no token.
+
 Each tool returns readable Markdown as its text content and the engine's answer as structured content; bad
 arguments and engine errors come back as tool errors (`isError: true`) and the server keeps running.
 
     python mcp-server/server.py                      # stdio
-    python mcp-server/server.py --http --port 8765   # http://127.0.0.1:8765/mcp
+    python mcp-server/server.py --http --port 8765   # http://127.0.0.1:8765/mcp, token printed on stderr
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import hmac
+import json
 import logging
 import math
 import os
 import re
+import secrets
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -71,7 +78,7 @@ INSTRUCTIONS = "\n".join([
 FILTERS = {
     "type": "object",
     "additionalProperties": False,
-    "description": "Metadata filters, combined with AND. Text filters match case-insensitive substrings.",
+    "description": "Metadata filters, combined with AND. Text filters match case-insensitive substrings; collection and tag match whole names.",
     "properties": {
         "authors": {"type": "string", "description": 'Author name or part of it, e.g. "chen"'},
         "title": {"type": "string", "description": "Part of the document title"},
@@ -81,8 +88,8 @@ FILTERS = {
         "doi": {"type": "string", "description": "Part of the DOI"},
         "kind": {"type": "string", "enum": ["pdf", "docx", "txt", "md"], "description": "File kind"},
         "path": {"type": "string", "description": "Part of the file path"},
-        "collection": {"type": "string", "description": "Part of a Zotero collection path"},
-        "tag": {"type": "string", "description": "A Zotero tag"},
+        "collection": {"type": "string", "description": "A Zotero collection, by its whole name or path (\"Graphene\", \"Materials/Graphene\"); a collection covers its sub-collections"},
+        "tag": {"type": "string", "description": "A whole Zotero tag (any case)"},
     },
 }
 
@@ -181,7 +188,7 @@ TOOLS: list[types.Tool] = [
             "job_id": {"type": "string", "description": "The job_id returned by kb_ingest or kb_zotero; leave out to list recent jobs"},
             "cancel": {"type": "boolean", "description": "Ask the job to stop after the file in flight (needs job_id)"},
         }),
-        annotations=_annotations("Background job status", read_only=False, destructive=False),
+        annotations=_annotations("Background job status", read_only=True, idempotent=True),
     ),
 ]
 TOOLS_BY_NAME = {t.name: t for t in TOOLS}
@@ -698,12 +705,95 @@ async def run_stdio(engine: EngineClient) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-def run_http(engine: EngineClient, port: int) -> None:
+# -- HTTP: loopback only, Host/Origin checked by the SDK, bearer token checked here ------------------------------
+
+TOKEN_ENV = "KB_MCP_TOKEN"
+MIN_TOKEN_LENGTH = 16
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: anything an Authorization header can carry as is
+
+
+def token_problem(token: str) -> str | None:
+    """Why `token` cannot be used as the HTTP bearer token, or None. Never quotes the token."""
+    if len(token) < MIN_TOKEN_LENGTH:
+        return f"the token must have at least {MIN_TOKEN_LENGTH} characters"
+    if not _TOKEN_CHARS.fullmatch(token):
+        return "the token may hold only visible ASCII characters (no spaces)"
+    return None
+
+
+class BearerTokenGate:
+    """ASGI middleware in front of the whole HTTP app: a request without `Authorization: Bearer <token>` gets 401.
+
+    The token is compared in constant time (SHA-256 digests of both sides through hmac.compare_digest, so neither
+    its value nor its length shows in the timing). Lifespan events pass through; WebSocket attempts without the
+    token are closed (the app has no WebSocket route anyway)."""
+
+    REALM = 'Bearer realm="kb-rag"'
+
+    def __init__(self, app, token: str):
+        self.app = app
+        self._digest = hashlib.sha256(token.encode("ascii")).digest()
+
+    def _check(self, headers) -> tuple[bool, bool]:
+        """(authorized, an Authorization header was sent)."""
+        values = [v for k, v in headers if k.lower() == b"authorization"]
+        if len(values) != 1:
+            return False, bool(values)
+        scheme, _, credentials = values[0].strip().partition(b" ")
+        same = hmac.compare_digest(hashlib.sha256(credentials.strip()).digest(), self._digest)
+        return same and scheme.lower() == b"bearer", True
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        authorized, sent = self._check(scope.get("headers") or [])
+        if authorized:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = json.dumps({
+            "error": "invalid_token" if sent else "unauthorized",
+            "error_description": "kb-rag MCP server: send the header 'Authorization: Bearer <token>' with the token "
+                                 f"printed on the server's standard error at start (or set with {TOKEN_ENV} / --token)",
+        }).encode()
+        challenge = self.REALM + (', error="invalid_token"' if sent else "")
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", challenge.encode()), (b"cache-control", b"no-store")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def build_http_app(engine: EngineClient, token: str):
+    """The streamable HTTP app (DNS-rebinding protection for loopback hosts) behind the bearer-token gate."""
+    if token_problem(token):
+        raise ValueError(token_problem(token))
+    app = build_server(engine).streamable_http_app(host="127.0.0.1")
+    app.add_middleware(BearerTokenGate, token=token)
+    return app
+
+
+def run_http(engine: EngineClient, port: int, token: str, generated: bool) -> None:
     import uvicorn
 
-    server = build_server(engine)
-    app = server.streamable_http_app(host="127.0.0.1")
-    print(f"kb-rag MCP server on http://127.0.0.1:{port}/mcp (library {engine.kb_root})", file=sys.stderr)
+    app = build_http_app(engine, token)
+    url = f"http://127.0.0.1:{port}/mcp"
+    lines = [f"kb-rag MCP server on {url} (library {engine.kb_root})"]
+    if generated:
+        lines += [
+            f"No {TOKEN_ENV} or --token given: generated an access token for this run (a new one at each start).",
+            "Every request must carry this header:",
+            f"    Authorization: Bearer {token}",
+            "MCP client configuration:",
+            "    " + json.dumps({"mcpServers": {"kb-rag": {"url": url, "headers": {"Authorization": f"Bearer {token}"}}}}),
+            f"To keep one token across restarts, start the server with {TOKEN_ENV} set.",
+        ]
+    else:
+        lines.append("Every request must carry the header 'Authorization: Bearer <token>' with the token you set "
+                     f"({TOKEN_ENV} or --token).")
+    print("\n".join(lines), file=sys.stderr, flush=True)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
@@ -712,11 +802,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kb-root", help="library folder (default: $KB_ROOT, else ~/.kb-rag)")
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (with --http; default 8765)")
+    parser.add_argument("--token", help=f"bearer token HTTP clients must send (with --http; default: ${TOKEN_ENV}, "
+                        "else a random one printed on standard error). Other local users can read a process's "
+                        f"command line: prefer ${TOKEN_ENV}")
     args = parser.parse_args(argv)
+    if args.token is not None and not args.http:
+        parser.error("--token only applies with --http (stdio needs no token)")
+    token, generated = None, False
+    if args.http:
+        token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+        if token is None:
+            token, generated = secrets.token_urlsafe(32), True
+        problem = token_problem(token)
+        if problem:
+            parser.error(f"{'--token' if args.token is not None else TOKEN_ENV}: {problem}")
     logging.basicConfig(level=os.environ.get("KB_MCP_LOG", "WARNING").upper(), stream=sys.stderr)
     engine = EngineClient(kb_root=args.kb_root)
     if args.http:
-        run_http(engine, args.port)
+        run_http(engine, args.port, token, generated)
     else:
         asyncio.run(run_stdio(engine))
     return 0

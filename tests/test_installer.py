@@ -403,3 +403,16 @@ def test_powershell_translation_table():
     for name in ("Profile", "Mirror", "Models", "NoModels", "WithDocx", "WithMcp", "Python", "Venv", "NoVenv",
                  "Torch", "Plugin", "DryRun", "Yes", "Help"):
         assert re.search(r"\$" + name + r"\b", param_block[:3000]), name
+
+
+def test_text_files_are_stored_as_gitattributes_asks_so_a_fresh_clone_is_clean():
+    """A blob stored with CRLF under `text eol=crlf` shows as modified in every fresh clone (git would renormalise
+    it): the repository must hold LF, and the checkout gets the line ends the attributes ask for."""
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run([git, "ls-files", "--eol"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    wrong = [line for line in listed.splitlines() if "attr/text" in line and not line.startswith("i/lf")
+             and not line.startswith("i/none")]
+    assert wrong == [], "stored with CRLF although .gitattributes normalises them:\n" + "\n".join(wrong)
+    assert (ROOT / "install.cmd").read_bytes().count(b"\r\n") > 0, "install.cmd must be checked out with CRLF"

@@ -3,17 +3,24 @@
 Each test starts `python mcp-server/server.py` through `mcp.client.stdio.stdio_client`, talks to it with
 `ClientSession`, and checks the nine tools: listing and annotations, ingest with progress, search, rag, stats,
 background jobs, tool errors for bad arguments (the server keeps serving), and recovery from an engine crash.
+The streamable HTTP tests start `server.py --http` and check its bearer token: generated and printed when none is
+given, taken from KB_MCP_TOKEN or --token otherwise, and required on every request (401 without it).
 Skipped when the `mcp` package is not installed (`pip install -e '.[mcp]'`).
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import version
 from pathlib import Path
@@ -92,6 +99,20 @@ def quick_papers(tmp_path) -> Path:
     return out
 
 
+# (read-only, destructive, idempotent, open world) of each tool
+TOOL_HINTS = {
+    "kb_search": (True, False, True, False),
+    "kb_rag": (True, False, True, False),
+    "kb_stats": (True, False, True, False),
+    "kb_status": (True, False, True, False),
+    "kb_ingest": (False, False, True, False),
+    "kb_zotero": (False, False, True, False),
+    "kb_fetch": (False, False, False, True),
+    "kb_dedup": (False, True, True, False),
+    "kb_clear": (False, True, True, False),
+}
+
+
 def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
     async def body(session):
         return (await session.list_tools()).tools
@@ -100,20 +121,15 @@ def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
     assert set(tools) == TOOL_NAMES
     for tool in tools.values():
         assert tool.description and tool.input_schema["type"] == "object"
-        assert tool.annotations is not None
+        assert tool.annotations is not None and tool.annotations.title
     assert tools["kb_search"].input_schema["required"] == ["query"]
     assert set(tools["kb_search"].input_schema["properties"]) == {"query", "top_k", "mode", "depth", "filters"}
-    assert tools["kb_search"].annotations.read_only_hint is True
-    assert tools["kb_rag"].annotations.read_only_hint is True
-    assert tools["kb_stats"].annotations.read_only_hint is True
-    assert tools["kb_clear"].annotations.destructive_hint is True
     assert tools["kb_clear"].input_schema["required"] == ["confirm"]
-    assert tools["kb_ingest"].annotations.read_only_hint is False
     assert tools["kb_fetch"].input_schema["required"] == ["identifier"]
     assert set(tools["kb_fetch"].input_schema["properties"]) == {"identifier", "dest"}
-    fetch_hints = tools["kb_fetch"].annotations
-    assert fetch_hints.read_only_hint is False and fetch_hints.destructive_hint is False
-    assert fetch_hints.open_world_hint is True
+    hints = {name: (t.annotations.read_only_hint, t.annotations.destructive_hint, t.annotations.idempotent_hint,
+                    t.annotations.open_world_hint) for name, t in tools.items()}
+    assert hints == TOOL_HINTS
 
 
 def test_ingest_search_rag_stats(tmp_path, quick_papers):
@@ -359,14 +375,20 @@ def test_engine_crash_during_a_call_is_a_tool_error_then_recovers(tmp_path):
     assert not (tmp_path / "kb").exists(), "a read-only call created the library folder"
 
 
-def test_streamable_http_on_loopback(tmp_path):
-    from mcp.client.streamable_http import streamable_http_client
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
+
+@contextmanager
+def http_server(tmp_path: Path, *args: str, **env):
+    """Start `server.py --http` on a free loopback port; yield (port, its standard error once it listens)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--http", "--port", str(port)], cwd=str(ROOT),
-                            env=server_env(tmp_path / "kb"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = tmp_path / f"server-{port}.err"
+    with err.open("wb") as err_file:
+        proc = subprocess.Popen([sys.executable, str(SERVER), "--http", "--port", str(port), *args], cwd=str(ROOT),
+                                env=server_env(tmp_path / "kb", **env), stdout=subprocess.DEVNULL, stderr=err_file)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -374,22 +396,10 @@ def test_streamable_http_on_loopback(tmp_path):
                 socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                 break
             except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()
+                assert proc.poll() is None, err.read_text()
                 assert time.monotonic() < deadline, "the HTTP server did not come up"
                 time.sleep(0.1)
-
-        async def main():
-            with anyio.fail_after(CALL_TIMEOUT):
-                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as streams:
-                    async with ClientSession(streams[0], streams[1]) as session:
-                        await session.initialize()
-                        tools = (await session.list_tools()).tools
-                        stats = await call(session, "kb_stats")
-                        return tools, stats
-
-        tools, stats = anyio.run(main)
-        assert {t.name for t in tools} == TOOL_NAMES
-        assert not stats.is_error, text_of(stats)
+        yield port, err.read_text()
     finally:
         proc.terminate()
         try:
@@ -397,6 +407,92 @@ def test_streamable_http_on_loopback(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def post_initialize(port: int, authorization: str | None = None, host: str | None = None) -> tuple[int, dict, str]:
+    """POST an MCP initialize request straight to /mcp: (status, headers, body)."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    if host is not None:
+        headers["Host"] = host
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/mcp", data=json.dumps(INITIALIZE).encode(),
+                                     headers=headers, method="POST")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=CALL_TIMEOUT) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def test_streamable_http_needs_the_generated_token(tmp_path):
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    with http_server(tmp_path) as (port, stderr):
+        url = f"http://127.0.0.1:{port}/mcp"
+        found = re.findall(r"^\s*Authorization: Bearer (\S+)$", stderr, re.M)
+        assert len(found) == 1, stderr
+        token = found[0]
+        assert len(token) >= 40 and url in stderr
+        config = json.loads(next(line for line in stderr.splitlines() if line.strip().startswith("{")))
+        assert config["mcpServers"]["kb-rag"] == {"url": url, "headers": {"Authorization": f"Bearer {token}"}}
+
+        for authorization, error in [(None, "unauthorized"), (f"Bearer {token[:-1]}x", "invalid_token"),
+                                     ("Bearer ", "invalid_token"), (f"Basic {token}", "invalid_token"),
+                                     (token, "invalid_token")]:
+            status, headers, body = post_initialize(port, authorization)
+            assert status == 401, (authorization, status, body)
+            challenge = {k.lower(): v for k, v in headers.items()}["www-authenticate"]
+            assert challenge.startswith("Bearer"), challenge
+            assert json.loads(body)["error"] == error
+
+        async def main():
+            with anyio.fail_after(CALL_TIMEOUT):
+                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                              timeout=httpx2.Timeout(CALL_TIMEOUT)) as client:
+                    async with streamable_http_client(url, http_client=client) as streams:
+                        async with ClientSession(streams[0], streams[1]) as session:
+                            await session.initialize()
+                            tools = (await session.list_tools()).tools
+                            stats = await call(session, "kb_stats")
+                            return tools, stats
+
+        tools, stats = anyio.run(main)
+        assert {t.name for t in tools} == TOOL_NAMES
+        assert not stats.is_error, text_of(stats)
+        assert post_initialize(port, f"bearer {token}")[0] == 200  # the scheme is case-insensitive
+        # the token does not replace the DNS-rebinding protection
+        assert post_initialize(port, f"Bearer {token}", host="attacker.example")[0] == 421
+
+
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_streamable_http_takes_the_token_from_env_or_option(tmp_path, how):
+    env_token = "env-token-0123456789abcdef"
+    option_token = "option-token-0123456789abcdef"
+    args = ("--token", option_token) if how == "option" else ()
+    wanted, other = (option_token, env_token) if how == "option" else (env_token, "not-the-token-0123456789")
+    with http_server(tmp_path, *args, KB_MCP_TOKEN=env_token) as (port, stderr):
+        assert "Authorization: Bearer" in stderr and "generated" not in stderr
+        assert env_token not in stderr and option_token not in stderr, "a token set by the user was printed"
+        status, _, body = post_initialize(port, f"Bearer {wanted}")
+        assert status == 200 and '"serverInfo"' in body, body
+        assert post_initialize(port, f"Bearer {other}")[0] == 401
+        assert post_initialize(port)[0] == 401
+
+
+def test_unusable_tokens_are_refused(tmp_path):
+    def run(*args, **env):
+        return subprocess.run([sys.executable, str(SERVER), *args], cwd=str(ROOT), env=server_env(tmp_path / "kb", **env),
+                              capture_output=True, text=True, timeout=CALL_TIMEOUT)
+
+    short = run("--http", "--token", "too-short")
+    assert short.returncode == 2 and "at least 16 characters" in short.stderr and "too-short" not in short.stderr
+    spaced = run("--http", KB_MCP_TOKEN="a token with spaces in it")
+    assert spaced.returncode == 2 and "KB_MCP_TOKEN" in spaced.stderr
+    stdio = run("--token", "0123456789abcdef0123")
+    assert stdio.returncode == 2 and "--http" in stdio.stderr
 
 
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="checks the engine process through /proc")

@@ -18,7 +18,7 @@ export const MAX_TOP_K = 50
 const FILTERS = {
   type: 'object',
   additionalProperties: false,
-  description: 'Metadata filters, combined with AND. Text filters match case-insensitive substrings.',
+  description: 'Metadata filters, combined with AND. Text filters match case-insensitive substrings; collection and tag match whole names.',
   properties: {
     authors: { type: 'string', description: 'Author name or part of it, e.g. "chen"' },
     title: { type: 'string', description: 'Part of the document title' },
@@ -28,8 +28,8 @@ const FILTERS = {
     doi: { type: 'string', description: 'Part of the DOI' },
     kind: { type: 'string', enum: ['pdf', 'docx', 'txt', 'md'], description: 'File kind' },
     path: { type: 'string', description: 'Part of the file path' },
-    collection: { type: 'string', description: 'Part of a Zotero collection path' },
-    tag: { type: 'string', description: 'A Zotero tag' },
+    collection: { type: 'string', description: 'A Zotero collection, by its whole name or path ("Graphene", "Materials/Graphene"); a collection covers its sub-collections' },
+    tag: { type: 'string', description: 'A whole Zotero tag (any case)' },
   },
 }
 
