@@ -1024,9 +1024,10 @@ class DiskFull(KBError):
             free = f"{shutil.disk_usage(root).free / (1024 * 1024):.1f} MB free"
         except OSError:
             free = "free space unknown"
-        super().__init__("disk_full", f"the disk holding the library {root} is full ({free}); the files before "
-                                      "the one in flight are stored, that one was rolled back. Free some space "
-                                      "and run the same ingest again: it goes on where it stopped")
+        done = ("the files before the one in flight are stored, that one was rolled back. Free some space and run "
+                "the same ingest again: it goes on where it stopped") if details else \
+            "nothing was written. Free some space and try again"
+        super().__init__("disk_full", f"the disk holding the library {root} is full ({free}); {done}")
         self.details = details or {}
 
 
@@ -7615,7 +7616,11 @@ class Engine:
             self._refuse_while_job_runs(root, payload)
         try:
             lib = self.library(root, writable=needs_write)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
+            if is_disk_full(exc):
+                raise DiskFull(root) from None
+            if isinstance(exc, OSError):
+                raise
             raise KBError("storage_error", f"cannot open the library at {root / DB_FILENAME}: {exc}") from None
         state = self.state(root)
         generation_before = lib.generation() if lib is not None else None

@@ -324,3 +324,30 @@ def test_language_note_does_not_claim_vectors_that_were_not_used(engine, tmp_pat
     reply = engine.execute("search", {"query": "锂金属负极电解液", "kb_root": str(tmp_path / "kb"), "mode": "keyword"})
     assert "lang_note" in reply and "vector similarity" in reply["lang_note"]
     assert "lean on vector similarity" not in reply["lang_note"] and "no vector similarity" in reply["lang_note"]
+
+
+def test_a_real_full_tmpfs_is_named_as_a_full_disk(tmp_path):
+    """The same on a real file system that runs out of space, where this machine lets the test mount one."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    mount, umount = shutil.which("mount"), shutil.which("umount")
+    if os.geteuid() != 0 or not mount or not umount or subprocess.run(
+            [mount, "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (the SQLITE_FULL test above covers the engine's side)")
+    try:
+        folder = tmp_path / "in"
+        for i in range(30):
+            sp.make_filler_paper(folder, i, pages=6)
+        env = clean_env(KB_EMBED_MODEL="none", KB_ASYNC_THRESHOLD=1000)       # in the foreground
+        reply = run_cli("ingest", {"paths": [str(folder)], "kb_root": str(mount_point / "kb")}, env=env).json
+        assert reply["ok"] is False and reply["code"] == "disk_full" and str(mount_point / "kb") in reply["error"]
+        stored = [f for f in reply["files"] if f["status"] == "added"]
+        assert stored and reply["files"][-1]["reason"] == "disk_full"
+        search = run_cli("search", {"query": "filler", "kb_root": str(mount_point / "kb"), "mode": "keyword"},
+                         env=env).json
+        assert search["ok"] is True
+    finally:
+        for _ in range(10):          # the engine's last file handles may close a moment after it exits
+            if subprocess.run([umount, str(mount_point)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.3)
