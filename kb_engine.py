@@ -4337,26 +4337,26 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
         if any(isinstance(v, str) and len(v) > MAX_FILTER_CHARS for v in values):
             raise KBError("bad_request", f"filters.{key}: a value longer than {MAX_FILTER_CHARS} characters")
     clauses, params = [], []
+
+    def strings(key: str) -> list[str]:
+        value = filters.get(key)
+        if value in (None, "", []):
+            return []
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
+        return [v.strip() for v in values]
+
     for key, column in (("authors", "d.authors"), ("title", "d.title"), ("journal", "d.journal"),
                         ("section", "c.section"), ("doi", "d.doi"), ("path", "d.path")):
-        value = filters.get(key)
-        if value in (None, "", []):
-            continue
-        values = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, str) for v in values):
-            raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
-        clauses.append("(" + " OR ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in values) + ")")
-        params.extend(f"%{_escape_like(v.strip())}%" for v in values)
+        if values := strings(key):
+            clauses.append("(" + " OR ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in values) + ")")
+            params.extend(f"%{_escape_like(v)}%" for v in values)
     # Zotero collections and tags match whole names, ignoring case; a collection also covers its sub-collections
     for key, column, nested in (("collection", "d.collections", 1), ("tag", "d.tags", 0)):
-        value = filters.get(key)
-        if value in (None, "", []):
-            continue
-        values = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, str) for v in values):
-            raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
-        clauses.append("(" + " OR ".join(f"kb_names_match({column}, ?, {nested})" for _ in values) + ")")
-        params.extend(v.strip() for v in values)
+        if values := strings(key):
+            clauses.append("(" + " OR ".join(f"kb_names_match({column}, ?, {nested})" for _ in values) + ")")
+            params.extend(values)
     kind = filters.get("kind")
     if kind not in (None, "", []):
         kinds = kind if isinstance(kind, list) else [kind]
