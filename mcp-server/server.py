@@ -58,14 +58,16 @@ log = logging.getLogger("kb-rag-mcp")
 
 SERVER_NAME = "kb-rag"
 MAX_TOP_K = 50
+MAX_RENDERINGS = 4
 RENDER_BUDGET = 8000
 
 INSTRUCTIONS = "\n".join([
     "Local paper library (kb_* tools):",
     "- kb_search is the quick lookup; kb_rag gathers reranked evidence for a full answer. Both return verbatim "
     "passages with title, authors, year, section, page and DOI.",
-    "- Queries are matched as written and most libraries are in English: turn a question in another language into "
-    "3-12 English technical terms. Put years, authors, sections and Zotero collections in filters, not in the query.",
+    "- Keyword matching cannot cross languages and most libraries are in English: when the user asks in another "
+    "language, pass the question as query and an English rendering (technical terms) in queries; answer in the "
+    "language the user asked in. Put years, authors, sections and Zotero collections in filters, not in the query.",
     "- Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link when "
     "there is one. Never cite a passage you were not given.",
     "- kb_ingest and kb_zotero may return a job_id: follow it with kb_status until it is done before relying on "
@@ -103,7 +105,9 @@ def _obj(properties: dict, required: list[str] | None = None) -> dict:
 
 def _retrieval_schema(default_top_k: int, default_depth: str) -> dict:
     return _obj({
-        "query": {"type": "string", "description": "3-12 English technical terms (material/system, method, property), not a full question"},
+        "query": {"type": "string", "description": "The question as the user asked it, or 3-12 technical terms (material/system, method, property), in the user's language"},
+        "queries": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_RENDERINGS,
+                    "description": "1-4 renderings of the same question in the language most of the library is written in (usually English) when the user asked in another; searched alongside query, each passage keeps its best match"},
         "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": f"Number of passages, 1-{MAX_TOP_K} (default {default_top_k})"},
         "mode": {"type": "string", "enum": ["hybrid", "keyword", "vector"], "description": "Ranking: hybrid (default) fuses keyword and vector search"},
         "depth": {"type": "string", "enum": ["quick", "deep"], "description": f"quick skips reranking and citation linking; deep reranks and resolves citations (default {default_depth})"},
@@ -528,9 +532,15 @@ def _retrieval_payload(args: dict) -> dict:
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
         raise ToolFailure("query must be a non-empty string of search terms")
+    queries = args.get("queries")
+    if queries is not None and (not isinstance(queries, list) or not all(isinstance(q, str) for q in queries)):
+        raise ToolFailure("queries must be a list of strings")
+    if queries is not None and len(queries) > MAX_RENDERINGS:
+        raise ToolFailure(f"queries takes at most {MAX_RENDERINGS} renderings")
+    renderings = [q.strip() for q in queries or [] if q.strip()]
     filters = args.get("filters")
     return _compact({
-        "query": query.strip(), "top_k": args.get("top_k"), "mode": args.get("mode"), "depth": args.get("depth"),
+        "query": query.strip(), "queries": renderings or None, "top_k": args.get("top_k"), "mode": args.get("mode"), "depth": args.get("depth"),
         "filters": _compact(filters) if isinstance(filters, dict) and _compact(filters) else None,
     })
 

@@ -4,7 +4,8 @@
 // argv: no shell ever parses a command line here. On Windows the options are translated through one fixed
 // table. It runs only when called (`npx dsh-kb-rag-install`): the package has no install-time scripts.
 //
-//   dsh-kb-rag-install [--profile NAME] [--mirror URL] [--models | --no-models] [--with-docx] [--with-mcp]
+//   dsh-kb-rag-install [--profile NAME] [--mirror URL] [--models | --no-models] [--offline-model] [--with-docx]
+//                      [--with-mcp]
 //                      [--python PATH] [--venv DIR | --no-venv] [--torch auto|cpu|gpu|skip] [--plugin SPEC]
 //                      [--dry-run] [-y] [-h]
 
@@ -22,6 +23,7 @@ export const OPTIONS = Object.freeze({
   '--mirror': { ps: '-Mirror', value: true },
   '--models': { ps: '-Models', value: false },
   '--no-models': { ps: '-NoModels', value: false },
+  '--offline-model': { ps: '-OfflineModel', value: false },
   '--with-docx': { ps: '-WithDocx', value: false },
   '--with-mcp': { ps: '-WithMcp', value: false },
   '--python': { ps: '-Python', value: true },

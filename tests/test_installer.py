@@ -219,8 +219,8 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path, args, message):
 def test_help_lists_every_option():
     done = subprocess.run(["bash", str(INSTALL_SH), "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
-    for option in ("--profile", "--mirror", "--models", "--no-models", "--with-docx", "--dry-run", "-y, --yes",
-                   "--python", "--venv", "--no-venv", "--torch", "--plugin", "--with-mcp"):
+    for option in ("--profile", "--mirror", "--models", "--no-models", "--offline-model", "--with-docx", "--dry-run",
+                   "-y, --yes", "--python", "--venv", "--no-venv", "--torch", "--plugin", "--with-mcp"):
         assert option in done.stdout
 
 
@@ -380,9 +380,9 @@ def test_powershell_translation_table():
     script = ("import('./install.mjs').then((m) => { const o = m.parseOptions(JSON.parse(process.argv[1]));"
               " console.log(JSON.stringify({ ps: m.installerCommand(o, 'win32').argv,"
               " sh: m.installerCommand(o, 'linux').argv })) })")
-    args = ["--profile", "web", "--mirror=https://m.example/simple", "--models", "--no-models", "--with-docx",
-            "--with-mcp", "--python", "C:\\Py\\python.exe", "--venv", "D:\\kb venv", "--no-venv", "--torch", "cpu",
-            "--plugin", "dsh-kb-rag@0.1.0", "--dry-run", "-y", "-h"]
+    args = ["--profile", "web", "--mirror=https://m.example/simple", "--models", "--no-models", "--offline-model",
+            "--with-docx", "--with-mcp", "--python", "C:\\Py\\python.exe", "--venv", "D:\\kb venv", "--no-venv",
+            "--torch", "cpu", "--plugin", "dsh-kb-rag@0.1.0", "--dry-run", "-y", "-h"]
     done = subprocess.run(["node", "-e", script, json.dumps(args)], cwd=NPM_PACKAGE, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -390,18 +390,19 @@ def test_powershell_translation_table():
     assert argv["ps"][:4] == ["-NoProfile", "-ExecutionPolicy", "Bypass", "-File"]
     assert argv["ps"][4].endswith("install.ps1")
     assert argv["ps"][5:] == ["-Profile", "web", "-Mirror", "https://m.example/simple", "-Models", "-NoModels",
-                              "-WithDocx", "-WithMcp", "-Python", "C:\\Py\\python.exe", "-Venv", "D:\\kb venv",
-                              "-NoVenv", "-Torch", "cpu", "-Plugin", "dsh-kb-rag@0.1.0", "-DryRun", "-Yes", "-Help"]
+                              "-OfflineModel", "-WithDocx", "-WithMcp", "-Python", "C:\\Py\\python.exe", "-Venv",
+                              "D:\\kb venv", "-NoVenv", "-Torch", "cpu", "-Plugin", "dsh-kb-rag@0.1.0", "-DryRun", "-Yes",
+                              "-Help"]
     assert argv["sh"][0].endswith("install.sh")
     assert argv["sh"][1:] == ["--profile", "web", "--mirror", "https://m.example/simple", "--models", "--no-models",
-                              "--with-docx", "--with-mcp", "--python", "C:\\Py\\python.exe", "--venv", "D:\\kb venv",
-                              "--no-venv", "--torch", "cpu", "--plugin", "dsh-kb-rag@0.1.0", "--dry-run", "--yes",
-                              "--help"]
+                              "--offline-model", "--with-docx", "--with-mcp", "--python", "C:\\Py\\python.exe",
+                              "--venv", "D:\\kb venv", "--no-venv", "--torch", "cpu", "--plugin", "dsh-kb-rag@0.1.0",
+                              "--dry-run", "--yes", "--help"]
     # Every PowerShell parameter the table produces is declared by install.ps1.
     ps1 = INSTALL_PS1.read_text(encoding="utf-8-sig")
     param_block = ps1[ps1.index("param("):]
-    for name in ("Profile", "Mirror", "Models", "NoModels", "WithDocx", "WithMcp", "Python", "Venv", "NoVenv",
-                 "Torch", "Plugin", "DryRun", "Yes", "Help"):
+    for name in ("Profile", "Mirror", "Models", "NoModels", "OfflineModel", "WithDocx", "WithMcp", "Python", "Venv",
+                 "NoVenv", "Torch", "Plugin", "DryRun", "Yes", "Help"):
         assert re.search(r"\$" + name + r"\b", param_block[:3000]), name
 
 

@@ -123,7 +123,8 @@ def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
         assert tool.description and tool.input_schema["type"] == "object"
         assert tool.annotations is not None and tool.annotations.title
     assert tools["kb_search"].input_schema["required"] == ["query"]
-    assert set(tools["kb_search"].input_schema["properties"]) == {"query", "top_k", "mode", "depth", "filters"}
+    assert set(tools["kb_search"].input_schema["properties"]) == {"query", "queries", "top_k", "mode", "depth",
+                                                                   "filters"}
     assert tools["kb_clear"].input_schema["required"] == ["confirm"]
     assert tools["kb_fetch"].input_schema["required"] == ["identifier"]
     assert set(tools["kb_fetch"].input_schema["properties"]) == {"identifier", "dest"}
@@ -143,6 +144,8 @@ def test_ingest_search_rag_stats(tmp_path, quick_papers):
         out = {"ingest": await call(session, "kb_ingest", {"paths": [str(quick_papers)]}, progress_callback=on_progress)}
         out["search"] = await call(session, "kb_search", {"query": "graphene nucleation copper", "top_k": 3})
         out["filtered"] = await call(session, "kb_search", {"query": "graphene", "filters": {"kind": "docx"}})
+        out["rendered"] = await call(session, "kb_search", {"query": "石墨烯在铜上的成核", "top_k": 3, "mode": "keyword",
+                                                            "queries": ["graphene nucleation copper"]})
         out["rag"] = await call(session, "kb_rag", {"query": "graphene domains nucleate on copper"})
         out["stats"] = await call(session, "kb_stats")
         out["dedup"] = await call(session, "kb_dedup")
@@ -168,6 +171,8 @@ def test_ingest_search_rag_stats(tmp_path, quick_papers):
     text = text_of(r["search"])
     assert text.startswith("**Knowledge base:") and "graphene" in text.lower()
     assert all(hit["kind"] == "docx" for hit in r["filtered"].structured_content["results"])
+    rendered = r["rendered"].structured_content      # the English rendering finds what the Chinese words cannot
+    assert rendered["queries"] == ["graphene nucleation copper"] and "graphene" in rendered["results"][0]["title"].lower()
 
     rag = r["rag"].structured_content
     assert rag["evidence"] and len(rag["evidence"]) <= 3
@@ -188,6 +193,7 @@ def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path, qu
             "bad_type": await call(session, "kb_search", {"query": "graphene", "top_k": "ten"}),
             "too_many": await call(session, "kb_rag", {"query": "graphene", "top_k": 500}),
             "bad_filter": await call(session, "kb_search", {"query": "graphene", "filters": {"colour": "red"}}),
+            "bad_queries": await call(session, "kb_search", {"query": "graphene", "queries": ["a"] * 5}),
             "no_paths": await call(session, "kb_ingest", {}),
             "no_confirm": await call(session, "kb_clear", {"confirm": False}),
             "confirm_missing": await call(session, "kb_clear", {}),
@@ -203,11 +209,12 @@ def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path, qu
         return out
 
     r = run_session(tmp_path / "kb", body)
-    for name in ("empty_query", "bad_type", "too_many", "bad_filter", "no_paths", "no_confirm", "confirm_missing",
-                 "fetch", "unknown_tool", "missing_job", "cancel_no_id"):
+    for name in ("empty_query", "bad_type", "too_many", "bad_filter", "bad_queries", "no_paths", "no_confirm",
+                 "confirm_missing", "fetch", "unknown_tool", "missing_job", "cancel_no_id"):
         assert r[name].is_error, (name, text_of(r[name]))
         assert text_of(r[name]), name
     assert "top_k" in text_of(r["bad_type"])
+    assert "queries" in text_of(r["bad_queries"])
     assert "identifier" in text_of(r["fetch"])
     assert r["fetch"].structured_content["code"] == "bad_arguments"
     assert r["no_confirm"].structured_content["code"] == "confirm_required"

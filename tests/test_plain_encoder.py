@@ -391,7 +391,7 @@ def test_native_loading_imports_neither_transformers_nor_sentence_transformers(m
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("name", ["dense", "prompt", "two_modes", "no_prompt_pooling", "weightedmean", "lasttoken",
+@pytest.mark.parametrize("name", ["dense", "two_modes", "no_prompt_pooling", "weightedmean", "lasttoken",
                                   "nested_transformer"])
 def test_other_layouts_fall_back_to_sentence_transformers(kb_engine, tiny, module_env, name):
     folder = tiny[name]
@@ -406,6 +406,28 @@ def test_other_layouts_fall_back_to_sentence_transformers(kb_engine, tiny, modul
     assert _max_diff(embedder.encode_passages(TINY_TEXTS), _st_vectors(reference, TINY_TEXTS)) < TOLERANCE
     if name == "dense":
         assert embedder.dim == 8
+
+
+def test_declared_prompts_are_applied_once_by_either_loader(kb_engine, tiny, module_env, monkeypatch):
+    """A folder declaring query/document prompts and a default one: the engine applies the query prompt to
+    queries and the document prompt to passages, exactly as sentence-transformers does with prompt_name, and
+    never the default prompt on top (the plain encoder and sentence-transformers agree)."""
+    folder = tiny["prompt"]
+    reference = _st(folder)
+    expected_queries = reference.encode(TINY_TEXTS, prompt_name="query", normalize_embeddings=True,
+                                        convert_to_numpy=True, show_progress_bar=False)
+    expected_passages = reference.encode(TINY_TEXTS, prompt_name="document", normalize_embeddings=True,
+                                         convert_to_numpy=True, show_progress_bar=False)
+    assert _max_diff(expected_queries, expected_passages) > 1e-3      # the prompt changes the vectors
+    for plain in ("1", "0"):
+        monkeypatch.setenv("KB_PLAIN_ENCODER", plain)
+        model = kb_engine.load_sentence_encoder(str(folder), "cpu")
+        assert isinstance(model, kb_engine.PlainSentenceEncoder) == (plain == "1")
+        prompts = kb_engine.model_prompts(str(folder), str(folder))
+        assert (prompts.query, prompts.passage, prompts.source) == ("query: ", "", "model folder")
+        embedder = kb_engine.Embedder(str(folder), kb_engine.DeviceManager(), model, "cpu", prompts)
+        assert _max_diff(embedder.encode_passages(TINY_TEXTS), expected_passages) < TOLERANCE
+        assert _max_diff(np.stack([embedder.encode_query(t) for t in TINY_TEXTS]), expected_queries) < TOLERANCE
 
 
 def test_switch_off_with_tiny_model(kb_engine, tiny, monkeypatch):

@@ -14,6 +14,7 @@ import { SCOPES, sessionKey } from './scope.js'
 const OBJECT = { type: 'object', additionalProperties: true }
 const MINUTE = 60_000
 export const MAX_TOP_K = 50
+export const MAX_RENDERINGS = 4
 
 const FILTERS = {
   type: 'object',
@@ -35,7 +36,8 @@ const FILTERS = {
 
 function retrievalParameters(defaultTopK, defaultDepth) {
   return {
-    query: { type: 'string', required: true, description: '3-12 English technical terms (material/system, method, property), not a full question' },
+    query: { type: 'string', required: true, description: "The question as the user asked it, or 3-12 technical terms (material/system, method, property), in the user's language" },
+    queries: { type: 'array', items: { type: 'string' }, description: '1-4 renderings of the same question in the language most of the library is written in (usually English) when the user asked in another; searched alongside query, each passage keeps its best match' },
     top_k: { type: 'integer', description: `Number of passages, 1-${MAX_TOP_K} (default ${defaultTopK})` },
     mode: { type: 'string', enum: ['hybrid', 'keyword', 'vector'], description: 'Ranking: hybrid (default) fuses keyword and vector search' },
     depth: { type: 'string', enum: ['quick', 'deep'], description: `quick skips reranking and citation linking; deep reranks and resolves citations (default ${defaultDepth})` },
@@ -50,11 +52,16 @@ function fail(message) {
 function checkQuery(args) {
   if (typeof args.query !== 'string' || !args.query.trim()) fail('query must be a non-empty string of search terms')
   if (args.top_k !== undefined && (args.top_k < 1 || args.top_k > MAX_TOP_K)) fail(`top_k must be between 1 and ${MAX_TOP_K}`)
+  if (args.queries !== undefined && args.queries !== null) {
+    if (!Array.isArray(args.queries) || !args.queries.every((q) => typeof q === 'string')) fail('queries must be a list of strings')
+    if (args.queries.length > MAX_RENDERINGS) fail(`queries takes at most ${MAX_RENDERINGS} renderings`)
+  }
 }
 
 function retrievalPayload(args) {
   return compact({
     query: args.query.trim(),
+    queries: Array.isArray(args.queries) && args.queries.some((q) => q.trim()) ? args.queries.map((q) => q.trim()).filter(Boolean) : undefined,
     top_k: args.top_k,
     mode: args.mode,
     depth: args.depth,
@@ -255,7 +262,7 @@ export function createTools(kb) {
 export const GUIDANCE_SECTION = [
   '## Local paper library (kb_* tools)',
   '- kb_search is the quick lookup; kb_rag gathers reranked evidence for a full answer. Both return verbatim passages with title, authors, year, section, page and DOI.',
-  '- Queries are matched as written and most libraries are in English: turn a question in another language into 3-12 English technical terms (material or system, method, property). Put years, authors, sections and Zotero collections in filters, not in the query.',
+  '- Keyword matching cannot cross languages and most libraries are in English: when the user asks in another language, pass the question as query and an English rendering (technical terms) in queries; answer in the language the user asked in. Put years, authors, sections and Zotero collections in filters, not in the query.',
   '- Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link when there is one. Never cite a passage you were not given.',
   '- Follow the session scope printed with the results: kb answers from the library, both allows web sources marked as such, web prefers the web. In strict mode say plainly when the library does not answer. Change it with kb_scope only when the user asks.',
   '- kb_fetch downloads a paper by DOI, arXiv id or URL into the library and indexes it; use it when the user wants a paper added that is not in the library.',
