@@ -14,6 +14,29 @@ import pytest
 
 from helpers import ENGINE, sp
 
+# Markers by test file (declared in pyproject.toml). The quick subset, `-m "not slow"`, still has every command's
+# happy and error paths (test_commands, test_cli, test_serve, test_jobs, test_fetch, test_zotero, test_models).
+FILE_MARKS = {
+    "test_installer.py": ("slow", "node"),
+    "test_plugin_node.py": ("slow", "node"),
+    "test_dsh_e2e.py": ("slow", "node"),
+    "test_mcp_server.py": ("slow",),
+    "test_kill_resume.py": ("slow",),
+    "test_provenance_exact.py": ("slow", "corpus"),
+    "test_corpus.py": ("slow", "corpus"),
+    "test_hybrid.py": ("model",),
+    "test_models.py": ("model",),
+    "test_plain_encoder.py": ("model",),
+    "test_prompts.py": ("model",),
+    "test_model_import.py": ("model",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in FILE_MARKS.get(item.path.name, ()):
+            item.add_marker(getattr(pytest.mark, name))
+
 
 @pytest.fixture(scope="session")
 def kb_engine():
