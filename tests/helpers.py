@@ -411,3 +411,30 @@ def embedder_inputs(kb_root) -> dict[int, str]:
         head = ". ".join(part for part in (title.strip(), section.strip()) if part)
         out[chunk_id] = f"{head}\n{text}" if head else text
     return out
+
+
+# ---------------------------------------------------------------------------
+# files made from the code, and the plugin's Node modules
+
+def assert_generated(path: Path, wanted: str, what: str) -> None:
+    """`path` must hold exactly `wanted` (text the code generates); KB_UPDATE_DOCS=1 rewrites it instead."""
+    current = path.read_text(encoding="utf-8") if path.exists() else None
+    if os.environ.get("KB_UPDATE_DOCS") == "1" and current != wanted:
+        path.write_text(wanted, encoding="utf-8")
+        current = wanted
+    assert current == wanted, f"{path.relative_to(ROOT)} differs from {what}: run the tests with KB_UPDATE_DOCS=1"
+
+
+PLUGIN = ROOT / "plugin"
+
+
+def ensure_plugin_modules() -> str:
+    """npm, after `npm ci` in plugin/ when its Node modules are not installed yet; skips without Node.js/npm."""
+    npm = shutil.which("npm")
+    if shutil.which("node") is None or npm is None:
+        pytest.skip("Node.js/npm not installed")
+    if not (PLUGIN / "node_modules" / "@deepseek-ai").is_dir():
+        installed = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PLUGIN, capture_output=True,
+                                   text=True, timeout=600)
+        assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    return npm

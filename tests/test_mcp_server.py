@@ -34,7 +34,7 @@ if int(version("mcp").split(".")[0]) < 2:
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
-from helpers import ROOT, sp  # noqa: E402
+from helpers import PLUGIN, ROOT, ensure_plugin_modules, sp  # noqa: E402
 
 SERVER = ROOT / "mcp-server" / "server.py"
 TOOL_NAMES = {"kb_ingest", "kb_zotero", "kb_search", "kb_rag", "kb_dedup", "kb_clear", "kb_stats", "kb_fetch",
@@ -131,6 +131,40 @@ def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
     hints = {name: (t.annotations.read_only_hint, t.annotations.destructive_hint, t.annotations.idempotent_hint,
                     t.annotations.open_world_hint) for name, t in tools.items()}
     assert hints == TOOL_HINTS
+
+
+def test_dsh_and_mcp_offer_the_same_tools_and_guidance(tmp_path):
+    """The MCP server through the official client and the DSH plugin in the real tool registry (issue 19): the
+    nine shared tools have identical names, descriptions and schemas, and the guidance is the same text, the DSH
+    host adding only its line about kb_scope."""
+    ensure_plugin_modules()
+    report = subprocess.run(["node", "testlib/host-report.mjs"], cwd=PLUGIN, capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, KB_TEST_PYTHON=sys.executable))
+    assert report.returncode == 0, report.stderr[-2000:]
+    dsh = json.loads(report.stdout)
+
+    instructions = {}
+
+    async def main():
+        params = StdioServerParameters(command=sys.executable, args=[str(SERVER)], env=server_env(tmp_path / "kb"),
+                                       cwd=str(ROOT))
+        with anyio.fail_after(CALL_TIMEOUT * 2):
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    initialized = await session.initialize()
+                    instructions["text"] = initialized.instructions
+                    return (await session.list_tools()).tools
+
+    mcp_tools = {t.name: t for t in anyio.run(main)}
+    dsh_tools = {s["name"]: s for s in dsh["schemas"]}
+    assert set(mcp_tools) == TOOL_NAMES and set(dsh_tools) == TOOL_NAMES | {"kb_scope"}
+    for name in TOOL_NAMES:
+        assert mcp_tools[name].description == dsh_tools[name]["description"], name
+        assert mcp_tools[name].input_schema == dsh_tools[name]["parameters"], name
+    [dsh_guidance] = dsh["guidance"]
+    scope_lines = [line for line in dsh_guidance.splitlines() if "kb_scope" in line]
+    assert len(scope_lines) == 1
+    assert instructions["text"] == "\n".join(line for line in dsh_guidance.splitlines() if line not in scope_lines)
 
 
 def test_ingest_search_rag_stats(tmp_path, quick_papers):

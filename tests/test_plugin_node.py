@@ -6,24 +6,14 @@ Python that runs pytest. Skipped when Node.js and npm are not installed.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
-import pytest
-
-from helpers import ROOT
-
-PLUGIN = ROOT / "plugin"
+from helpers import PLUGIN, ensure_plugin_modules
 
 
-@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None, reason="Node.js/npm not installed")
 def test_plugin_node_suite():
-    npm = shutil.which("npm")
-    if not (PLUGIN / "node_modules" / "@deepseek-ai").is_dir():
-        installed = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PLUGIN, capture_output=True,
-                                   text=True, timeout=600)
-        assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    npm = ensure_plugin_modules()
     env = dict(os.environ, KB_TEST_PYTHON=sys.executable)
     run = subprocess.run([npm, "test"], cwd=PLUGIN, capture_output=True, text=True, timeout=900, env=env)
     summary = [line for line in run.stdout.splitlines() if line.startswith(("# pass", "# fail", "not ok"))]

@@ -1,38 +1,30 @@
-// Dependency gate: before the first engine call, one Python process checks every module the engine imports
-// (importlib.util.find_spec, so nothing heavy is imported) and reports the complete list of what is missing.
-// A missing module becomes one actionable tool error with the exact commands that fix it; with autoPip (or
-// KB_AUTO_PIP=1) the plugin runs pip itself, with a fixed argv, and probes again.
+// Dependency gate: before the first engine call, one Python process reports the interpreter's version and every
+// module the engine needs that it lacks, so the user gets the complete list in one actionable tool error with the
+// exact commands that fix it; with autoPip (or KB_AUTO_PIP=1) the plugin runs pip itself, with a fixed argv, and
+// probes again.
+// The list of requirements is the engine's (`kb_engine.py requirements`), not a copy kept here: a copy drifts, and
+// then the gate either blocks on a module the engine no longer needs or lets through one it does. The version is
+// printed before the engine is compiled, so an interpreter too old to parse the engine is still named as such.
 
 import { spawn } from 'node:child_process'
-
-/** Modules the engine imports, with the pip requirement that provides each: the engine's REQUIREMENTS table
- * (`kb_engine.py requirements --json`); tests/test_installer.py checks that the two agree. */
-export const MODULES = [
-  { module: 'pymupdf', pip: 'pymupdf>=1.24', purpose: 'PDF reading' },
-  { module: 'numpy', pip: 'numpy>=1.24', purpose: 'vectors' },
-  { module: 'faiss', pip: 'faiss-cpu>=1.7.4', purpose: 'vector index' },
-  { module: 'sentence_transformers', pip: 'sentence-transformers>=2.7', purpose: 'embedding and reranking models' },
-  { module: 'torch', pip: 'torch>=2.1,<2.14', purpose: 'model inference' },
-  { module: 'docx', pip: 'python-docx>=1.1', purpose: 'DOCX reading', optional: true },
-]
+import { existsSync } from 'node:fs'
 
 export const MIN_PYTHON = [3, 10]
 const PROBE_TIMEOUT_MS = 60_000
 const PIP_TIMEOUT_MS = 30 * 60_000
 const OUTPUT_TAIL = 2000
 
-// Reads the module names (JSON) from argv[1], prints one JSON line. No module is imported.
+// argv[1] is the engine. Line 1: the interpreter's version and path, flushed before the engine is read (old
+// Pythons included: no f-strings, no print(flush=)). Then the engine's own `requirements` command runs in this
+// process, its sys.path as when run as a script; its last line is the JSON list of what is missing.
 const PROBE_SCRIPT = [
-  'import importlib.util, json, sys',
-  'missing = []',
-  'for name in json.loads(sys.argv[1]):',
-  '    try:',
-  '        found = importlib.util.find_spec(name) is not None',
-  '    except Exception:',
-  '        found = False',
-  '    if not found:',
-  '        missing.append(name)',
-  'print(json.dumps({"version": list(sys.version_info[:3]), "executable": sys.executable, "missing": missing}))',
+  'import json, os, runpy, sys',
+  'sys.stdout.write(json.dumps({"version": list(sys.version_info[:3]), "executable": sys.executable}) + "\\n")',
+  'sys.stdout.flush()',
+  'engine = sys.argv[1]',
+  'sys.argv = [engine, "requirements", "--missing", "--with-docx", "--json"]',
+  'sys.path[:] = [os.path.dirname(os.path.abspath(engine))] + [p for p in sys.path if p != ""]',
+  'runpy.run_path(engine, run_name="__main__")',
 ].join('\n')
 
 export class DependencyError extends Error {
@@ -81,39 +73,59 @@ export function runArgv(argv, { timeoutMs, signal, env, cwd } = {}) {
   })
 }
 
+/** One JSON value from one line of output, or null. */
+function parseLine(line) {
+  try {
+    return JSON.parse(line)
+  } catch {
+    return null
+  }
+}
+
+/** A missing-requirement entry of the engine's list, with the fields the messages use. */
+function requirementOf(item) {
+  if (!item || typeof item.module !== 'string' || typeof item.pip !== 'string' || item.present === true) return null
+  return { module: item.module, pip: item.pip, purpose: typeof item.purpose === 'string' ? item.purpose : '', optional: item.optional === true }
+}
+
 /**
- * Probe `python` for every module in MODULES.
+ * Probe `python` for every module the engine `engine` (the path of kb_engine.py) requires.
  * @returns {Promise<{ok: boolean, python: string, version: number[]|null, executable: string|null,
  *   missing: object[], optionalMissing: object[], problem: string|null}>}
  */
-export async function probe(python, { signal, env } = {}) {
-  const names = MODULES.map((m) => m.module)
-  const result = await runArgv([python, '-c', PROBE_SCRIPT, JSON.stringify(names)], { timeoutMs: PROBE_TIMEOUT_MS, signal, env })
+export async function probe(python, { engine, signal, env } = {}) {
   const base = { python, version: null, executable: null, missing: [], optionalMissing: [], problem: null }
+  if (!engine || !existsSync(engine)) {
+    return { ...base, ok: false, problem: 'probe_failed', output: `kb_engine.py was not found at "${engine ?? ''}" (set the kb-rag plugin option \`engine\` to its path, or reinstall the plugin)` }
+  }
+  const result = await runArgv([python, '-c', PROBE_SCRIPT, engine], { timeoutMs: PROBE_TIMEOUT_MS, signal, env })
   if (result.error && result.error.code === 'ENOENT') {
     return { ...base, ok: false, problem: 'not_found' }
   }
-  let info = null
-  try {
-    info = JSON.parse(result.stdout.trim().split('\n').pop())
-  } catch {
-    info = null
+  const lines = result.stdout.split('\n').map((l) => l.trim()).filter(Boolean)
+  // The first line is the version line (unless something the interpreter loads at startup printed before it).
+  const head = lines.map(parseLine).find((v) => v && !Array.isArray(v) && Array.isArray(v.version)) ?? null
+  const version = head && head.version.length >= 2 && head.version.every(Number.isInteger) ? head.version : null
+  const executable = typeof head?.executable === 'string' ? head.executable : null
+  const tooOld = version && (version[0] < MIN_PYTHON[0] || (version[0] === MIN_PYTHON[0] && version[1] < MIN_PYTHON[1]))
+  if (tooOld) {
+    // Whatever the engine part printed: an interpreter this old is the problem to report.
+    return { ...base, version, executable, ok: false, problem: 'too_old' }
   }
-  if (!info || !Array.isArray(info.missing)) {
+  const listed = lines.length ? parseLine(lines[lines.length - 1]) : null
+  if (!Array.isArray(listed)) {
     const why = result.error?.message ?? `exit status ${result.code}`
     return { ...base, ok: false, problem: 'probe_failed', output: `${why}; ${(result.stderr || result.stdout).trim().slice(-OUTPUT_TAIL)}` }
   }
-  const missing = MODULES.filter((m) => info.missing.includes(m.module))
-  const version = Array.isArray(info.version) ? info.version : null
-  const tooOld = version && (version[0] < MIN_PYTHON[0] || (version[0] === MIN_PYTHON[0] && version[1] < MIN_PYTHON[1]))
+  const missing = listed.map(requirementOf).filter(Boolean)
   return {
     ...base,
     version,
-    executable: typeof info.executable === 'string' ? info.executable : null,
+    executable,
     missing: missing.filter((m) => !m.optional),
     optionalMissing: missing.filter((m) => m.optional),
-    problem: tooOld ? 'too_old' : null,
-    ok: !tooOld && !missing.some((m) => !m.optional),
+    problem: null,
+    ok: !missing.some((m) => !m.optional),
   }
 }
 
@@ -163,12 +175,14 @@ export class DependencyGate {
   /**
    * @param {object} options
    * @param {string} options.python
+   * @param {string} options.engine  the path of kb_engine.py, whose `requirements` command lists what it needs
    * @param {boolean} options.autoPip
    * @param {Record<string,string>} [options.env]
    * @param {{debug: Function, info: Function, warn: Function}} [options.log]
    */
-  constructor({ python, autoPip, env, log }) {
+  constructor({ python, engine, autoPip, env, log }) {
     this.python = python
+    this.engine = engine
     this.autoPip = autoPip
     this.env = env
     this.log = log ?? { debug() {}, info() {}, warn() {} }
@@ -188,7 +202,7 @@ export class DependencyGate {
   }
 
   async _check() {
-    let state = await probe(this.python, { env: this.env })
+    let state = await probe(this.python, { engine: this.engine, env: this.env })
     if (!state.ok && state.missing.length && !state.problem && this.autoPip && !this.pipTried) {
       const argv = pipArgv(this.python, state.missing.map((m) => m.pip))
       this.log.info('installing missing Python modules: %s', argv.join(' '))
@@ -199,7 +213,7 @@ export class DependencyGate {
         ok: result.code === 0 && !result.error,
         summary: result.error ? `${result.error.message}` : `pip exited with status ${result.code}${output ? `: ${output.slice(-600)}` : ''}`,
       }
-      state = await probe(this.python, { env: this.env })
+      state = await probe(this.python, { engine: this.engine, env: this.env })
       if (!state.ok && this.pipTried.ok) this.pipTried.summary = 'pip reported success, but the modules are still not importable by this interpreter'
     }
     if (state.ok) {

@@ -95,7 +95,7 @@ export function apply(ctx, config) {
 
   const python = resolvePython(config.python)
   log.debug('engine interpreter: %s', python)
-  const gate = new DependencyGate({ python, autoPip, env: process.env, log })
+  const gate = new DependencyGate({ python, engine, autoPip, env: process.env, log })
   const pool = new DaemonPool({
     max: MAX_DAEMONS,
     idleMs: config.idleMinutes * 60_000,

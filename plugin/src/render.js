@@ -1,13 +1,14 @@
 // Presentation of search and rag results: one view model, rendered as Markdown for the model and handed to UIs
 // unchanged as presentationMeta. Everything here is pure (no I/O, no clock), as DSH requires of presenters.
 
+import { CONTRACT } from './contract.js'
 import { clean } from './json.js'
 
 /** Rendered results aim to stay below this many characters (older results are trimmed at ~8 KB). */
-export const RENDER_BUDGET = 8000
+export const RENDER_BUDGET = CONTRACT.rendering.budget
 
 // Ways to shorten a result, gentlest first: [snippet length (null: as the engine gave it), citations per source].
-const FIT_STEPS = [[null, 8], [null, 4], [400, 4], [400, 2], [250, 2], [150, 2], [90, 2]]
+const FIT_STEPS = CONTRACT.rendering.fit_steps
 
 const SCOPE_LINES = {
   kb: 'library only: answer from these passages and cite them',

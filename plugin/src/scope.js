@@ -3,7 +3,10 @@
 // session, at the first retrieval, through the optional userQuestions service; without a UI (headless, a
 // subagent, no live caller), on error and on timeout the scope is `kb`, not strict.
 
-export const SCOPES = ['kb', 'both', 'web']
+import { TOOLS_BY_NAME } from './contract.js'
+
+/** The scopes kb_scope accepts, as the host contract lists them. */
+export const SCOPES = TOOLS_BY_NAME.kb_scope.input_schema.properties.scope.enum
 export const DEFAULT_ASK_TIMEOUT_MS = 120_000
 const MAX_SESSIONS = 500
 

@@ -1,25 +1,51 @@
 // The dependency gate through the real registry: an interpreter without the engine's modules gives one
 // actionable error listing all of them with the exact fix, autoPip tries pip with a fixed argv, and a missing
-// interpreter is named. No engine process is started in any of these cases.
+// interpreter is named. No engine process is started in any of these cases. What counts as required comes from
+// the engine itself (`kb_engine.py requirements`), here as in the gate.
 
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
+import { chmodSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { after, before, test } from 'node:test'
-import { MODULES, describeProblem, pipArgv, quoteArg } from '../src/deps.js'
-import { PYTHON, cleanup, consoleCalls, enginePids, startHost, tempDir, textOf } from '../testlib/helpers.js'
+import { DependencyError, DependencyGate, describeProblem, pipArgv, probe, quoteArg } from '../src/deps.js'
+import { ENGINE, PYTHON, cleanup, consoleCalls, enginePids, startHost, tempDir, textOf } from '../testlib/helpers.js'
+
+/** The engine's requirements table, as the engine prints it for the test interpreter. */
+const REQUIREMENTS = JSON.parse(execFileSync(PYTHON, [ENGINE, 'requirements', '--json', '--with-docx'], { encoding: 'utf8' }))
 
 let venv
 let bare // a Python without the engine's modules (and without pip)
 let cwd
+let fakes // fake interpreters: shell scripts that print what the probe would
 
 before(() => {
+  fakes = tempDir('kbrag-fakepy-')
   venv = tempDir('kbrag-venv-')
   cwd = tempDir('kbrag-deps-')
   execFileSync(PYTHON, ['-m', 'venv', '--without-pip', venv], { stdio: 'ignore' })
   bare = path.join(venv, process.platform === 'win32' ? 'Scripts\\python.exe' : 'bin/python')
 })
-after(() => cleanup(venv, cwd))
+after(() => cleanup(venv, cwd, fakes))
+
+/**
+ * An executable that stands in for python. Given the probe's argv (`-c <script> <engine>`) it prints `lines`
+ * (each a JSON value or raw text); any other argv fails, naming what it got.
+ */
+function fakePython(name, lines) {
+  const file = path.join(fakes, name)
+  const text = lines.map((l) => (typeof l === 'string' ? l : JSON.stringify(l)))
+  writeFileSync(file, [
+    '#!/bin/sh',
+    `if [ "$#" -ne 3 ] || [ "$1" != "-c" ] || [ "$3" != '${ENGINE}' ]; then echo "unexpected argv: $*" >&2; exit 2; fi`,
+    "cat <<'EOF'",
+    ...text,
+    'EOF',
+    '',
+  ].join('\n'))
+  chmodSync(file, 0o755)
+  return file
+}
 
 test('missing modules: one error lists all of them with the exact fix commands', async () => {
   const host = await startHost({ python: bare })
@@ -27,7 +53,7 @@ test('missing modules: one error lists all of them with the exact fix commands',
     const r = await host.call('kb_search', { query: 'graphene' }, { cwd })
     assert.equal(r.isError, true)
     const text = textOf(r)
-    const required = MODULES.filter((m) => !m.optional)
+    const required = REQUIREMENTS.filter((m) => !m.optional)
     assert.match(text, new RegExp(`lacks ${required.length} required module\\(s\\)`))
     for (const m of required) assert.ok(text.includes(m.module), `${m.module} not named`)
     // The exact command, with each requirement quoted where a shell needs it.
@@ -107,6 +133,59 @@ test('the message for a complete environment is never produced: the real interpr
   } finally {
     await host.dispose()
   }
+})
+
+test('a missing module is reported with the engine\'s pip requirement (fake interpreter)', async () => {
+  const torch = REQUIREMENTS.find((m) => m.module === 'torch')
+  assert.equal(torch.pip, 'torch>=2.1,<2.14')
+  const python = fakePython('python-no-torch', [
+    { version: [3, 12, 1], executable: '/opt/fake/bin/python3.12' },
+    [{ ...torch, present: false }],
+  ])
+  const gate = new DependencyGate({ python, engine: ENGINE, autoPip: false })
+  const error = await gate.check().then(() => null, (e) => e)
+  assert.ok(error instanceof DependencyError, String(error))
+  assert.equal(error.details.problem, null)
+  assert.deepEqual(error.details.missing, [{ module: 'torch', pip: torch.pip, purpose: torch.purpose, optional: false }])
+  assert.deepEqual(error.details.optionalMissing, [])
+  assert.match(error.message, /"\/opt\/fake\/bin\/python3\.12" \(3\.12\.1\) lacks 1 required module\(s\): torch \(model inference\)/)
+  assert.ok(error.message.includes(`1. Install them: ${pipArgv(python, [torch.pip]).map(quoteArg).join(' ')}`), error.message)
+  assert.ok(error.message.includes('"torch>=2.1,<2.14"'), error.message)
+  assert.match(error.message, /CPU-only torch/)
+})
+
+test('an interpreter that is too old is named as such, whatever the engine part printed (fake interpreter)', async () => {
+  const python = fakePython('python-3.8', [
+    { version: [3, 8, 10], executable: '/opt/old/bin/python3.8' },
+    'SyntaxError: invalid syntax (garbage, not JSON)',
+  ])
+  const state = await probe(python, { engine: ENGINE })
+  assert.equal(state.problem, 'too_old')
+  assert.equal(state.ok, false)
+  assert.deepEqual(state.version, [3, 8, 10])
+  const error = await new DependencyGate({ python, engine: ENGINE, autoPip: true }).check().then(() => null, (e) => e)
+  assert.ok(error instanceof DependencyError)
+  assert.match(error.message, /needs Python 3\.10\+, but ".*python-3\.8" is Python 3\.8\.10/)
+})
+
+test('a probe without usable output fails with its output, and a missing engine file is named', async () => {
+  const garbage = await probe(fakePython('python-garbage', ['not json', 'still not json']), { engine: ENGINE })
+  assert.equal(garbage.problem, 'probe_failed')
+  assert.match(garbage.output, /still not json/)
+  const missing = path.join(fakes, 'nowhere', 'kb_engine.py')
+  const noEngine = await probe(PYTHON, { engine: missing })
+  assert.equal(noEngine.problem, 'probe_failed')
+  assert.ok(noEngine.output.includes(`"${missing}"`), noEngine.output)
+  assert.ok(describeProblem(noEngine).includes(missing))
+})
+
+test('the real interpreter passes a real probe: nothing required is missing', async () => {
+  const state = await probe(PYTHON, { engine: ENGINE })
+  assert.equal(state.problem, null, JSON.stringify(state))
+  assert.deepEqual(state.missing, [])
+  assert.equal(state.ok, true)
+  assert.ok(Array.isArray(state.version) && state.version.length === 3)
+  await new DependencyGate({ python: PYTHON, engine: ENGINE, autoPip: false }).check()
 })
 
 test('describeProblem covers an interpreter that is too old', () => {

@@ -1,0 +1,116 @@
+"""The host contract for the MCP server: the kb_* tools' names, descriptions, JSON Schemas, argument checks and
+annotations, the guidance text and the rendering budget, exactly as the DSH plugin reads them.
+
+The contract is the engine's table (`kb_engine.py contract --json`), saved as host-contract.json beside
+kb_engine.py. This module finds and interprets it; it defines no tool itself. The check rules mirror
+plugin/src/contract.js: both interpret the same data, and tests/test_contract.py runs both on the same cases.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_CONTRACT = 1
+CONTRACT_FILE = "host-contract.json"
+
+
+def load_contract(engine_path) -> dict:
+    """host-contract.json of this checkout (beside kb_engine.py, one folder up), else the one beside the engine
+    in use; without either (an installed module), the engine prints its table. ``engine_path`` is called only
+    when needed."""
+    shipped = Path(__file__).resolve().parent.parent / CONTRACT_FILE
+    beside = shipped if shipped.is_file() else engine_path().parent / CONTRACT_FILE
+    if beside.is_file():
+        contract = json.loads(beside.read_text(encoding="utf-8"))
+    else:
+        engine = engine_path()
+        done = subprocess.run([sys.executable, str(engine), "contract", "--json"], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{engine} could not print its host contract: {(done.stderr or done.stdout)[-400:]}")
+        contract = json.loads(done.stdout)
+    if contract.get("contract") != SUPPORTED_CONTRACT:
+        raise RuntimeError(f"host contract version {contract.get('contract')}; this server reads {SUPPORTED_CONTRACT}")
+    return contract
+
+
+def given(value: Any) -> bool:
+    """Whether an argument was really given: not absent, false, blank, or a list of nothing but blanks."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, list):
+        return any(given(item) for item in value)
+    return True
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _in_range(args: dict, check: dict) -> bool:
+    value = args.get(check["field"])
+    return not _is_number(value) or ((check.get("min") is None or value >= check["min"])
+                                     and (check.get("max") is None or value <= check["max"]))
+
+
+# Each check rule: true when the arguments pass.
+RULES = {
+    "not_blank": lambda args, check: isinstance(args.get(check["field"]), str) and bool(args[check["field"]].strip()),
+    "range": _in_range,
+    "max_items": lambda args, check: not isinstance(args.get(check["field"]), list)
+    or len(args[check["field"]]) <= check["max"],
+    "exclusive": lambda args, check: not all(given(args.get(f)) for f in check["fields"]),
+    "any_of": lambda args, check: any(given(args.get(f)) for f in check["fields"]),
+    "needs": lambda args, check: not given(args.get(check["field"])) or given(args.get(check["needs"])),
+    "is_true": lambda args, check: args.get(check["field"]) is True,
+}
+
+
+def failed_check(tool: dict, args: dict) -> dict | None:
+    """The first check the arguments fail (its message and code are what the model reads), or None."""
+    for check in tool["checks"]:
+        rule = RULES.get(check["rule"])
+        if rule is None:
+            raise RuntimeError(f"host contract: unknown check rule {check['rule']!r} in {tool['name']}")
+        if not rule(args, check):
+            return check
+    return None
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.strip() or None
+    if isinstance(value, list):
+        items = [item.strip() if isinstance(item, str) else item for item in value]
+        return [item for item in items if given(item)] or None
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if v is not None} or None
+    return value
+
+
+def build_payload(tool: dict, args: dict, base: Path) -> dict:
+    """The engine payload: declared arguments only, strings trimmed, blanks left out, relative paths taken from
+    `base` (the server's working directory: its workspace)."""
+    payload = {}
+    for name in tool["input_schema"]["properties"]:
+        value = _clean(args.get(name))
+        if value is None:
+            continue
+        if name in tool["path_fields"]:
+            resolve = lambda p: str((base / Path(p).expanduser()).resolve())  # noqa: E731
+            value = [resolve(p) for p in value] if isinstance(value, list) else resolve(value)
+        payload[name] = value
+    return payload
+
+
+def guidance_text(contract: dict, tool_names) -> str:
+    """The guidance for a host offering `tool_names`: lines that need a tool the host lacks are left out."""
+    offered = set(tool_names)
+    lines = [line["text"] for line in contract["guidance"]["lines"] if not line.get("needs") or line["needs"] in offered]
+    return "\n".join([contract["guidance"]["heading"], *(f"- {text}" for text in lines)])

@@ -1,0 +1,195 @@
+"""The host contract (issue 19): the engine's table of the tools the DSH plugin and the MCP server offer.
+
+host-contract.json is that table printed, and both hosts load it; these tests keep the file equal to the engine
+(``KB_UPDATE_DOCS=1`` rewrites it), hold the table to the engine's own limits and command names, keep every schema
+inside the subset both hosts enforce, and run the check rules of both hosts (plugin/src/contract.js and
+mcp-server/contract.py) on the same arguments. tests/test_mcp_server.py compares the two live hosts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ENGINE, PLUGIN, ROOT, assert_generated, ensure_plugin_modules, run_cli
+
+CONTRACT_FILE = ROOT / "host-contract.json"
+# What both hosts enforce of JSON Schema (DSH's registry refuses anything else): constraints, then annotations.
+SCHEMA_KEYWORDS = {"type", "oneOf", "properties", "required", "additionalProperties", "items", "enum", "const",
+                   "description", "title", "default", "examples"}
+
+
+def mcp_contract(source: Path = ROOT / "mcp-server" / "contract.py"):
+    spec = importlib.util.spec_from_file_location("mcp_contract", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def walk(schema: dict, at: str):
+    yield at, schema
+    for name, child in (schema.get("properties") or {}).items():
+        yield from walk(child, f"{at}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from walk(schema["items"], f"{at}[]")
+    for i, branch in enumerate(schema.get("oneOf") or []):
+        yield from walk(branch, f"{at}|{i}")
+
+
+def test_the_shipped_file_is_the_engines_table(kb_engine):
+    assert_generated(CONTRACT_FILE, kb_engine.host_contract_text(), "kb_engine.host_contract_text()")
+
+
+def test_the_contract_follows_the_engine(kb_engine):
+    contract = kb_engine.host_contract()
+    tools = {tool["name"]: tool for tool in contract["tools"]}
+    assert len(tools) == len(contract["tools"]) == 10
+    for tool in tools.values():
+        assert tool["command"] is None or tool["command"] in kb_engine.COMMANDS_BY_NAME, tool["name"]
+        assert set(tool["path_fields"]) <= set(tool["input_schema"]["properties"]), tool["name"]
+        for check in tool["checks"]:
+            named = [check[k] for k in ("field", "needs") if k in check] + check.get("fields", [])
+            assert set(named) <= set(tool["input_schema"]["properties"]), (tool["name"], check)
+    assert [name for name, tool in tools.items() if tool["command"] is None] == ["kb_scope"]
+    search = tools["kb_search"]["input_schema"]["properties"]
+    assert set(search["filters"]["properties"]) == set(kb_engine.FILTER_KEYS)
+    assert search["mode"]["enum"] == list(kb_engine.SEARCH_MODES)
+    assert search["depth"]["enum"] == list(kb_engine.SEARCH_DEPTHS)
+    kinds = search["filters"]["properties"]["kind"]["oneOf"][0]["enum"]
+    assert set(kinds) == set(kb_engine.SUPPORTED_SUFFIXES.values())
+    limits = {(c["rule"], c["field"]): c for c in tools["kb_search"]["checks"] if "field" in c}
+    assert limits[("max_items", "queries")]["max"] == kb_engine.MAX_RENDERINGS
+    assert limits[("range", "top_k")]["max"] <= kb_engine.MAX_TOP_K
+    assert f"default {kb_engine.DEFAULT_TOP_K})" in search["top_k"]["description"]
+    assert f"default {kb_engine.RAG_TOP_K})" in tools["kb_rag"]["input_schema"]["properties"]["top_k"]["description"]
+    assert tools["kb_clear"]["checks"][0]["code"] == "confirm_required"
+    needs = [line["needs"] for line in contract["guidance"]["lines"] if "needs" in line]
+    assert needs == ["kb_scope"]
+
+
+def test_every_schema_stays_inside_what_both_hosts_enforce(kb_engine):
+    for tool in kb_engine.host_contract()["tools"]:
+        assert set(tool["input_schema"]) <= {"type", "properties", "required"}, tool["name"]
+        for at, node in walk(tool["input_schema"], tool["name"]):
+            assert set(node) <= SCHEMA_KEYWORDS, (at, sorted(set(node) - SCHEMA_KEYWORDS))
+            if node.get("type") == "object" and node is not tool["input_schema"]:
+                assert isinstance(node.get("additionalProperties"), bool), at
+            for text in (node.get("description"), node.get("title")):
+                assert text is None or text.isascii(), at
+
+
+def test_filters_take_the_lists_the_schema_offers(search):
+    """Every text filter and kind accept a list (any value may match), as both hosts' schemas now say."""
+    one = search("graphene", mode="keyword", filters={"kind": "pdf"})["results"]
+    both = search("graphene", mode="keyword", filters={"kind": ["pdf", "docx"]})["results"]
+    assert one and {hit["kind"] for hit in one} == {"pdf"}
+    assert {hit["kind"] for hit in both} <= {"pdf", "docx"} and len(both) >= len(one)
+    titled = search("graphene", mode="keyword", filters={"title": ["no such title", one[0]["title"][:12]]})
+    assert titled["results"] and all(hit["title"].startswith(one[0]["title"][:12]) for hit in titled["results"])
+
+
+def test_the_contract_through_the_protocol_and_the_cli(kb_engine, tmp_path):
+    reply = run_cli("contract", {"kb_root": str(tmp_path / "kb")}).json
+    assert reply["ok"] is True
+    assert {k: v for k, v in reply.items() if k not in ("ok", "engine", "ms")} == kb_engine.host_contract()
+    assert not (tmp_path / "kb").exists()                    # asking for the contract creates no library
+    printed = subprocess.run([sys.executable, str(ENGINE), "contract", "--json"], capture_output=True, text=True,
+                             timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert json.loads(printed.stdout)["tools"] == kb_engine.host_contract()["tools"]
+
+
+def test_the_mcp_server_finds_the_contract_or_asks_the_engine(kb_engine, tmp_path):
+    module = mcp_contract()
+    assert module.load_contract(lambda: ENGINE) == json.loads(CONTRACT_FILE.read_text(encoding="utf-8"))
+    # A server copied away from the repository, with an engine that has no host-contract.json beside it
+    (tmp_path / "server").mkdir()
+    (tmp_path / "engine").mkdir()
+    elsewhere = mcp_contract(Path(shutil.copy(ROOT / "mcp-server" / "contract.py", tmp_path / "server")))
+    engine = Path(shutil.copy(ENGINE, tmp_path / "engine"))
+    assert elsewhere.load_contract(lambda: engine) == kb_engine.host_contract()
+    (tmp_path / "engine" / "host-contract.json").write_text(json.dumps({"contract": 99}), encoding="utf-8")
+    with pytest.raises(RuntimeError, match="host contract version 99"):
+        elsewhere.load_contract(lambda: engine)
+
+
+# Arguments each host checks before any engine starts: (tool, arguments, the message of the first failed check or
+# None). The same cases run through the Python interpreter of the MCP server and the JS one of the DSH plugin.
+CHECK_CASES = [
+    ("kb_search", {"query": "graphene"}, None),
+    ("kb_search", {"query": "   "}, "query must be a non-empty string of search terms"),
+    ("kb_search", {}, "query must be a non-empty string of search terms"),
+    ("kb_search", {"query": "x", "top_k": 0}, "top_k must be between 1 and 50"),
+    ("kb_rag", {"query": "x", "top_k": 51}, "top_k must be between 1 and 50"),
+    ("kb_rag", {"query": "x", "top_k": 50}, None),
+    ("kb_search", {"query": "x", "top_k": "ten"}, None),             # a type error: the schema's to report
+    ("kb_rag", {"query": "x", "queries": ["a", "b", "c", "d", "e"]}, "queries takes at most 4 renderings"),
+    ("kb_rag", {"query": "x", "queries": ["a", "b", "c", "d"]}, None),
+    ("kb_ingest", {}, "paths is required: give at least one file or folder to ingest"),
+    ("kb_ingest", {"paths": ["  ", ""]}, "paths is required: give at least one file or folder to ingest"),
+    ("kb_ingest", {"rebuild": True}, None),
+    ("kb_ingest", {"metadata_only": True, "rebuild": True}, "metadata_only and rebuild cannot be combined: choose one"),
+    ("kb_ingest", {"metadata_only": True, "rebuild": False}, None),
+    ("kb_zotero", {"limit": -1}, "limit must be 0 (all) or a positive number"),
+    ("kb_zotero", {"limit": 0}, None),
+    ("kb_clear", {}, "nothing was cleared: kb_clear needs confirm: true, and only after the user explicitly asked "
+                     "to empty the library"),
+    ("kb_clear", {"confirm": "true"}, "nothing was cleared: kb_clear needs confirm: true, and only after the user "
+                                      "explicitly asked to empty the library"),
+    ("kb_clear", {"confirm": True}, None),
+    ("kb_fetch", {"identifier": " "}, "identifier must be a DOI, an arXiv id or an http(s) URL"),
+    ("kb_fetch", {"identifier": "10.1234/abc", "dest": "papers"}, None),
+    ("kb_status", {"cancel": True}, "cancel needs the job_id of the job to stop"),
+    ("kb_status", {"cancel": True, "job_id": "  "}, "cancel needs the job_id of the job to stop"),
+    ("kb_status", {"cancel": True, "job_id": "0123456789ab"}, None),
+    ("kb_scope", {"scope": "both"}, None),
+]
+# The payloads built from arguments that pass, with the workspace "/ws".
+PAYLOAD_CASES = [
+    ("kb_search", {"query": "  graphene  ", "queries": [" 石墨烯 ", "  "], "top_k": 5,
+                   "filters": {"kind": ["pdf"], "year": None, "authors": "chen"}},
+     {"query": "graphene", "queries": ["石墨烯"], "top_k": 5, "filters": {"kind": ["pdf"], "authors": "chen"}}),
+    ("kb_search", {"query": "x", "queries": [" "], "filters": {}}, {"query": "x"}),
+    ("kb_ingest", {"paths": ["papers", "/abs/a.pdf", " "], "force": False}, {"paths": ["/ws/papers", "/abs/a.pdf"],
+                                                                             "force": False}),
+    ("kb_fetch", {"identifier": " 10.1234/abc ", "dest": "in/here"}, {"identifier": "10.1234/abc",
+                                                                      "dest": "/ws/in/here"}),
+    ("kb_status", {"job_id": "  "}, {}),
+    ("kb_clear", {"confirm": True}, {"confirm": True}),
+]
+
+
+def python_results(cases) -> list[dict]:
+    module = mcp_contract()
+    tools = {tool["name"]: tool for tool in json.loads(CONTRACT_FILE.read_text(encoding="utf-8"))["tools"]}
+    out = []
+    for tool, args, *_ in cases:
+        check = module.failed_check(tools[tool], args)
+        out.append({"failed": check["message"] if check else None,
+                    "payload": None if check else module.build_payload(tools[tool], args, Path("/ws"))})
+    return out
+
+
+def node_results(cases) -> list[dict]:
+    ensure_plugin_modules()
+    done = subprocess.run(["node", "testlib/host-report.mjs", "--checks"], cwd=PLUGIN, capture_output=True,
+                          text=True, timeout=120, input=json.dumps([{"tool": t, "args": a} for t, a, *_ in cases]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_mcp_servers_checks_and_payloads():
+    results = python_results(CHECK_CASES + PAYLOAD_CASES)
+    assert [r["failed"] for r in results[:len(CHECK_CASES)]] == [expected for _, _, expected in CHECK_CASES]
+    assert [r["payload"] for r in results[len(CHECK_CASES):]] == [expected for _, _, expected in PAYLOAD_CASES]
+
+
+@pytest.mark.node
+def test_both_hosts_check_and_build_payloads_alike():
+    cases = CHECK_CASES + PAYLOAD_CASES
+    assert node_results(cases) == python_results(cases)
