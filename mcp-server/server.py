@@ -89,7 +89,8 @@ class ToolFailure(Exception):
         self.code = code
 
 
-# -- rendering: short Markdown for the model (mirrors plugin/src/render.js) ------------------------------------
+# -- rendering: short Markdown for the model, the same text as plugin/src/render.js (both are held to the cases of
+#    tests/fixtures/markdown-cases.json; docs/OUTPUT-FORMAT.md) ---------------------------------------------------
 
 def _md(text: Any) -> str:
     return re.sub(r"[\\`*_\[\]<]", lambda m: "\\" + m.group(0), re.sub(r"\s+", " ", str(text if text is not None else "")).strip())
@@ -154,30 +155,49 @@ def _limit(items: list, n: int, render, rest: str) -> list[str]:
     return out
 
 
+def _file_tag(path: Any) -> str:
+    name = _base(path)
+    return f" `{name.replace('`', chr(39))}`" if name else ""
+
+
+def _citation_lines(hit: dict, cite_limit: int) -> list[str]:
+    cites = hit.get("citations") if isinstance(hit.get("citations"), list) else None
+    if cites is None:
+        return []
+    shown = cites[:cite_limit]
+    more = int(hit.get("citations_more") or 0) + (len(cites) - len(shown))
+    if not shown and not more:
+        return []
+    lines = ["   Cited in this passage:"]
+    marker = lambda c: _md(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else ""))  # noqa: E731
+    for c in (c for c in shown if c.get("in_library")):       # works in the library first: the model can open them
+        lib = c["in_library"]
+        name = _md(c.get("title") or lib.get("title") or c.get("text") or "")
+        url = _doi_url(c.get("doi")) or _doi_url(lib.get("doi"))
+        where = _file_tag(lib.get("path"))
+        lines.append(f"   - {marker(c)} {f'[{name}]({url})' if url else name} ✓ in library "
+                     f"(doc {lib.get('doc_id')}{',' + where if where else ''})")
+    for c in (c for c in shown if not c.get("in_library")):
+        name = _md(_cut(c.get("title") or c.get("text") or "", 140))
+        url = _doi_url(c.get("doi"))
+        lines.append(f"   - {marker(c)} {f'[{name}]({url})' if url else name}")
+    if more > 0:
+        lines.append(f"   - and {more} more cited work{'' if more == 1 else 's'}")
+    return lines
+
+
 def _source_lines(rank: int, hit: dict, snippet_limit: int | None, cite_limit: int) -> list[str]:
     title = _md(hit.get("title") or hit.get("file") or _base(hit.get("path")) or "Untitled")
     url = _doi_url(hit.get("doi"))
-    head = f"[{title}]({url})" if url else f"**{title}**" + (f" `{hit.get('file') or _base(hit.get('path'))}`" if (hit.get("file") or hit.get("path")) else "")
+    head = f"[{title}]({url})" if url else f"**{title}**" + _file_tag(hit.get("file") or hit.get("path"))
     byline = " · ".join(_md(x) for x in [_authors(hit.get("authors")), hit.get("year"), hit.get("journal"),
                                           hit.get("section"), _pages(hit)] if x not in (None, ""))
-    lines = [f"{rank}. {head}"]
+    lines = [f"{rank}. {head}" + ("\\" if byline else "")]      # a hard line break before the byline
     if byline:
         lines.append(f"   {byline}")
     if hit.get("snippet"):
         lines.append(f"   > {_md(_cut(hit['snippet'], snippet_limit))}")
-    cites = hit.get("citations") if isinstance(hit.get("citations"), list) else []
-    more = int(hit.get("citations_more") or 0) + max(0, len(cites) - cite_limit)
-    if cites or more:
-        lines.append("   Cited in this passage:")
-        for c in cites[:cite_limit]:
-            lib = c.get("in_library") or None
-            name = _md(_cut(c.get("title") or (lib or {}).get("title") or c.get("text") or "", 140))
-            curl = _doi_url(c.get("doi") or (lib or {}).get("doi"))
-            marker = _md(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else ""))
-            tail = f" ✓ in library (doc {lib.get('doc_id')})" if lib else ""
-            lines.append(f"   - {marker} {f'[{name}]({curl})' if curl else name}{tail}")
-        if more > 0:
-            lines.append(f"   - and {more} more cited work{'' if more == 1 else 's'}")
+    lines += _citation_lines(hit, cite_limit)
     if hit.get("zotero_link"):
         lines.append(f"   [open in Zotero]({hit['zotero_link']})")
     return lines
@@ -217,7 +237,8 @@ def _render_sources(tool: str, value: dict, snippet_limit: int | None, cite_limi
             sim = r.get("similarity")
             bits = [_md(x) for x in [_authors(r.get("authors")), r.get("year"), r.get("reason"),
                                      f"{sim:.2f}" if isinstance(sim, (int, float)) and math.isfinite(sim) else None] if x not in (None, "")]
-            out.append(f"- {f'[{title}]({url})' if url else f'**{title}**'}{' · ' + ' · '.join(bits) if bits else ''}")
+            head = f"[{title}]({url})" if url else f"**{title}**" + _file_tag(r.get("path"))
+            out.append(f"- {head}{' · ' + ' · '.join(bits) if bits else ''}")
         out.append("")
     if value.get("guidance"):
         out += ["**How to answer**", _md(value["guidance"])]
@@ -278,32 +299,44 @@ _FETCH_SOURCES = {"arxiv": "arXiv", "publisher": "the publisher", "unpaywall": "
                   "direct": "the URL"}
 
 
+def _fetch_outcome(entry: dict) -> str | None:
+    """What the fetched file's ingest means for the next step."""
+    status = entry.get("status")
+    if not status:
+        return None
+    if status == "duplicate":
+        return "The library already held a copy of it: kb_search and kb_rag find that one."
+    indexed = status in ("added", "updated", "moved") or (
+        status == "skipped" and entry.get("reason") == "unchanged" and not entry.get("previous"))
+    return ("It is in the library now: kb_search and kb_rag can find it." if indexed
+            else "The PDF was saved but not indexed; see why above.")
+
+
+def _bullet(label: str, value: Any) -> str | None:
+    return None if value in (None, "") else f"- {label}: {value}"
+
+
 def render_fetch(value: dict) -> str:
     got = value.get("fetched") if isinstance(value.get("fetched"), dict) else {}
     files = value.get("files") if isinstance(value.get("files"), list) else []
-    entry = next((f for f in files if f.get("path") == got.get("path")), files[0] if files else {})
-    size = got.get("bytes")
-    source = _FETCH_SOURCES.get(got.get("source"), got.get("source") or "?")
-    status = entry.get("status")
-    status_text = None
-    if status:
-        status_text = f"- ingest: **{status}**" + (f" ({entry['reason']})" if entry.get("reason") else "") \
+    entry = next((f for f in files if f.get("path") == got.get("path")), files[0] if files else None)
+    size = f" ({max(1, round(got['bytes'] / 1024))} KiB)" if isinstance(got.get("bytes"), (int, float)) else ""
+    source = _FETCH_SOURCES.get(got.get("source"), got.get("source") or "the web")
+    url = re.sub(r"[<>\s]", lambda m: f"%{ord(m.group(0)):02X}", str(got["url"])) if got.get("url") else None
+    indexed = None
+    if entry:
+        indexed = (f"**{_md(_cut(entry['title'], 160))}**, " if entry.get("title") else "") + str(entry.get("status")) \
+            + (f" ({entry['reason']})" if entry.get("reason") else "") \
             + (f" — {_md(_cut(entry['error'], 160))}" if entry.get("error") else "")
-    indexed = status in ("added", "updated", "moved", "duplicate") or (
-        status == "skipped" and entry.get("reason") == "unchanged" and not entry.get("previous"))
     doi_url = _doi_url(got.get("doi"))
     return _lines(
-        f"**Fetched {_md(got.get('identifier') or '?')}** from {source}"
-        + (f" ({size / 1024:.0f} KB)" if isinstance(size, (int, float)) else "") + ".",
-        f"- title: {_md(entry['title'])}" if entry.get("title") else None,
-        f"- saved as: `{got['path']}`" if got.get("path") else None,
-        f"- downloaded from: {got['url']}" if got.get("url") else None,
-        status_text,
-        f"- DOI: [{_md(got['doi'])}]({doi_url})" if got.get("doi") and doi_url else None,
+        f"**Fetched `{str(got.get('identifier') or '?').replace('`', chr(39))}`** from {source}{size}.",
+        _bullet("Source URL", f"<{url}>" if url else None),
+        _bullet("Saved as", f"`{got['path']}`" if got.get("path") else None),
+        _bullet("Indexed", indexed),
+        _bullet("DOI", (f"[{_md(got['doi'])}]({doi_url})" if doi_url else _md(got["doi"])) if got.get("doi") else None),
         f"_Note: {_md(value['note'])}_" if value.get("note") else None,
-        ("The library already held a copy of it: kb_search and kb_rag find that one." if status == "duplicate" else
-         "It is in the library now: kb_search and kb_rag can find it.") if indexed else
-        ("The PDF was saved but not indexed; check the ingest status above." if status else None),
+        _fetch_outcome(entry) if entry else None,
         f"Library: `{value['kb_root']}`" if value.get("kb_root") else None,
     )
 
@@ -361,21 +394,18 @@ def render_stats(value: dict) -> str:
     def obj(o: Any) -> str | None:
         return ", ".join(f"{k} {v}" for k, v in o.items()) if isinstance(o, dict) and o else None
 
-    def bullet(label: str, v: Any) -> str | None:
-        return None if v in (None, "") else f"- {label}: {v}"
-
     by_status = obj(value.get("by_status"))
     return _lines(
         "**Knowledge base**",
-        bullet("documents", f"{value.get('indexed_docs') or 0} indexed of {value.get('docs') or 0} recorded" + (f" ({by_status})" if by_status else "")),
-        bullet("kinds", obj(value.get("by_kind"))),
-        bullet("languages", obj(value.get("languages"))),
-        bullet("passages", value.get("chunks")),
-        bullet("vectors", f"{value.get('vectors') or 0}, missing {value.get('vectors_missing') or 0}"
+        _bullet("documents", f"{value.get('indexed_docs') or 0} indexed of {value.get('docs') or 0} recorded" + (f" ({by_status})" if by_status else "")),
+        _bullet("kinds", obj(value.get("by_kind"))),
+        _bullet("languages", obj(value.get("languages"))),
+        _bullet("passages", value.get("chunks")),
+        _bullet("vectors", f"{value.get('vectors') or 0}, missing {value.get('vectors_missing') or 0}"
                + (f" ({value['embedding_model']})" if value.get("embedding_model") else "")),
-        bullet("models", obj(value.get("models"))),
-        bullet("stale documents", value.get("stale_docs")),
-        bullet("library", f"`{value['kb_root']}`" if value.get("kb_root") else None),
+        _bullet("models", obj(value.get("models"))),
+        _bullet("stale documents", value.get("stale_docs")),
+        _bullet("library", f"`{value['kb_root']}`" if value.get("kb_root") else None),
         f"{value['stale_docs']} document(s) were indexed by an older parser: kb_ingest with metadata_only: true refreshes "
         "their metadata, rebuild: true re-parses them." if isinstance(value.get("stale_docs"), int) and value["stale_docs"] > 0 else None,
     )

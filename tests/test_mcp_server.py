@@ -317,7 +317,7 @@ def test_fetch_downloads_saves_and_indexes_a_paper(tmp_path, paper_server):
     assert got["doi"] == "10.48550/arxiv.2301.05883"
     assert fetch.structured_content["totals"]["added"] == 1
     text = text_of(fetch)
-    assert "Fetched arXiv:2301.05883" in text and "from arXiv" in text
+    assert "Fetched `arXiv:2301.05883`" in text and "from arXiv" in text
     assert str(saved) in text and "added" in text and "10.48550/arxiv.2301.05883" in text
 
     assert not r["search"].is_error, text_of(r["search"])

@@ -332,8 +332,18 @@ export function renderFetch(value) {
       `${entry.error ? ` — ${escapeMd(cut(entry.error, 160))}` : ''}`) : null,
     bullet('DOI', fetched.doi ? (link ? `[${escapeMd(fetched.doi)}](${link})` : escapeMd(fetched.doi)) : null),
     value.note ? `_Note: ${escapeMd(value.note)}_` : null,
+    fetchOutcome(entry),
     value.kb_root ? `Library: \`${value.kb_root}\`` : null,
   )
+}
+
+/** What the fetched file's ingest means for the next step. */
+function fetchOutcome(entry) {
+  if (!entry?.status) return null
+  if (entry.status === 'duplicate') return 'The library already held a copy of it: kb_search and kb_rag find that one.'
+  const indexed = ['added', 'updated', 'moved'].includes(entry.status) ||
+    (entry.status === 'skipped' && entry.reason === 'unchanged' && !entry.previous)
+  return indexed ? 'It is in the library now: kb_search and kb_rag can find it.' : 'The PDF was saved but not indexed; see why above.'
 }
 
 export function renderZotero(value) {
@@ -377,7 +387,7 @@ export function renderStatus(value) {
 
 export function renderStats(value) {
   if (value.exists === false) {
-    return lines('**The knowledge base is empty**: no library exists yet in this workspace.', value.kb_root ? `Library folder: \`${value.kb_root}\`` : null,
+    return lines('**The knowledge base is empty**: no library exists yet.', value.kb_root ? `Library folder: \`${value.kb_root}\`` : null,
       'Add papers with kb_ingest (files or folders) or kb_zotero.')
   }
   const obj = (o) => (o && typeof o === 'object' && Object.keys(o).length ? Object.entries(o).map(([k, v]) => `${k} ${v}`).join(', ') : null)

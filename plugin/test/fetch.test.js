@@ -114,7 +114,7 @@ test('an identifier the engine cannot read is a tool error naming bad_request', 
   assert.match(textOf(r), /bad_request/)
 })
 
-test('renderFetch names the source, the saved file, the indexed title and the DOI, and tolerates missing fields', () => {
+test('renderFetch names the source, the saved file, the indexed title, the DOI and what to do next, and tolerates missing fields', () => {
   const text = renderFetch({
     files: [{ path: '/w/.kb/papers/10.1234_abc.pdf', status: 'added', title: 'A *bold* title' }],
     totals: { added: 1 },
@@ -127,6 +127,7 @@ test('renderFetch names the source, the saved file, the indexed title and the DO
     '- Saved as: `/w/.kb/papers/10.1234_abc.pdf`',
     '- Indexed: **A \\*bold\\* title**, added',
     '- DOI: [10.1234/abc](https://doi.org/10.1234/abc)',
+    'It is in the library now: kb_search and kb_rag can find it.',
     'Library: `/w/.kb`',
   ].join('\n'))
   assert.equal(renderFetch({}), '**Fetched `?`** from the web.')
