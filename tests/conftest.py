@@ -28,7 +28,7 @@ FILE_MARKS = {
     "test_models.py": ("model",),
     "test_plain_encoder.py": ("model",),
     "test_prompts.py": ("model",),
-    "test_model_import.py": ("model",),
+    "test_model_import.py": ("slow", "model"),      # builds and loads multilingual-e5 (about 20 s)
 }
 
 
