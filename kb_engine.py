@@ -8927,7 +8927,7 @@ def _string_or_strings(description: str, **item) -> dict:
 
 
 def _filters_schema() -> dict:
-    kinds = sorted(set(SUPPORTED_SUFFIXES.values()), key=list(SUPPORTED_SUFFIXES.values()).index)
+    kinds = list(dict.fromkeys(SUPPORTED_SUFFIXES.values()))
     properties = {
         "authors": _string_or_strings('Author name or part of it, e.g. "chen"'),
         "title": _string_or_strings("Part of the document title"),

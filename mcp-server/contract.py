@@ -94,6 +94,10 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _resolved(base: Path, path: str) -> str:
+    return str((base / Path(path).expanduser()).resolve())
+
+
 def build_payload(tool: dict, args: dict, base: Path) -> dict:
     """The engine payload: declared arguments only, strings trimmed, blanks left out, relative paths taken from
     `base` (the server's working directory: its workspace)."""
@@ -103,8 +107,7 @@ def build_payload(tool: dict, args: dict, base: Path) -> dict:
         if value is None:
             continue
         if name in tool["path_fields"]:
-            resolve = lambda p: str((base / Path(p).expanduser()).resolve())  # noqa: E731
-            value = [resolve(p) for p in value] if isinstance(value, list) else resolve(value)
+            value = [_resolved(base, p) for p in value] if isinstance(value, list) else _resolved(base, value)
         payload[name] = value
     return payload
 
