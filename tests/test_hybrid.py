@@ -216,15 +216,18 @@ def test_hybrid_mixes_the_normalised_keyword_and_vector_scores(eng, full_lib, qu
     scores = [h["score"] for h in hybrid["results"]]
     assert scores == sorted(scores, reverse=True), "fused results must be re-sorted by fused score"
 
-    # rebuild the fusion from the two pools of 200 (docs/DESIGN.md, "Retrieval pipeline"): each half min-max
-    # normalised, mixed 0.8/0.2 for passages of long documents (8+ chunks) and 0.5/0.5 otherwise, plus the
-    # section prior (log weight / log 1.5 times the mean neighbour gap of the fused top 10)
+    # rebuild the fusion from the two pools of 200 (docs/DESIGN.md, "Retrieval pipeline"), each in its
+    # document-aware order: each half min-max normalised, mixed 0.8/0.2 for passages of long documents (8+ chunks)
+    # and 0.5/0.5 otherwise, plus the section prior (log weight / log 1.5 times the mean neighbour gap of the
+    # fused top 10)
     lib = eng.library(Path(full_lib), False)
+    state = eng._states[Path(full_lib)]
     terms = kb_engine.query_terms(query)
     keyword = kb_engine.document_aware_order(lib, terms, kb_engine.keyword_candidates(lib, terms, None, 200))
     embedder = kb_engine.library_embedder(lib, eng.models)
-    vector = kb_engine.vector_index(lib, eng._states[Path(full_lib)], embedder).search(
-        embedder.encode_query(query), 200, None)
+    query_vec = embedder.encode_query(query)
+    vector = kb_engine.document_aware_vector_order(
+        lib, state, embedder, query_vec, kb_engine.vector_index(lib, state, embedder).search(query_vec, 200, None))
 
     def unit(pool):
         lo, hi = min(s for _, s in pool), max(s for _, s in pool)
@@ -658,3 +661,36 @@ def test_a_weak_keyword_half_loses_its_say_in_fusion(kb_engine):
     assert kb_engine.keyword_trust(-1.0) == 0.0
     assert fuse(1.0)[0] == 1                                        # full trust: the keyword half decides
     assert fuse(kb_engine.keyword_trust(0.04))[:2] == [3, 4]        # weak evidence: the vector half decides
+
+
+def test_vector_half_tells_a_papers_pages_apart_by_what_is_not_its_topic(eng, kb_engine, tmp_path, monkeypatch):
+    """Inside a long paper every passage embedding leans towards the paper's topic, and a passage that restates
+    the topic (here the Conclusion) beats the page that answers. With the document's own direction discounted,
+    the answering passage (Results) takes the first slot; the document keeps the cosines its passages earned."""
+    from test_fulltext_evidence import BAS_ABSTRACT, BAS_SECTIONS, OTHER_TOPICS
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    (papers / "boron_arsenide.md").write_text(
+        "# Heat Flow in Cubic Boron Arsenide Crystals\n\n## Abstract\n\n" + BAS_ABSTRACT + "\n\n"
+        + "".join(f"## {head}\n\n{text}\n\n" for head, text in BAS_SECTIONS.items()), encoding="utf-8")
+    for i, topic in enumerate(OTHER_TOPICS):
+        (papers / f"other{i}.md").write_text(
+            f"# A study of {topic}\n\n## Abstract\n\nWe report measurements of {topic} over three seasons.\n",
+            encoding="utf-8")
+    kb = str(tmp_path / ".kb")
+    assert eng.execute("ingest", {"paths": [str(papers)], "kb_root": kb})["totals"]["vectors_missing"] == 0
+    question = "how cold did the boron arsenide samples get in the thermal conductivity measurements"
+
+    def ranking():
+        hits = eng.execute("search", {"query": question, "kb_root": kb, "mode": "vector", "cache": False})["results"]
+        return [(h["section"], h["score"]) for h in hits[:4]]
+
+    share = kb_engine.TOPIC_DIRECTION_SHARE
+    monkeypatch.setattr(kb_engine, "TOPIC_DIRECTION_SHARE", 0.0)      # plain cosine order
+    plain = ranking()
+    assert plain[0][0] != "Results"
+    monkeypatch.setattr(kb_engine, "TOPIC_DIRECTION_SHARE", share)
+    aware = ranking()
+    assert aware[0][0] == "Results"
+    assert [score for _, score in aware] == pytest.approx([score for _, score in plain])    # slots traded
+    assert {section for section, _ in aware} == {section for section, _ in plain}
