@@ -9,6 +9,8 @@ appendix is searchable, and the real list still feeds citation linking.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -276,3 +278,107 @@ def test_topic_words_find_the_paper_and_specific_words_the_page(kb_engine, engin
     aware = ranking()
     assert aware[0][0] == "Results"             # the page that answers it
     assert [s for s, _ in aware[:3]] == ["Results", "Abstract", plain[2][0]]   # only the two traded places
+
+
+# -- numbered lists in the second half: procedure steps are body, a bibliography without heading is not ------
+
+STEPS = [
+    "1. Open the console and connect to the partition as the security officer before any change is made.",
+    "2. Run the statement that creates the row permission on the employee table, then review the stepsmarker log.",
+    "3. Create the column mask for the tax number so that managers see only the last four digits of it.",
+    "4. Activate row and column access control on the table and check that queries return the masked values.",
+]
+CLOSING = ("After activation every query, view and report sees the same rules, so no application needs to change; "
+           "the closingmarker audit journal records who read the masked columns and when.")
+APS_ENTRIES = [
+    "[1] J. M. Grames and C. K. Sinclair, Phys. Rev. C 102, 015501 (2020).",
+    "[2] E. Offermann, L. Cardman, and C. de Jager, Phys. Rev. C 44, 1096 (1991).",
+    "[3] W. R. Johnson and C. O. Carroll, Phys. Rev. A 75, 032511 (2007). apsentrymarker",
+    "[4] F. Salvat, J. D. Martinez, and R. Mayol, Comput. Phys. Commun. 165, 157 (2005).",
+]
+
+
+def make_manual_with_steps(path) -> None:
+    f = sp.Flow(sp.A4)
+    f.paragraph("Row and Column Access Control in Practice", font="tibo", size=16, after=6)
+    for n, topic in enumerate(("Why rules belong in the table", "Special registers", "Global variables")):
+        f.heading(f"{n + 1} {topic}")
+        f.paragraph(f"Part {n + 1} explains why access rules belong in the database: views and application "
+                    "checks can be bypassed by any tool that reads the tables directly, while rules attached to "
+                    "the table apply to every interface. " * 2)
+        f.new_page()
+    f.heading("4 Implementing the rules")
+    for step in STEPS:
+        f.paragraph(step)
+    f.new_page()
+    f.heading("5 After activation")
+    f.paragraph(CLOSING)
+    f.save(path)
+
+
+def make_letter_with_aps_list(path) -> None:
+    f = sp.Flow(sp.A4)
+    f.paragraph("Radiative Corrections to Elastic Electron Scattering", font="tibo", size=16, after=6)
+    for n, topic in enumerate(("Introduction", "Potentials", "Results")):
+        f.heading(f"{n + 1} {topic}")
+        f.paragraph(f"Section {n + 1}: the polarised beam measurements [1] were compared with the phase-shift "
+                    "calculations [2], using the Uehling potential for vacuum polarisation [3] and the partial-wave "
+                    "code of the Barcelona group [4]. " * 2)
+        f.new_page()
+    for entry in APS_ENTRIES:          # the list closes the paper without a References heading
+        f.paragraph(entry, size=9)
+    f.save(path)
+
+
+@pytest.fixture(scope="module")
+def numbered_lists(tmp_path_factory, kb_engine):
+    folder = tmp_path_factory.mktemp("numbered")
+    make_manual_with_steps(folder / "manual.pdf")
+    make_letter_with_aps_list(folder / "letter.pdf")
+    engine = kb_engine.Engine()
+    kb = folder / ".kb"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KB_EMBED_MODEL", "none")
+        engine.execute("ingest", {"paths": [str(folder)], "kb_root": str(kb)})
+    yield engine, kb
+    engine.close()
+
+
+def test_numbered_steps_late_in_a_document_stay_body_text(numbered_lists):
+    engine, kb = numbered_lists
+    doc = next(d for d in engine.execute("docs", {"kb_root": str(kb)})["docs"] if d["path"].endswith("manual.pdf"))
+    assert doc["page_coverage"]["without_chunks"] == [], doc["page_coverage"]
+    assert [(h["page"], h["section"]) for h in keyword(engine, kb, "stepsmarker")][:1] == [(4, "Implementing the rules")]
+    assert keyword(engine, kb, "closingmarker")[0]["page"] == 5
+    refs = db_rows(kb, "SELECT COUNT(*) FROM refs r JOIN docs d ON d.id = r.doc_id WHERE d.path LIKE '%manual.pdf'")
+    assert refs == [(0,)]
+
+
+def test_a_bibliography_without_heading_still_feeds_citations(numbered_lists):
+    engine, kb = numbered_lists
+    refs = db_rows(kb, "SELECT r.num FROM refs r JOIN docs d ON d.id = r.doc_id WHERE d.path LIKE '%letter.pdf' "
+                       "ORDER BY r.num")
+    assert [num for num, in refs] == [1, 2, 3, 4]
+    assert keyword(engine, kb, "apsentrymarker") == []          # the list is not searchable text
+    hit = keyword(engine, kb, "Uehling potential vacuum polarisation", depth="deep")[0]
+    assert [c["ref"] for c in hit["citations"]] == [1, 2, 3, 4], hit["citations"]
+    assert hit["citations"][2]["text"].startswith("W. R. Johnson and C. O. Carroll")
+
+
+CORPUS = os.environ.get("KB_CORPUS_DIR")
+
+
+@pytest.mark.skipif(not CORPUS, reason="set KB_CORPUS_DIR to the shared corpus folder")
+@pytest.mark.parametrize("name,entries", [
+    ("docling/redp5110_sampled.pdf", 0),                 # numbered procedure steps in chapter 3
+    ("pdfplumber/federal-register-2020-17221.pdf", 0),   # numbered clauses of a rule
+    ("unstructured/layout-parser-paper-fast.pdf", 0),    # a numbered list of contributions
+    ("docling/multi_page.pdf", 0),                       # a numbered list of features
+    ("refextract/2301.05883.pdf", 33),                   # an APS list without heading
+    ("unstructured/failure-after-repair.pdf", 3),        # three numbered entries without heading
+])
+def test_real_numbered_lists_without_heading(kb_engine, name, entries):
+    extracted = kb_engine.extract_pdf(str(Path(CORPUS) / name))
+    assert len(extracted.references) == entries
+    if not entries:
+        assert not [b for b in extracted.blocks if b.role == "reference"]
