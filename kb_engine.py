@@ -1701,7 +1701,7 @@ _LIST_START = re.compile(r"(?:^|(?<=\s))(?:\[1\]|\(1\)|1\.)\s+[A-Z\u00c0-\u024f]
 def _trailing_numbered_list(blocks: list[Block]) -> list[Block]:
     """Blocks in the second half that hold entries [1], [2], ... in order (an APS-style list without heading).
     A numbered run whose entries do not read as bibliography (the steps of a procedure, the clauses of a rule)
-    is body text: the search goes on after it."""
+    is body text: the search goes on after it; so is running prose between the entries."""
     i = int(len(blocks) * 0.5)
     while i < len(blocks):
         start = _LIST_START.search(blocks[i].text) if blocks[i].role == "body" else None
@@ -1722,9 +1722,12 @@ def _trailing_numbered_list(blocks: list[Block]) -> list[Block]:
         if not _entries_read_as_bibliography(joined[:run_end], labels):
             i = run[-1] + 1
             continue
-        for k in run:
+        # running prose inside the run is the body's other column (a two-column page sets the list's start
+        # beside the end of the text), not a reference: it stays body text
+        entries = [k for k in run if not is_running_prose(blocks[k].text)]
+        for k in entries:
             blocks[k].role = "reference"      # kept out of the chunks, as under a heading
-        return [blocks[k] for k in run]
+        return [blocks[k] for k in entries]
     return []
 
 

@@ -382,3 +382,40 @@ def test_real_numbered_lists_without_heading(kb_engine, name, entries):
     assert len(extracted.references) == entries
     if not entries:
         assert not [b for b in extracted.blocks if b.role == "reference"]
+
+
+def test_prose_between_the_entries_of_a_headingless_list_stays_searchable(kb_engine, tmp_path, monkeypatch):
+    """A two-column letter: the list's first entries close the left column, and the right column goes on with
+    the conclusions before the rest of the list. In reading order prose sits between entries; it is body text."""
+    f = sp.Flow(sp.A4)
+    f.paragraph("Radiative Corrections to Elastic Electron Scattering", font="tibo", size=16, after=6)
+    for n, topic in enumerate(("Introduction", "Potentials", "Results")):
+        f.heading(f"{n + 1} {topic}")
+        f.paragraph(f"Section {n + 1}: the polarised beam measurements [1] were compared with the phase-shift "
+                    "calculations [2], using the Uehling potential for vacuum polarisation [3] and the partial-wave "
+                    "code of the Barcelona group [4]. " * 2)
+        f.new_page()
+    f.new_page(columns=2)
+    f.heading("4 Conclusions")
+    f.paragraph("The corrections grow with the momentum transfer and with the nuclear charge.")
+    for entry in APS_ENTRIES[:2]:
+        f.paragraph(entry, size=9)
+    f.advance()                         # the right column
+    f.paragraph("For lead the conclusionmarker shift of the cross section reaches several percent at backward "
+                "angles, which the next generation of parity experiments will have to take into account when they "
+                "extract the weak charge from the measured asymmetry.")
+    for entry in APS_ENTRIES[2:]:
+        f.paragraph(entry, size=9)
+    paper = tmp_path / "letter.pdf"
+    f.save(paper)
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    engine = kb_engine.Engine()
+    try:
+        kb = tmp_path / ".kb"
+        engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+        hits = keyword(engine, kb, "conclusionmarker")
+        assert [(h["page"], h["section"]) for h in hits] == [(5, "Conclusions")]
+        assert [num for num, in db_rows(kb, "SELECT num FROM refs ORDER BY num")] == [1, 2, 3, 4]
+        assert keyword(engine, kb, "apsentrymarker") == []
+    finally:
+        engine.close()
