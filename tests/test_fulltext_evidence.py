@@ -419,3 +419,14 @@ def test_prose_between_the_entries_of_a_headingless_list_stays_searchable(kb_eng
         assert keyword(engine, kb, "apsentrymarker") == []
     finally:
         engine.close()
+
+
+@pytest.mark.skipif(not CORPUS, reason="set KB_CORPUS_DIR to the shared corpus folder")
+@pytest.mark.parametrize("name,paragraph,entries", [
+    ("refextract/1508.05632v2.pdf", "The sgoldstino production cross-section, which originates", 53),
+    ("grobid/1001._0908.0054.pdf", "The most promising and physically interesting feature", 16),
+])
+def test_conclusions_set_beside_a_headingless_list_stay_body(kb_engine, name, paragraph, entries):
+    extracted = kb_engine.extract_pdf(str(Path(CORPUS) / name))
+    assert [b.role for b in extracted.blocks if b.text.startswith(paragraph)] == ["body"]
+    assert len(extracted.references) == entries
