@@ -298,15 +298,30 @@ APS_ENTRIES = [
 ]
 
 
-def make_manual_with_steps(path) -> None:
+def sections_on_pages(title: str, topics: tuple[str, ...], text: str) -> "sp.Flow":
+    """A paper whose numbered sections (one paragraph of ``text`` each) fill a page each; the flow goes on."""
     f = sp.Flow(sp.A4)
-    f.paragraph("Row and Column Access Control in Practice", font="tibo", size=16, after=6)
-    for n, topic in enumerate(("Why rules belong in the table", "Special registers", "Global variables")):
+    f.paragraph(title, font="tibo", size=16, after=6)
+    for n, topic in enumerate(topics):
         f.heading(f"{n + 1} {topic}")
-        f.paragraph(f"Part {n + 1} explains why access rules belong in the database: views and application "
-                    "checks can be bypassed by any tool that reads the tables directly, while rules attached to "
-                    "the table apply to every interface. " * 2)
+        f.paragraph(f"Section {n + 1}: {text} " * 2)
         f.new_page()
+    return f
+
+
+MANUAL_TEXT = ("access rules belong in the database: views and application checks can be bypassed by any tool "
+               "that reads the tables directly, while rules attached to the table apply to every interface.")
+LETTER_TEXT = ("the polarised beam measurements [1] were compared with the phase-shift calculations [2], using the "
+               "Uehling potential for vacuum polarisation [3] and the partial-wave code of the Barcelona group [4].")
+
+
+def letter(sections: tuple[str, ...] = ("Introduction", "Potentials", "Results")) -> "sp.Flow":
+    return sections_on_pages("Radiative Corrections to Elastic Electron Scattering", sections, LETTER_TEXT)
+
+
+def make_manual_with_steps(path) -> None:
+    f = sections_on_pages("Row and Column Access Control in Practice",
+                          ("Why rules belong in the table", "Special registers", "Global variables"), MANUAL_TEXT)
     f.heading("4 Implementing the rules")
     for step in STEPS:
         f.paragraph(step)
@@ -317,14 +332,7 @@ def make_manual_with_steps(path) -> None:
 
 
 def make_letter_with_aps_list(path) -> None:
-    f = sp.Flow(sp.A4)
-    f.paragraph("Radiative Corrections to Elastic Electron Scattering", font="tibo", size=16, after=6)
-    for n, topic in enumerate(("Introduction", "Potentials", "Results")):
-        f.heading(f"{n + 1} {topic}")
-        f.paragraph(f"Section {n + 1}: the polarised beam measurements [1] were compared with the phase-shift "
-                    "calculations [2], using the Uehling potential for vacuum polarisation [3] and the partial-wave "
-                    "code of the Barcelona group [4]. " * 2)
-        f.new_page()
+    f = letter()
     for entry in APS_ENTRIES:          # the list closes the paper without a References heading
         f.paragraph(entry, size=9)
     f.save(path)
@@ -387,14 +395,7 @@ def test_real_numbered_lists_without_heading(kb_engine, name, entries):
 def test_prose_between_the_entries_of_a_headingless_list_stays_searchable(kb_engine, tmp_path, monkeypatch):
     """A two-column letter: the list's first entries close the left column, and the right column goes on with
     the conclusions before the rest of the list. In reading order prose sits between entries; it is body text."""
-    f = sp.Flow(sp.A4)
-    f.paragraph("Radiative Corrections to Elastic Electron Scattering", font="tibo", size=16, after=6)
-    for n, topic in enumerate(("Introduction", "Potentials", "Results")):
-        f.heading(f"{n + 1} {topic}")
-        f.paragraph(f"Section {n + 1}: the polarised beam measurements [1] were compared with the phase-shift "
-                    "calculations [2], using the Uehling potential for vacuum polarisation [3] and the partial-wave "
-                    "code of the Barcelona group [4]. " * 2)
-        f.new_page()
+    f = letter()
     f.new_page(columns=2)
     f.heading("4 Conclusions")
     f.paragraph("The corrections grow with the momentum transfer and with the nuclear charge.")
