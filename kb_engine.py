@@ -1469,6 +1469,11 @@ def section_display_name(heading: str) -> str:
     return re.sub(r"\s+", " ", name)[:120]
 
 
+# Headings are phrases of words. A relation sign marks a formula ("Ia = 2", "T = 500 MeV") and a clock-like value
+# ("5:02") a cell read out of a figure; both were taken for headings and named the sections after them.
+_NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅]|\d:\d{2}\b")
+
+
 def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_size: float) -> int:
     """Heading level (>= 1) when a short block reads as a heading, else 0."""
     stripped = text.strip()
@@ -1480,6 +1485,9 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
     letters = [ch for ch in stripped if ch.isalpha()]
     if len(letters) < 2 or stripped[-1] in ",;" or _CAPTION.match(stripped):
         return 0
+    if _NOT_A_HEADING.search(stripped) or (len(letters) < 3 and not numbering_depth(stripped)
+                                           and not is_cjk(letters[0])):
+        return 0          # a formula, an axis or panel label, a data value read out of a figure
     title_text = strip_numbering(stripped)
     if not title_text or not (title_text[0].isupper() or is_cjk(title_text[0])):
         return 0

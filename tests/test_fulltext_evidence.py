@@ -431,3 +431,37 @@ def test_conclusions_set_beside_a_headingless_list_stay_body(kb_engine, name, pa
     extracted = kb_engine.extract_pdf(str(Path(CORPUS) / name))
     assert [b.role for b in extracted.blocks if b.text.startswith(paragraph)] == ["body"]
     assert len(extracted.references) == entries
+
+
+# -- headings are phrases of words ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,heading", [
+    ("T = 500 MeV", False), ("Ia = 2", False), ("VGS,1 = VGS,2 + VDS,9", False), ("ΨW = Ψ ◦W (14)", False),
+    ("TABLEFORMER: 5:02", False), ("Screwed Up 5:02", False), ("Nf", False), ("OF", False), ("QW0", False),
+    ("Likert ∼Reencountered + Specter + Global", False),
+    ("2.1 Results", True), ("A Proofs", True), ("Phase 2", True), ("The Modern Era (1990s - Present)", True),
+    ("实验", True), ("Results", True),
+])
+def test_formulas_and_figure_values_are_not_headings(kb_engine, text, heading):
+    assert bool(kb_engine.looks_like_heading(text, 12.0, True, 1, 10.5)) is heading
+
+
+def test_a_display_formula_does_not_rename_the_section(kb_engine, tmp_path, monkeypatch):
+    f = sp.Flow(sp.A4)
+    f.paragraph("Heavy Quarks in a Hot Medium", font="tibo", size=16, after=6)
+    f.heading("1 Introduction")
+    f.paragraph("Heavy quarks are produced early in the collision and carry the history of the medium with them.")
+    f.heading("2 Results")
+    f.paragraph("The drag coefficient was computed at several temperatures of the quark-gluon plasma.")
+    f.paragraph("T = 500 MeV", font="tibo", size=12)          # a bold display line in the results
+    f.paragraph("At this temperature the formulamarker drag is twice the value found near the transition.")
+    paper = tmp_path / "quarks.pdf"
+    f.save(paper)
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    engine = kb_engine.Engine()
+    try:
+        kb = tmp_path / ".kb"
+        engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+        assert [h["section"] for h in keyword(engine, kb, "formulamarker")] == ["Results"]
+    finally:
+        engine.close()
