@@ -8,6 +8,7 @@ appendix is searchable, and the real list still feeds citation linking.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -88,6 +89,21 @@ def library(request, tmp_path_factory, kb_engine):
         ingest = engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
     yield engine, kb, ingest
     engine.close()
+
+
+@contextlib.contextmanager
+def keyword_library(kb_engine, flow, paper):
+    """``flow`` saved as ``paper`` and ingested without a model: (engine, kb root)."""
+    flow.save(paper)
+    engine = kb_engine.Engine()
+    kb = paper.parent / ".kb"
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("KB_EMBED_MODEL", "none")
+            engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+        yield engine, kb
+    finally:
+        engine.close()
 
 
 def keyword(engine, kb, query, **payload):
@@ -392,7 +408,7 @@ def test_real_numbered_lists_without_heading(kb_engine, name, entries):
         assert not [b for b in extracted.blocks if b.role == "reference"]
 
 
-def test_prose_between_the_entries_of_a_headingless_list_stays_searchable(kb_engine, tmp_path, monkeypatch):
+def test_prose_between_the_entries_of_a_headingless_list_stays_searchable(kb_engine, tmp_path):
     """A two-column letter: the list's first entries close the left column, and the right column goes on with
     the conclusions before the rest of the list. In reading order prose sits between entries; it is body text."""
     f = letter()
@@ -407,19 +423,11 @@ def test_prose_between_the_entries_of_a_headingless_list_stays_searchable(kb_eng
                 "extract the weak charge from the measured asymmetry.")
     for entry in APS_ENTRIES[2:]:
         f.paragraph(entry, size=9)
-    paper = tmp_path / "letter.pdf"
-    f.save(paper)
-    monkeypatch.setenv("KB_EMBED_MODEL", "none")
-    engine = kb_engine.Engine()
-    try:
-        kb = tmp_path / ".kb"
-        engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+    with keyword_library(kb_engine, f, tmp_path / "letter.pdf") as (engine, kb):
         hits = keyword(engine, kb, "conclusionmarker")
         assert [(h["page"], h["section"]) for h in hits] == [(5, "Conclusions")]
         assert [num for num, in db_rows(kb, "SELECT num FROM refs ORDER BY num")] == [1, 2, 3, 4]
         assert keyword(engine, kb, "apsentrymarker") == []
-    finally:
-        engine.close()
 
 
 @pytest.mark.skipif(not CORPUS, reason="set KB_CORPUS_DIR to the shared corpus folder")
@@ -446,7 +454,7 @@ def test_formulas_and_figure_values_are_not_headings(kb_engine, text, heading):
     assert bool(kb_engine.looks_like_heading(text, 12.0, True, 1, 10.5)) is heading
 
 
-def test_a_display_formula_does_not_rename_the_section(kb_engine, tmp_path, monkeypatch):
+def test_a_display_formula_does_not_rename_the_section(kb_engine, tmp_path):
     f = sp.Flow(sp.A4)
     f.paragraph("Heavy Quarks in a Hot Medium", font="tibo", size=16, after=6)
     f.heading("1 Introduction")
@@ -455,13 +463,5 @@ def test_a_display_formula_does_not_rename_the_section(kb_engine, tmp_path, monk
     f.paragraph("The drag coefficient was computed at several temperatures of the quark-gluon plasma.")
     f.paragraph("T = 500 MeV", font="tibo", size=12)          # a bold display line in the results
     f.paragraph("At this temperature the formulamarker drag is twice the value found near the transition.")
-    paper = tmp_path / "quarks.pdf"
-    f.save(paper)
-    monkeypatch.setenv("KB_EMBED_MODEL", "none")
-    engine = kb_engine.Engine()
-    try:
-        kb = tmp_path / ".kb"
-        engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+    with keyword_library(kb_engine, f, tmp_path / "quarks.pdf") as (engine, kb):
         assert [h["section"] for h in keyword(engine, kb, "formulamarker")] == ["Results"]
-    finally:
-        engine.close()
