@@ -465,3 +465,20 @@ def test_a_display_formula_does_not_rename_the_section(kb_engine, tmp_path):
     f.paragraph("At this temperature the formulamarker drag is twice the value found near the transition.")
     with keyword_library(kb_engine, f, tmp_path / "quarks.pdf") as (engine, kb):
         assert [h["section"] for h in keyword(engine, kb, "formulamarker")] == ["Results"]
+
+
+def test_a_notes_file_ending_in_numbered_steps_keeps_them(engine, tmp_path, monkeypatch):
+    """Notes often end with a numbered procedure; it is text to search, not a bibliography."""
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    notes = tmp_path / "cryostat_notes.md"
+    notes.write_text(
+        "# Lab notes: running the cryostat\n\n## Background\n\nThe dilution refrigerator needs a careful cool-down; "
+        "these notes collect what worked for our group over two years of runs.\n\n## Procedure\n\n"
+        "1. Pump the inner vacuum can for at least twelve hours before any helium transfer.\n"
+        "2. Pre-cool with liquid nitrogen until the still plate reads below eighty kelvin.\n"
+        "3. Transfer helium slowly and watch the stepsmarker pressure gauge on the mixture line.\n"
+        "4. Start circulation once the mixing chamber falls below four kelvin.\n", encoding="utf-8")
+    kb = tmp_path / ".kb"
+    engine.execute("ingest", {"paths": [str(notes)], "kb_root": str(kb)})
+    assert [h["section"] for h in keyword(engine, kb, "stepsmarker")] == ["Procedure"]
+    assert db_rows(kb, "SELECT COUNT(*) FROM refs") == [(0,)]
