@@ -60,7 +60,7 @@ __version__ = "0.1.0"
 SCHEMA_VERSION = 5
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 5
+PARSER_REVISION = 6
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"
@@ -1469,6 +1469,12 @@ def section_display_name(heading: str) -> str:
     return re.sub(r"\s+", " ", name)[:120]
 
 
+# A heading is set at least near the size of the body text. Bold labels in much smaller type are figure and table
+# content ("ATLAS 0.11) GeV", "RNN params", "CPP Conference" over a table); small capitals, the smallest real
+# headings of the corpus, come to about 0.79 of the body size. Known section names are exempt: a closing heading
+# has its own typesetting test (_closing_heading_typeset).
+SMALL_PRINT_SHARE = 0.75
+
 # Headings are phrases of words. A relation sign marks a formula ("Ia = 2", "T = 500 MeV") and a clock-like value
 # ("5:02") a cell read out of a figure; both were taken for headings and named the sections after them.
 _NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅]|\d:\d{2}\b")
@@ -1488,6 +1494,8 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
     if _NOT_A_HEADING.search(stripped) or (len(letters) < 3 and not numbering_depth(stripped)
                                            and not is_cjk(letters[0])):
         return 0          # a formula, an axis or panel label, a data value read out of a figure
+    if size and body_size and size < SMALL_PRINT_SHARE * body_size:
+        return 0          # set well below the body text: a label inside a figure or a table, a legend
     title_text = strip_numbering(stripped)
     if not title_text or not (title_text[0].isupper() or is_cjk(title_text[0])):
         return 0
@@ -1513,6 +1521,9 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
     return 0
 
 
+_CHAPTER_LABEL = re.compile(r"^\s*(?:chapter|part)\s+(\d{1,2})(?:\s+\S.*)?$", re.IGNORECASE | re.DOTALL)
+
+
 class HeadingNumbering:
     """Accepts a numbered heading only where it continues the document's numbering.
 
@@ -1529,6 +1540,10 @@ class HeadingNumbering:
         if not match or not match.group("arabic"):
             return None
         return [int(n) for n in match.group("arabic").split(".")]
+
+    def open_chapter(self, number: int) -> None:
+        """A "Chapter 3" heading: the numbered headings that follow continue from 3."""
+        self.path = [number]
 
     def accept(self, parts: list[int]) -> bool:
         if not self.path:
@@ -1590,6 +1605,8 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
                 continue
         block.role, block.level = "heading", level
         in_front_matter = False
+        if chapter := _CHAPTER_LABEL.match(text):
+            numbering.open_chapter(int(chapter.group(1)))
     confirm_closing_headings(blocks)
 
 
@@ -2180,20 +2197,88 @@ def _margin_key(text: str) -> str:
     return re.sub(r"\d+", "#", text.lower()).strip()
 
 
+# Some layouts (theses, reports, books) set the running head lower than the margin band above: "2 Introduction"
+# on one page, "1.1 TLB based approaches 3" on the next. Its page number gives it away, because it advances with
+# the page: physical page minus printed number is the same on most pages. Such a number, found this deep into the
+# page, is dropped with the running title on its row. Left in, the bare number read as the section number of
+# the title beside it, which then became a heading and threw the real numbered headings out of sequence.
+PAGE_NUMBER_BAND = 0.15
+PAGE_NUMBER_MIN_SHARE = 0.3       # of the pages, with at least 3, must carry a number at the same offset
+
+
+def _bare_page_number(text: str) -> int | None:
+    stripped = text.strip()
+    return int(stripped) if stripped.isdigit() and len(stripped) <= 4 else None
+
+
+def _page_number_lines(blocks: list[_PdfBlock], height: float) -> list[tuple[int, _PdfLine]]:
+    """(number, line) for each line near the top or bottom of the page that is a bare number."""
+    return [(number, line) for block in blocks if _in_band(block, height, PAGE_NUMBER_BAND) for line in block.lines
+            if (number := _bare_page_number(line.text)) is not None]
+
+
+def _page_number_layout(pages: list[tuple[list[_PdfBlock], float]]) -> tuple[int, list[float]] | None:
+    """(physical page minus printed number, the heights at which those numbers are set), where the same difference
+    holds on enough pages; else None. A page number keeps its slot from page to page; a digit of a formula or a
+    table that happens to equal the page number does not."""
+    votes: dict[int, list[float]] = {}
+    for index, (blocks, height) in enumerate(pages, start=1):
+        seen = {}
+        for number, line in _page_number_lines(blocks, height):
+            seen.setdefault(index - number, line.bbox[1])
+        for offset, top in seen.items():
+            votes.setdefault(offset, []).append(top)
+    if not votes:
+        return None
+    offset = max(votes, key=lambda key: (len(votes[key]), -abs(key)))
+    tops = votes[offset]
+    if len(tops) < max(3, PAGE_NUMBER_MIN_SHARE * len(pages)):
+        return None
+    slots = [top for top in tops if sum(abs(top - other) <= PAGE_NUMBER_SLOT for other in tops) >= 2]
+    return offset, slots
+
+
+PAGE_NUMBER_SLOT = 3.0       # points a page number may move from the height it holds on other pages
+
+
+def _in_band(block: _PdfBlock, height: float, share: float) -> bool:
+    return block.bbox[3] < height * share or block.bbox[1] > height * (1 - share)
+
+
+RUNNING_TITLE_MAX_CHARS = 120
+
+
+def _running_head_row(blocks: list[_PdfBlock], height: float, printed: int, slots: list[float]) -> set[int]:
+    """ids of the blocks on the row of this page's printed number (the number and its running title), when the
+    number sits in a page-number slot."""
+    numbers = [line for number, line in _page_number_lines(blocks, height)
+               if number == printed and any(abs(line.bbox[1] - slot) <= PAGE_NUMBER_SLOT for slot in slots)]
+    if not numbers:
+        return set()
+    mark = min(numbers, key=lambda line: min(line.bbox[1], height - line.bbox[3]))
+    top, bottom = mark.bbox[1] - 2, mark.bbox[3] + 2
+    return {id(block) for block in blocks if len(block.text) <= RUNNING_TITLE_MAX_CHARS
+            and all(top <= (line.bbox[1] + line.bbox[3]) / 2 <= bottom for line in block.lines)}
+
+
 def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list[_PdfBlock]]:
     """Remove page numbers and headers/footers repeated across pages."""
     def in_margin(block: _PdfBlock, height: float) -> bool:
-        return block.bbox[3] < height * 0.09 or block.bbox[1] > height * 0.91
+        return _in_band(block, height, 0.09)
 
     counts: dict[str, int] = {}
     for blocks, height in pages:
         for key in {_margin_key(b.text) for b in blocks if in_margin(b, height) and len(b.text) < 160}:
             counts[key] = counts.get(key, 0) + 1
     repeat_threshold = max(3, int(0.3 * len(pages)))
+    layout = _page_number_layout(pages)
     kept_pages = []
-    for blocks, height in pages:
+    for index, (blocks, height) in enumerate(pages, start=1):
+        running = _running_head_row(blocks, height, index - layout[0], layout[1]) if layout else set()
         kept = []
         for block in blocks:
+            if id(block) in running:
+                continue
             if in_margin(block, height) and len(block.text) < 160:
                 if _PAGE_NUMBER_LINE.match(block.text) or counts.get(_margin_key(block.text), 0) >= repeat_threshold:
                     continue

@@ -454,17 +454,29 @@ def test_formulas_and_figure_values_are_not_headings(kb_engine, text, heading):
     assert bool(kb_engine.looks_like_heading(text, 12.0, True, 1, 10.5)) is heading
 
 
-def test_a_display_formula_does_not_rename_the_section(kb_engine, tmp_path):
+@pytest.mark.parametrize("title,section,before,strays,after", [
+    ("Heavy Quarks in a Hot Medium", "Results",
+     "The drag coefficient was computed at several temperatures of the quark-gluon plasma.",
+     [("T = 500 MeV", 12)],                                          # a bold display line in the results
+     "At this temperature the straymarker drag is twice the value found near the transition."),
+    ("Recurrent Models of Patient Deterioration", "Model",
+     "The network reads vital signs every hour and predicts deterioration over the next day.",
+     [("Deep Recurrent Neural Network", 6), ("RNN params", 6)],      # bold labels inside the model's figure
+     "Its hidden state has straymarker sixty units and is trained with dropout on the inputs."),
+], ids=["display-formula", "small-figure-labels"])
+def test_a_bold_line_that_is_no_heading_does_not_rename_the_section(kb_engine, tmp_path, title, section, before,
+                                                                     strays, after):
     f = sp.Flow(sp.A4)
-    f.paragraph("Heavy Quarks in a Hot Medium", font="tibo", size=16, after=6)
+    f.paragraph(title, font="tibo", size=16, after=6)
     f.heading("1 Introduction")
-    f.paragraph("Heavy quarks are produced early in the collision and carry the history of the medium with them.")
-    f.heading("2 Results")
-    f.paragraph("The drag coefficient was computed at several temperatures of the quark-gluon plasma.")
-    f.paragraph("T = 500 MeV", font="tibo", size=12)          # a bold display line in the results
-    f.paragraph("At this temperature the formulamarker drag is twice the value found near the transition.")
-    with keyword_library(kb_engine, f, tmp_path / "quarks.pdf") as (engine, kb):
-        assert [h["section"] for h in keyword(engine, kb, "formulamarker")] == ["Results"]
+    f.paragraph("The problem is introduced here, with the earlier work it builds on and what is new in it.")
+    f.heading(f"2 {section}")
+    f.paragraph(before)
+    for text, size in strays:
+        f.paragraph(text, font="tibo", size=size)
+    f.paragraph(after)
+    with keyword_library(kb_engine, f, tmp_path / "paper.pdf") as (engine, kb):
+        assert [h["section"] for h in keyword(engine, kb, "straymarker")] == [section]
 
 
 def test_a_notes_file_ending_in_numbered_steps_keeps_them(engine, tmp_path, monkeypatch):
@@ -482,3 +494,83 @@ def test_a_notes_file_ending_in_numbered_steps_keeps_them(engine, tmp_path, monk
     engine.execute("ingest", {"paths": [str(notes)], "kb_root": str(kb)})
     assert [h["section"] for h in keyword(engine, kb, "stepsmarker")] == ["Procedure"]
     assert db_rows(kb, "SELECT COUNT(*) FROM refs") == [(0,)]
+
+
+@pytest.mark.parametrize("text,size,heading", [
+    ("RNN params", 5.2, False), ("ATLAS 0.11) GeV", 7.2, False), ("CPP Conference", 7.5, False),
+    ("Protocol Operation", 7.4 * 1.1, True),        # small capitals: about 0.8 of the body size
+    ("Simulation Results", 10.5, True), ("References", 7.0, True),   # known names have their own test
+])
+def test_bold_labels_in_small_print_are_not_headings(kb_engine, text, size, heading):
+    assert bool(kb_engine.looks_like_heading(text, size, True, 1, 10.5)) is heading
+
+
+# -- running heads set low on the page (theses, reports) ------------------------------------------------
+
+THESIS_CHAPTERS = [
+    ("Introduction", [("1.1 Related Systems", "relatedmarker"), ("1.2 Open Problems", "openmarker")]),
+    ("Design", [("2.1 The Allocator", "allocatormarker"), ("2.2 Page Tables", "pagetablemarker")]),
+]
+
+
+def make_thesis_with_low_running_heads(path: Path) -> None:
+    """Two unnumbered front pages, then chapters whose pages carry "N ... Chapter" (even) and "Section ... N" (odd)
+    running heads about 10% down the page, below the usual margin band; printed number = physical page - 2."""
+    import pymupdf
+    f = sp.Flow(sp.A4, margins=(72, 72, 120, 72), page_numbers=False)
+    f.paragraph("Range Addresses for Capability Hardware", font="tibo", size=20, after=10)
+    f.line("A progression report", size=12)
+    f.new_page()
+    f.heading("Contents")
+    f.line("1 Introduction 1", size=11)
+    f.line("2 Design 5", size=11)
+    in_force, chapter_openings = {}, set()       # physical page (0-based) -> (chapter, section) at its end
+    for number, (chapter, sections) in enumerate(THESIS_CHAPTERS, start=1):
+        f.new_page()
+        chapter_openings.add(f.page)
+        f.paragraph(f"Chapter {number}", font="tibo", size=24, after=4)
+        f.paragraph(chapter, font="tibo", size=24, after=12)
+        for section, marker in sections:
+            f.paragraph(section, font="tibo", size=15, after=6)
+            for n in range(30):
+                f.paragraph(f"Paragraph {n} of this section discusses {marker if n == 20 else 'the design'} "
+                            "of translation buffers, the reach of huge pages and the cost of a page walk on "
+                            "each miss, with measurements taken on the prototype board over several runs.")
+                in_force[f.page] = (chapter, section)
+    flow_path = path.with_suffix(".flow.pdf")
+    f.save(flow_path)
+    doc = pymupdf.open(flow_path)
+    for pno, page in enumerate(doc):
+        if pno < 2 or pno in chapter_openings:       # no running head on a chapter's first page
+            continue
+        chapter, section = in_force[pno]
+        printed = str(pno + 1 - 2)
+        left, right = (printed, chapter) if (pno + 1 - 2) % 2 == 0 else (section, printed)
+        page.insert_text((72, 86), left, fontname="tiro", fontsize=12)
+        page.insert_text((523 - pymupdf.get_text_length(right, "tiro", 12), 86), right, fontname="tiro", fontsize=12)
+    doc.save(path)
+
+
+def test_low_running_heads_are_dropped_and_numbered_headings_kept(kb_engine, tmp_path):
+    paper = tmp_path / "thesis.pdf"
+    make_thesis_with_low_running_heads(paper)
+    pages = kb_engine.page_texts(str(paper))
+    assert sum(text.count("Open Problems") for text in pages) == 1, "a running head stayed in the page text"
+    assert len(pages) >= 8 and not any(text.lstrip()[:2] in ("4\n", "6\n", "4 ", "6 ") for text in pages)
+    extracted = kb_engine.extract_pdf(str(paper))
+    headings = [b.text for b in extracted.blocks if b.role == "heading"]
+    for _, sections in THESIS_CHAPTERS:
+        for section, _ in sections:
+            assert section in headings
+    engine = kb_engine.Engine()
+    kb = tmp_path / ".kb"
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("KB_EMBED_MODEL", "none")
+            engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
+        for _, sections in THESIS_CHAPTERS:
+            for section, marker in sections:
+                found = keyword(engine, kb, marker)
+                assert found and found[0]["section"].endswith(section.split(" ", 1)[1]), (marker, found[:1])
+    finally:
+        engine.close()
