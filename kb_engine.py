@@ -60,7 +60,7 @@ __version__ = "0.1.0"
 SCHEMA_VERSION = 5
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 6
+PARSER_REVISION = 7
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"
@@ -1475,9 +1475,12 @@ def section_display_name(heading: str) -> str:
 # has its own typesetting test (_closing_heading_typeset).
 SMALL_PRINT_SHARE = 0.75
 
-# Headings are phrases of words. A relation sign marks a formula ("Ia = 2", "T = 500 MeV") and a clock-like value
-# ("5:02") a cell read out of a figure; both were taken for headings and named the sections after them.
-_NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅]|\d:\d{2}\b")
+# Headings are phrases of words. A relation or logic sign marks a formula ("Ia = 2", "T = 500 MeV",
+# "HasAsthma(x) ⇒ LowerRisk(x)"), a clock-like value ("5:02") a cell read out of a figure, and an identifier joined
+# by underscores ("BANK_SCHEMA.CUSTOMERS") a line of code; all were taken for headings and named the sections
+# after them. So was a block without one word of three letters ("Θψ2 θl", "Z f m": symbols of a display formula).
+_NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅⇒⇔∀∃⊂⊆∧∨¬]|\d:\d{2}\b|[^\W_]_[^\W_]")
+_A_WORD = re.compile(r"[^\W\d_]{3,}")
 
 
 def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_size: float) -> int:
@@ -1498,6 +1501,8 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
         return 0          # set well below the body text: a label inside a figure or a table, a legend
     title_text = strip_numbering(stripped)
     if not title_text or not (title_text[0].isupper() or is_cjk(title_text[0])):
+        return 0
+    if not _A_WORD.search(title_text) and not any(is_cjk(ch) for ch in title_text):
         return 0
     if "。" in stripped or (cjk_ratio(stripped) > 0.3 and (len(stripped) > 40 or re.search(r"[,;:!?]", stripped))):
         return 0
@@ -3370,6 +3375,9 @@ def _continue_para(para: _Para, block: Block) -> None:
         para.pieces.append(Piece(block.text, block.page, block.offset, joiner, block.index))
 
 
+_LETTERED_PART = re.compile(r"^\s*[A-H]((?:\.\d{1,2})*)\.?\s")
+
+
 class SectionTracker:
     """Follows headings to know the current section label and whether it is indexed."""
 
@@ -3380,6 +3388,8 @@ class SectionTracker:
         self.seen_heading = False
         self.body_started = False     # a section other than the abstract has begun
         self.before_closing: tuple = ("", None, None)   # the section a References/Acknowledgements heading closed
+        self.after_references = False    # a References heading has been passed: lettered parts are appendices
+        self.top_lettered = False        # the current top section is a lettered appendix part ("B Proofs")
 
     @property
     def label(self) -> str:
@@ -3398,16 +3408,34 @@ class SectionTracker:
         if canonical == "abstract" and self.body_started:
             canonical = "conclusion"      # a "Summary" after the body sums the paper up at its end
         self.body_started = self.body_started or canonical != "abstract"
+        lettered = _LETTERED_PART.match(heading) if numbering_depth(heading) else None
+        top_before = self.top
+        if self._enter(heading, level, canonical, name, lettered):
+            self.top_lettered = True
+        elif self.top != top_before:
+            self.top_lettered = False
+
+    def _enter(self, heading: str, level: int, canonical: str | None, name: str, lettered) -> bool:
+        """Move to the heading's section; True when it opened a lettered appendix part."""
         if canonical:
             if canonical in NOT_INDEXED_SECTIONS and self.indexed:
                 self.before_closing = (self.top, self.top_canonical, self.sub)
+            self.after_references = self.after_references or canonical == "references"
             self.top, self.top_canonical, self.sub = name, canonical, None
-        elif not self.indexed:
-            # After the reference list: a lettered part ("A Proofs") opens an appendix, a numbered chapter the
-            # body; an unnumbered sub-heading ("Primary sources") stays inside the list.
-            if re.match(r"^\s*[A-H](?:\.\d{1,2})*\.?\s", heading) and numbering_depth(heading):
+        elif lettered and (self.after_references or not self.indexed):
+            # After the reference list a lettered part ("A Proofs") opens an appendix, and "A.2 ..." is a part of
+            # it, also when stray body text under References has already handed back to the last body section.
+            # Under an "Appendix" heading of its own, the lettered parts are its subsections.
+            part_of_part = bool(lettered.group(1)) or self.top_canonical == "appendix" and not self.top_lettered
+            if part_of_part and self.top_canonical == "appendix":
+                self.sub = name
+            else:
                 self.top, self.top_canonical, self.sub = name, "appendix", None
-            elif numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I):
+                return True
+        elif not self.indexed:
+            # After the reference list: a numbered chapter opens the body; an unnumbered sub-heading ("Primary
+            # sources") stays inside the list.
+            if numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I):
                 self.top, self.top_canonical, self.sub = name, None, None
             else:
                 self.sub = name
@@ -3417,6 +3445,7 @@ class SectionTracker:
             self.top, self.top_canonical, self.sub = name, None, None
         else:
             self.sub = name
+        return False
 
     def enter_abstract(self, name: str = "Abstract") -> None:
         self.seen_heading = True
@@ -3430,6 +3459,7 @@ class SectionTracker:
     def resume_body(self) -> None:
         """Back to the section before a References/Acknowledgements heading that body text turned out to follow."""
         self.top, self.top_canonical, self.sub = self.before_closing
+        self.top_lettered = False
 
 
 def _promoted_abstract(blocks: list[Block]) -> Block | None:

@@ -446,7 +446,9 @@ def test_conclusions_set_beside_a_headingless_list_stay_body(kb_engine, name, pa
 @pytest.mark.parametrize("text,heading", [
     ("T = 500 MeV", False), ("Ia = 2", False), ("VGS,1 = VGS,2 + VDS,9", False), ("ΨW = Ψ ◦W (14)", False),
     ("TABLEFORMER: 5:02", False), ("Screwed Up 5:02", False), ("Nf", False), ("OF", False), ("QW0", False),
-    ("Likert ∼Reencountered + Specter + Global", False),
+    ("Likert ∼Reencountered + Specter + Global", False), ("HasAsthma(x) ⇒LowerRisk(x)", False),
+    ("Θψ2 θl", False), ("Z f m", False), ("E Z 1:0 k", False),                   # symbols of display formulas
+    ("ALTER TABLE BANK_SCHEMA.CUSTOMERS", False), ("CHGFCNUSG FCNID(QIBM_DB_SECADM)", False),   # code
     ("2.1 Results", True), ("A Proofs", True), ("Phase 2", True), ("The Modern Era (1990s - Present)", True),
     ("实验", True), ("Results", True),
 ])
@@ -574,3 +576,33 @@ def test_low_running_heads_are_dropped_and_numbered_headings_kept(kb_engine, tmp
                 assert found and found[0]["section"].endswith(section.split(" ", 1)[1]), (marker, found[:1])
     finally:
         engine.close()
+
+
+def test_lettered_parts_after_the_references_are_appendices_with_their_own_names(kb_engine, tmp_path):
+    """Prose left under the References heading hands back to the last body section; the lettered parts that
+    follow are still appendices, named after themselves, not subsections of the Conclusion."""
+    f = sp.Flow(sp.A4)
+    f.paragraph("Bounds for Sparse Recovery", font="tibo", size=16, after=6)
+    f.heading("1 Introduction")
+    f.paragraph("Sparse recovery asks for the fewest measurements that identify a signal with few non-zero entries.")
+    f.heading("2 Conclusion")
+    f.paragraph("The bounds close the gap left open by earlier work for every sparsity level considered here.")
+    f.heading("References")
+    for entry in REFERENCES:
+        f.paragraph(entry, size=9)
+    f.paragraph("The code that reproduces every figure of this paper is available from the authors on request, "
+                "together with the random seeds and the raw measurement matrices used in the experiments.")
+    f.heading("A Proofs of the bounds")
+    f.paragraph("The upper bound follows from a union bound over all supports, as the proofmarker argument shows.")
+    f.heading("A.1 The lower bound", size=10.5)
+    f.paragraph("The lowermarker bound uses a packing of sparse vectors and Fano's inequality on that packing.")
+    f.heading("B Extra results")
+    f.paragraph("Further extramarker experiments with structured matrices confirm the same scaling in practice.")
+    with keyword_library(kb_engine, f, tmp_path / "bounds.pdf") as (engine, kb):
+        sections = {marker: keyword(engine, kb, marker)[0]["section"]
+                    for marker in ("proofmarker", "lowermarker", "extramarker")}
+        weights = db_rows(kb, "SELECT DISTINCT weight FROM chunks WHERE text LIKE '%lowermarker%' "
+                              "OR text LIKE '%extramarker%'")
+    assert sections == {"proofmarker": "Proofs of the bounds", "lowermarker": "Proofs of the bounds > The lower bound",
+                        "extramarker": "Extra results"}
+    assert weights == [(kb_engine.SECTION_WEIGHTS["appendix"],)]      # appendix parts, not the Conclusion
