@@ -2207,8 +2207,11 @@ def _margin_key(text: str) -> str:
 # the page: physical page minus printed number is the same on most pages. Such a number, found this deep into the
 # page, is dropped with the running title on its row. Left in, the bare number read as the section number of
 # the title beside it, which then became a heading and threw the real numbered headings out of sequence.
+MARGIN_BAND = 0.09                # share of the page height at top and bottom searched for running heads
 PAGE_NUMBER_BAND = 0.15
 PAGE_NUMBER_MIN_SHARE = 0.3       # of the pages, with at least 3, must carry a number at the same offset
+PAGE_NUMBER_SLOT = 3.0            # points a page number may move from the height it holds on other pages
+RUNNING_TITLE_MAX_CHARS = 120
 
 
 def _bare_page_number(text: str) -> int | None:
@@ -2243,14 +2246,8 @@ def _page_number_layout(pages: list[tuple[list[_PdfBlock], float]]) -> tuple[int
     return offset, slots
 
 
-PAGE_NUMBER_SLOT = 3.0       # points a page number may move from the height it holds on other pages
-
-
 def _in_band(block: _PdfBlock, height: float, share: float) -> bool:
     return block.bbox[3] < height * share or block.bbox[1] > height * (1 - share)
-
-
-RUNNING_TITLE_MAX_CHARS = 120
 
 
 def _running_head_row(blocks: list[_PdfBlock], height: float, printed: int, slots: list[float]) -> set[int]:
@@ -2269,7 +2266,7 @@ def _running_head_row(blocks: list[_PdfBlock], height: float, printed: int, slot
 def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list[_PdfBlock]]:
     """Remove page numbers and headers/footers repeated across pages."""
     def in_margin(block: _PdfBlock, height: float) -> bool:
-        return _in_band(block, height, 0.09)
+        return _in_band(block, height, MARGIN_BAND)
 
     counts: dict[str, int] = {}
     for blocks, height in pages:
@@ -3426,8 +3423,7 @@ class SectionTracker:
             # After the reference list a lettered part ("A Proofs") opens an appendix, and "A.2 ..." is a part of
             # it, also when stray body text under References has already handed back to the last body section.
             # Under an "Appendix" heading of its own, the lettered parts are its subsections.
-            part_of_part = bool(lettered.group(1)) or self.top_canonical == "appendix" and not self.top_lettered
-            if part_of_part and self.top_canonical == "appendix":
+            if self.top_canonical == "appendix" and (lettered.group(1) or not self.top_lettered):
                 self.sub = name
             else:
                 self.top, self.top_canonical, self.sub = name, "appendix", None
