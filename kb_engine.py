@@ -5714,7 +5714,7 @@ def _specific_scores(lib: Library, doc_id: int, terms: list[str], members: set[i
 TOPIC_DIRECTION_SHARE = 0.7
 
 
-def document_directions(lib: Library, doc_ids: list[int], dim: int) -> dict:
+def document_directions(lib: Library, doc_ids: list[int]) -> dict:
     """doc id -> the unit mean of its stored passage vectors (documents without vectors are absent)."""
     import numpy as np
     sums: dict[int, object] = {}
@@ -5962,14 +5962,11 @@ class VectorIndex:
 
     def add(self, lib: Library, chunk_ids: list[int]) -> None:
         import numpy as np
-        for start in range(0, len(chunk_ids), 900):
-            batch = chunk_ids[start:start + 900]
-            rows = lib.conn.execute(f"SELECT chunk_id, vec FROM vecs WHERE chunk_id IN ({', '.join('?' * len(batch))})",
-                                    batch).fetchall()
-            if rows:
-                self.remove([r[0] for r in rows])
-                matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
-                self.index.add_with_ids(matrix, np.array([r[0] for r in rows], dtype=np.int64))
+        vectors = stored_vectors(lib, chunk_ids)
+        if vectors:
+            ids = list(vectors)
+            self.remove(ids)
+            self.index.add_with_ids(np.stack([vectors[i] for i in ids]), np.array(ids, dtype=np.int64))
 
     def remove(self, chunk_ids: list[int]) -> None:
         import numpy as np
@@ -6112,8 +6109,7 @@ def chunk_texts(lib: Library, ids: list[int]) -> dict[int, str]:
 def doc_centroids(lib: Library, dim: int):
     """(doc ids, unit centroid matrix) of every document with vectors."""
     import numpy as np
-    directions = document_directions(lib, [row[0] for row in lib.conn.execute("SELECT id FROM docs ORDER BY id")],
-                                     dim)
+    directions = document_directions(lib, [row[0] for row in lib.conn.execute("SELECT id FROM docs ORDER BY id")])
     ids = sorted(directions)
     if not ids:
         return [], np.zeros((0, dim), dtype=np.float32)
@@ -6180,7 +6176,7 @@ class LibraryState:
         known = self.directions[2]
         missing = [doc_id for doc_id in doc_ids if doc_id not in known]
         if missing:
-            found = document_directions(lib, missing, embedder.dim)
+            found = document_directions(lib, missing)
             known.update({doc_id: found.get(doc_id) for doc_id in missing})
         return {doc_id: known[doc_id] for doc_id in doc_ids if known[doc_id] is not None}
 
