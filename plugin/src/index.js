@@ -70,6 +70,7 @@ const HINTS = {
   not_found: 'Check the path or id and retry.',
   zotero_unreadable: 'Zotero\'s database could not be copied or read: check the zotero_db path.',
   model_unavailable: 'The embedding model is not available: check the embedModel option or the network.',
+  reply_too_large: 'Ask for less at a time: a smaller top_k or shorter snippets.',
 }
 
 function toToolError(error, command) {
