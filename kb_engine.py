@@ -1380,6 +1380,7 @@ SECTION_ALIASES = {
     "abstract": ("abstract", "summary", "摘要", "内容摘要", "内容提要", "提要"),
     "introduction": ("introduction", "background", "引言", "前言", "绪论", "导言", "研究背景"),
     "methods": ("methods", "method", "materials and methods", "material and methods", "methods and materials",
+                "patients and methods", "subjects and methods", "participants and methods",
                 "methodology", "experimental", "experimental section", "experimental procedures",
                 "experimental methods", "experiments", "experimental setup", "online methods",
                 "方法", "研究方法", "实验方法", "材料与方法", "材料和方法", "实验", "实验部分"),
@@ -5669,10 +5670,20 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
         return [v.strip() for v in values]
 
     for key, column in (("authors", "d.authors"), ("title", "d.title"), ("journal", "d.journal"),
-                        ("section", "c.section"), ("doi", "d.doi"), ("path", "d.path")):
+                        ("doi", "d.doi"), ("path", "d.path")):
         if values := strings(key):
             clauses.append("(" + " OR ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in values) + ")")
             params.extend(f"%{_escape_like(v)}%" for v in values)
+    # a section matches by its text, and by its kind when the value names one ("methods" finds "Methodology")
+    if values := strings("section"):
+        matches = []
+        for value in values:
+            matches.append("c.section LIKE ? ESCAPE '\\'")
+            params.append(f"%{_escape_like(value)}%")
+            if kind := canonical_section(value):
+                matches.append("kb_section_has_kind(c.section, ?)")
+                params.append(kind)
+        clauses.append("(" + " OR ".join(matches) + ")")
     # Zotero collections and tags match whole names, ignoring case; a collection also covers its sub-collections
     for key, column, nested in (("collection", "d.collections", 1), ("tag", "d.tags", 0)):
         if values := strings(key):
@@ -5692,6 +5703,24 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
     return "".join(f" AND {c}" for c in clauses), params
 
 
+@functools.lru_cache(maxsize=65_536)
+def section_kinds(label: str) -> frozenset:
+    """The kinds (canonical section names: methods, results, ...) of the parts of a section label."""
+    return frozenset(kind for kind in (canonical_section(part) for part in label.split(" > ")) if kind)
+
+
+def section_has_kind(label: str | None, kind: str) -> int:
+    """SQL function kb_section_has_kind: is one part of the label a section of this kind ("Methodology >
+    Data" is a methods section, and so is anything under it)?"""
+    return int(bool(label) and kind in section_kinds(label))
+
+
+def with_filter_functions(lib: Library) -> Library:
+    """The library, its connection able to evaluate filter_sql's conditions."""
+    lib.conn.create_function("kb_section_has_kind", 2, section_has_kind, deterministic=True)
+    return lib
+
+
 def _escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -5700,6 +5729,7 @@ def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, lim
     """(chunk id, BM25) best first: FTS5 BM25 (k1 1.2, b 0.75) by the evidence alone; section priors are added
     later, once, whichever pools are fused."""
     where, params = filter_sql(filters)
+    with_filter_functions(lib)
     if lib.has_fts5:
         match = " OR ".join(f'"{t}"' for t in terms)
         if not where:
@@ -6171,7 +6201,8 @@ def filtered_chunk_ids(lib: Library, filters: dict | None) -> list[int] | None:
     where, params = filter_sql(filters)
     if not where:
         return None
-    rows = lib.conn.execute(f"SELECT c.id FROM chunks c JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where}", params)
+    rows = with_filter_functions(lib).conn.execute(f"SELECT c.id FROM chunks c JOIN docs d ON d.id = c.doc_id "
+                                                   f"WHERE 1 = 1{where}", params)
     return [r[0] for r in rows]
 
 
@@ -9569,7 +9600,9 @@ def _filters_schema() -> dict:
         "journal": _string_or_strings("Part of the journal name (often unknown outside Zotero imports)"),
         "year": {"oneOf": [{"type": "integer"}, {"type": "string"}],
                  "description": 'A year (2019) or an inclusive range "2015-2020" (open: "2015-", "-2020")'},
-        "section": _string_or_strings('Part of the section label, e.g. "Methods"'),
+        "section": _string_or_strings('Part of the section label, or a kind of section: "methods" also finds '
+                                      'Method, Methodology, Experimental (results, discussion, conclusion, '
+                                      'introduction, abstract likewise)'),
         "doi": _string_or_strings("Part of the DOI"),
         "kind": _string_or_strings("File kind", enum=kinds),
         "path": _string_or_strings("Part of the file path"),
