@@ -60,7 +60,7 @@ __version__ = "0.1.0"
 SCHEMA_VERSION = 5
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 7
+PARSER_REVISION = 8
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"
@@ -1339,6 +1339,15 @@ class Block:
     size: float = 0.0           # dominant font size (PDF only)
     bold: bool = False
     n_lines: int = 1
+    italic: bool = False        # every line set in italics (PDF only)
+    gapped: bool = False        # a line with spans set far apart, or lines side by side: table columns (PDF only)
+    lead: str = ""              # the first line's bold or italic opening words (PDF only)
+    bbox: tuple | None = None   # where it is on its page, and where its first line is (PDF only)
+    first_line: tuple | None = None
+    in_figure: bool = False     # drawn over a picture: a figure's labels, never a heading (PDF only)
+    coloured: bool = False      # its first line is set in a colour (PDF only)
+    run_in: str = ""            # the run-in heading this paragraph opens with
+    evidence: str = ""          # why a heading is one: numbered, known (a section name), outline, style, run_in
     index: int = -1             # position in the document's block list (reading order)
     in_table: bool = False      # a cell or column header of a table (PDF only): never a heading
     closed_by: str = ""         # the closing section (references, acknowledgements) that kept it out of the index
@@ -1405,14 +1414,14 @@ _ALIAS_TO_CANONICAL = {alias: canon for canon, aliases in SECTION_ALIASES.items(
 
 _CN_NUM = "一二三四五六七八九十百零〇"
 _NUMBERING = re.compile(
-    rf"^\s*(?:(?P<arabic>\d{{1,2}}(?:\.\d{{1,2}}){{0,3}})\.?(?=\s|[^\d.\w]|[A-Za-z{_CJK_RANGES}])"
+    rf"^\s*(?:(?P<arabic>\d{{1,2}}(?:\.\d{{1,2}}){{0,3}})[.)]?(?=\s|[^\d.\w]|[A-Za-z{_CJK_RANGES}])"
     rf"|(?P<roman>[IVXLC]{{1,6}})\.(?=\s)"
     rf"|(?P<letter>[A-H])(?:\.\d{{1,2}})*\.?(?=\s)"
     rf"|(?P<cnchap>第[{_CN_NUM}\d]+[章节部分篇])"
     rf"|(?P<cn>[{_CN_NUM}]+)[、.．]"
     rf"|[（(](?P<cnsub>[{_CN_NUM}\d]+)[）)])\s*")
 _CAPTION = re.compile(r"^\s*(?:fig(?:ure)?s?\.?|table|tab\.|scheme|chart|plate|图|表)\s*"
-                      r"(?:[A-Z]?\d+|[IVX]+|S\d+)(?:[.:：\-—–]|\s|$)", re.IGNORECASE)
+                      r"(?:[A-Z]\.\d+|[A-Z]?\d+|[IVX]+|S\d+)(?:[.:：\-—–]|\s|$)", re.IGNORECASE)
 _RUN_IN_HEADING = re.compile(
     r"^\s*(?:(?i:abstract|summary|keywords?|key words|index terms)|摘\s*要|关键词)\s*[:：.—–\-]+\s*"
     r"|^\s*(?:Abstract|ABSTRACT|摘\s*要)\s+(?=[A-Z\"“(\u4e00-\u9fff])")
@@ -1460,6 +1469,8 @@ def numbering_depth(text: str) -> int:
         return 0
     if match.group("arabic"):
         return match.group("arabic").count(".") + 1
+    if match.group("roman") in ("C", "L"):
+        return 2
     if match.group("roman") or match.group("cn"):
         return 1
     if match.group("cnchap"):
@@ -1486,7 +1497,8 @@ SMALL_PRINT_SHARE = 0.75
 # "HasAsthma(x) ⇒ LowerRisk(x)"), a clock-like value ("5:02") a cell read out of a figure, and an identifier joined
 # by underscores ("BANK_SCHEMA.CUSTOMERS") a line of code; all were taken for headings and named the sections
 # after them. So was a block without one word of three letters ("Θψ2 θl", "Z f m": symbols of a display formula).
-_NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅⇒⇔∀∃⊂⊆∧∨¬]|\d:\d{2}\b|[^\W_]_[^\W_]")
+_NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅⇒⇔∀∃⊂⊆∧∨¬·∑∏∫√∂∇]|\d:\d{2}\b|[^\W_]_[^\W_]|\w\[\w+,\s*\w+\]"
+                             r"|\S@\S+\.\w|https?://|www\.")
 _A_WORD = re.compile(r"[^\W\d_]{3,}")
 
 
@@ -1496,7 +1508,7 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
     if not stripped or len(stripped) > 150 or n_lines > 3:
         return 0
     if canonical_section(stripped):
-        return 1
+        return max(1, numbering_depth(stripped))        # "4.2 Results" is a subsection
     words = stripped.split()
     letters = [ch for ch in stripped if ch.isalpha()]
     if len(letters) < 2 or stripped[-1] in ",;" or _CAPTION.match(stripped):
@@ -1506,8 +1518,10 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
         return 0          # a formula, an axis or panel label, a data value read out of a figure
     if size and body_size and size < SMALL_PRINT_SHARE * body_size:
         return 0          # set well below the body text: a label inside a figure or a table, a legend
-    title_text = strip_numbering(stripped)
-    if not title_text or not (title_text[0].isupper() or is_cjk(title_text[0])):
+    title_text = strip_numbering(stripped).lstrip("[(\"'“‘")
+    identifier = numbering_depth(stripped) and re.match(r"[a-z]+[A-Z_(\d]\w*", title_text)    # "3.1. readData"
+    greek = numbering_depth(stripped) and title_text[:1] and "\u0370" <= title_text[0] <= "\u03ff"   # "3.3. β-..."
+    if not title_text or not (title_text[0].isupper() or is_cjk(title_text[0]) or identifier or greek):
         return 0
     if not _A_WORD.search(title_text) and not any(is_cjk(ch) for ch in title_text):
         return 0
@@ -1557,6 +1571,15 @@ class HeadingNumbering:
         """A "Chapter 3" heading: the numbered headings that follow continue from 3."""
         self.path = [number]
 
+    def restart(self) -> None:
+        """A heading of another numbering (roman, letters, Chinese) came: arabic numbers may begin again."""
+        self.path = []
+
+    def follow(self, parts: list[int]) -> None:
+        """A heading certain on other grounds (a known name: "2. Related Work") sets where the numbering is."""
+        if not self.accept(parts):
+            self.path = parts
+
     def accept(self, parts: list[int]) -> bool:
         if not self.path:
             ok = parts[0] <= 2 and all(n <= 2 for n in parts[1:])
@@ -1572,6 +1595,93 @@ class HeadingNumbering:
         return ok
 
 
+# -- the PDF's outline ------------------------------------------------------------------------------------------
+# A PDF's bookmarks, where the document has them, name its headings and their levels. They are taken as certain
+# evidence only when they agree with the pages: most entries are found, as a short block starting with the entry's
+# title, on the page the entry points to. An outline that does not (made by another tool, for another version of
+# the text) is left alone.
+
+OUTLINE_MIN_AGREEMENT = 0.6
+
+
+def _outline_key(text: str) -> str:
+    return re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", strip_numbering(text or "")).casefold())
+
+
+def _outline_matches(blocks: list[Block], outline: list[tuple[int, str, int]]) -> list[tuple[int, int]]:
+    """(block index, outline level) for each entry found on its page as a short block that starts with it."""
+    by_page: dict[int, list[int]] = {}
+    for i, block in enumerate(blocks):
+        if block.page is not None and block.n_lines <= 3 and len(block.text) <= 200 and not block.in_table:
+            by_page.setdefault(block.page, []).append(i)
+    found, taken = [], set()
+    for level, title, page in outline:
+        key = _outline_key(title)
+        if len(key) < 2:
+            continue
+        candidates = [i for i in by_page.get(page, []) if i not in taken and not _TOC_ENTRY.match(blocks[i].text.strip())]
+        exact = [i for i in candidates if _outline_key(blocks[i].text) == key]
+        close = [i for i in candidates if _outline_key(blocks[i].text).startswith(key)
+                 and len(key) >= 0.6 * len(_outline_key(blocks[i].text))]
+        for i in (exact or close)[:1]:
+            found.append((i, level))
+            taken.add(i)
+    return found
+
+
+def join_wrapped_headings(blocks: list[Block], body_size: float) -> list[Block]:
+    """A heading wrapped onto a second line that PyMuPDF set apart ("II. FLAVOR STRUCTURE OF LIGHT AND" over
+    "HEAVY LIGHT DIQUARKS"): the two blocks become one when they share their style, touch, and the first breaks
+    off unfinished (on "and", "of", a hyphen, a comma) or both are numbered-heading capitals."""
+    out: list[Block] = []
+    for block in blocks:
+        previous = out[-1] if out else None
+        if previous is not None and _continues_heading(previous, block, body_size):
+            previous.text = join_lines([previous.text, block.text])
+            previous.n_lines += block.n_lines
+            previous.bbox = (min(previous.bbox[0], block.bbox[0]), previous.bbox[1],
+                             max(previous.bbox[2], block.bbox[2]), max(previous.bbox[3], block.bbox[3]))
+            continue
+        out.append(block)
+    return out
+
+
+def _continues_heading(first: Block, second: Block, body_size: float) -> bool:
+    if (first.page != second.page or first.bbox is None or second.bbox is None or first.n_lines > 2
+            or second.n_lines > 2 or len(first.text) + len(second.text) > 160 or first.in_table or second.in_table
+            or block_style(first) != block_style(second) or numbering_depth(second.text)):
+        return False
+    height = first.first_line[3] - first.first_line[1] if first.first_line else 10.0
+    if not 0 <= second.bbox[1] - first.bbox[3] <= 0.6 * height or _CAPTION.match(first.text):
+        return False
+    size, bold, _, caps, _ = block_style(first)
+    if not (bold or caps or size >= 1.15 * body_size):
+        return False
+    text = first.text.rstrip()
+    unfinished = bool(_ENDS_UNFINISHED.search(text)) or text.endswith((",", "-", "–"))
+    return unfinished or (caps and bool(numbering_depth(text)) and not text.endswith((".", ":", "?", "!")))
+
+
+def apply_outline(blocks: list[Block], outline: list[tuple[int, str, int]]) -> None:
+    """Headings from an outline that agrees with the pages (see above), at the outline's levels (its shallowest
+    level found is 1). The title of the paper, often the outline's first entry, stays the title."""
+    entries = [(level, title, page) for level, title, page in outline]
+    if not entries:
+        return
+    found = _outline_matches(blocks, entries)
+    if len(found) < max(2, OUTLINE_MIN_AGREEMENT * len(entries)):
+        return
+    if sum(_looks_like_person(blocks[i].text, blocks[i].page) or "@" in blocks[i].text for i, _ in found) >= 1:
+        return        # an outline made of the title page's lines (authors, e-mail): its levels mean nothing
+    top = min((level for i, level in found if blocks[i].role != "title"), default=1)
+    for i, level in found:
+        block = blocks[i]
+        if block.role == "title":
+            continue
+        block.role, block.evidence = "heading", "outline"
+        block.level = numbering_depth(block.text) or min(4, level - top + 1)
+
+
 def classify_blocks(blocks: list[Block], body_size: float) -> None:
     """Assign roles in place: heading, caption, noise or body."""
     numbering = HeadingNumbering()
@@ -1581,6 +1691,8 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
         number, detached_number = detached_number, None
         if block.role == "heading":
             in_front_matter = False
+            if block.evidence == "outline" and (parts := HeadingNumbering.parts(block.text)):
+                numbering.follow(parts)
         if block.role != "body":
             continue
         text = block.text
@@ -1591,11 +1703,11 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
         if len(text.strip()) < 2 or not any(ch.isalnum() for ch in text):
             block.role = "noise"
             continue
-        if block.in_table:
-            continue        # a table's cells and column headers are content, never headings
+        if block.in_table or block.in_figure:
+            continue        # a table's cells and column headers, a figure's labels: content, never headings
         if (number and looks_like_heading(text, block.size, True, block.n_lines, body_size)
                 and numbering.accept(number)):
-            block.role, block.level = "heading", len(number)
+            block.role, block.level, block.evidence = "heading", len(number), "numbered"
             in_front_matter = False
             continue
         if _CAPTION.match(text) and len(text) > 12:
@@ -1610,16 +1722,396 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
             continue
         if parts is not None and not known and not numbering.accept(parts):
             continue
+        if parts is not None and known:
+            numbering.follow(parts)
         if parts is None and not known and numbering_depth(text) == 0:
             # Style alone is weak evidence: not in the front matter (author lines), and not one bold word
             big = body_size and block.size >= body_size * 1.3
             if in_front_matter and block.page in (None, 1) or not (big or len(text.split()) >= 2):
                 continue
+        block.evidence = "known" if known else "numbered" if numbering_depth(text) or _CHAPTER_LABEL.match(text) \
+            else "typeset"
         block.role, block.level = "heading", level
         in_front_matter = False
         if chapter := _CHAPTER_LABEL.match(text):
             numbering.open_chapter(int(chapter.group(1)))
+        elif parts is None and numbering_depth(text):
+            numbering.restart()          # under "二、" or "II." the arabic numbers may begin again at 1
+    if body_size:         # typography to learn from: PDF (DOCX and Markdown name their heading levels)
+        apply_heading_styles(blocks, body_size)
+        apply_run_in_headings(blocks, body_size)
+        apply_numbering_levels(blocks)
     confirm_closing_headings(blocks)
+
+
+def numbering_scheme(text: str) -> str | None:
+    """Which numbering a heading uses: arabic ("2.1"), arabic) ("1)"), roman, letter, cn ("二、"), cnsub ("（二）"),
+    cnchap ("第二章")."""
+    match = _NUMBERING.match(text)
+    if not match:
+        return None
+    for scheme in ("arabic", "roman", "letter", "cnchap", "cn", "cnsub"):
+        if match.group(scheme):
+            if scheme == "roman" and match.group("roman") in ("C", "L"):
+                return "letter"         # "C. Node Mobility" follows "B.", it is not section 100
+            if scheme == "arabic" and text[match.end("arabic"):match.end("arabic") + 1] == ")":
+                return "arabic)"
+            return scheme
+    return None
+
+
+def apply_numbering_levels(blocks: list[Block]) -> None:
+    """Levels of numbered headings in a document whose top level is not arabic ("一、" then "（一）" then "1.";
+    "I." then "A." then "1)"): each numbering takes the level of its rank in the order the document first uses
+    them. Arabic numbers that carry their parents ("1.2") keep the depth they spell."""
+    numbered = [b for b in blocks if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
+                and numbering_scheme(b.text)]
+    order: list[str] = []
+    for block in numbered:
+        scheme = numbering_scheme(block.text)
+        if scheme not in order:
+            order.append(scheme)
+    if not order or order[0] in ("arabic", "cnchap"):
+        return
+    for block in numbered:
+        scheme = numbering_scheme(block.text)
+        if scheme == "arabic" and numbering_depth(block.text) >= 2:
+            block.level = numbering_depth(block.text)
+        else:
+            block.level = min(4, order.index(scheme) + 1)
+
+
+# -- headings from the document's own typography ---------------------------------------------------------------
+# A document sets its headings in a few styles of its own. The headings that are certain (numbered in the
+# document's sequence, or a known section name) show which styles those are and at which level each is used;
+# every other short block set in such a style is a heading too, at that level. A style that only the uncertain
+# headings use (bold at body size, say) takes the level below the last certain style more prominent than it.
+
+HEADING_STYLE_MIN_USES = 2       # an emphasised style no certain heading uses counts when used this often
+_PUBLISHER_BOX = re.compile(r"submit your (?:next )?manuscript|take full advantage of|^open access$|this article is "
+                            r"(?:licensed|distributed)|creative commons|publisher['’]s note|remains neutral with|"
+                            r"reprints and permissions|©|\bcopyright\b|all rights reserved", re.IGNORECASE)
+_ENDS_UNFINISHED = re.compile(r"\b(?:of|the|a|an|and|or|to|in|for|by|with|on|as|at|from|is|are|that|which|"
+                              r"such as|including)$", re.IGNORECASE)
+_STATEMENT_LABEL = re.compile(r"^\s*(?:definition|définition|example|exemple|theorem|théorème|lemma|lemme|proposition|"
+                              r"corollary|corollaire|remark|remarque|proof|preuve|propriété|property|conjecture|"
+                              r"assumption|hypothesis|claim|algorithm|定义|定理|引理|推论|例)\s*\d", re.IGNORECASE)
+STYLE_HEADING_MIN_SIZE = 0.85    # of the body size: smaller text in an emphasised style is a figure's or a table's
+
+
+def block_style(block: Block) -> tuple:
+    """A block's typography as a document's headings share it: size to the half point, weight, slant, capitals,
+    colour."""
+    head = block.text[:160]          # a heading's capitals show in its first words; a paragraph need not be read
+    caps = sum(ch.isalpha() and ch.isupper() for ch in head) >= 3 and not any(ch.islower() for ch in head)
+    return round(block.size * 2) / 2, block.bold, block.italic, caps, block.coloured
+
+
+def _prominence(style: tuple) -> tuple:
+    size, bold, italic, caps, coloured = style
+    return size, bold, coloured, caps, italic
+
+
+def _emphasised(style: tuple, body: tuple) -> bool:
+    size, bold, italic, caps, coloured = style
+    return bold or italic or caps or coloured or (size >= body[0] * 1.06 and size - body[0] >= 0.5)
+
+
+def _heading_shaped(text: str) -> bool:
+    """Short, starts like a title, reads as a name rather than a sentence."""
+    stripped = text.strip()
+    words = stripped.split()
+    letters = [ch for ch in stripped if ch.isalpha()]
+    if not words or len(stripped) > 120 or len(words) > 16 or len(letters) < 2:
+        return False
+    first = re.sub(r"^\(?[a-z]\)\s*", "", strip_numbering(stripped))[:1]      # "(a) Intra-Metapath Aggregation"
+    if not first or not (first.isupper() or first.isdigit() or is_cjk(first)):
+        return False
+    if stripped[0].isdigit() and not numbering_depth(stripped) or looks_like_reference_entry(stripped):
+        return False          # "590 (2000) 287-305 ...": a reference list's line, not a numbered heading
+    if stripped[-1] in ",;" or "。" in stripped or _CAPTION.match(stripped) or _NOT_A_HEADING.search(stripped):
+        return False
+    if cjk_ratio(stripped) > 0.3 and (len(stripped) > 30 or re.search(r"[,;!?]|:\s*\S", stripped)):
+        return False          # a line of Chinese prose, or a form's field ("日期: 年 月 日")
+    if not _A_WORD.search(stripped) and cjk_ratio(stripped) <= 0.3 or _STATEMENT_LABEL.match(stripped):
+        return False          # a symbol ("CW", "ΘΨ1"), or a theorem's or an example's label
+    if _PUBLISHER_BOX.search(stripped) or _ENDS_UNFINISHED.search(stripped.rstrip(".:： ")):
+        return False          # a publisher's box or banner, or a sentence cut before what it introduces
+    body = stripped.rstrip(".:：")
+    return not re.search(r"[a-z]{2,}[.!?]\s+\S", body) and not (body.endswith(".") and len(words) > 8)
+
+
+def _body_style(blocks: list[Block]) -> tuple:
+    """The style most of the running text is set in (tables and figures' text left out)."""
+    weights: dict[tuple, int] = {}
+    for block in blocks:
+        if (block.role == "body" and block.size and not block.in_table and not block.gapped and not block.in_figure
+                and not _numeric_row(block.text)):
+            style = block_style(block)
+            weights[style] = weights.get(style, 0) + len(block.text)
+    return max(weights, key=weights.get) if weights else (0.0, False, False, False, False)
+
+
+def _repeated_texts(blocks: list[Block]) -> set[str]:
+    """Short unnumbered texts printed on three pages or more, and on a fifth of them: running heads and banners
+    that survived the margin check, a table header repeated on every page. A chapter's title printed again in
+    the contents and as a numbered section is not one of them."""
+    pages: dict[str, set] = {}
+    for block in blocks:
+        if len(block.text) <= 120 and not numbering_depth(block.text) and not _TOC_ENTRY.match(block.text.strip()):
+            pages.setdefault(re.sub(r"\W+|\d+", "", block.text.casefold()), set()).add(block.page)
+    total = len({b.page for b in blocks})
+    return {key for key, seen in pages.items() if key and len(seen) >= max(3, total / 5)}
+
+
+def _followed_by_text(blocks: list[Block], index: int) -> bool:
+    following = next((b for b in blocks[index + 1:index + 3] if b.role not in ("noise",)), None)
+    return following is not None and following.role in ("body", "heading") and not following.in_table
+
+
+def _rank_level(style: tuple, learned: dict[tuple, int]) -> int:
+    """A style's level: its own when learned, else one below the deepest learned style more prominent than it."""
+    if style in learned:
+        return learned[style]
+    above = [level for known, level in learned.items() if _prominence(known) > _prominence(style)]
+    return min(4, max(above) + 1) if above else 1
+
+
+def _learned_styles(blocks: list[Block], body: tuple) -> dict[tuple, int]:
+    """Style -> level, from the certain headings. A numbered one (or one the outline gives) says its level by its
+    number; a known section name only says that its style is a heading style, whose level comes from its rank:
+    below the numbered styles more prominent than it, or, in a document without numbers, by prominence alone."""
+    numbered: dict[tuple, dict[int, int]] = {}
+    named: set[tuple] = set()
+    for block in blocks:
+        if block.role != "heading" or block.n_lines > 3:
+            continue
+        style = block_style(block)
+        if style == body or not _emphasised(style, body):
+            continue
+        if block.evidence == "outline" or (block.evidence in ("numbered", "known") and numbering_depth(block.text)):
+            depth = numbering_depth(block.text) or block.level or 1
+            levels = numbered.setdefault(style, {})
+            levels[depth] = levels.get(depth, 0) + 1
+        elif block.evidence == "known":
+            named.add(style)
+    learned = {style: max(levels, key=levels.get) for style, levels in numbered.items()}
+    ranked = sorted(named - set(learned), key=_prominence, reverse=True)
+    if learned:
+        for style in ranked:
+            learned[style] = _rank_level(style, learned)
+    else:
+        learned = {style: min(4, rank + 1) for rank, style in enumerate(ranked)}
+    return learned
+
+
+def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
+    """Headings by the document's own heading styles (see above): adds the blocks set in a style its certain
+    headings use, or in an emphasised style it uses for standalone lines again and again, and gives every heading
+    without a number its level from where its style ranks among the certain ones."""
+    body = _body_style(blocks)
+    learned = _learned_styles(blocks, body)
+    certain = learned or any(b.role == "heading" and b.evidence in ("numbered", "known", "outline") for b in blocks)
+    repeated = _repeated_texts(blocks)
+    # before the first certain heading come the title, the byline and the affiliations: no style decides there
+    first = next((i for i, b in enumerate(blocks) if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
+                  or b.role == "body" and len(b.text) >= 200 and block_style(b) == body), len(blocks))
+    if not certain:      # a report without a numbered or named heading: its styles begin after the title
+        first = max((i for i, b in enumerate(blocks) if b.role == "title"), default=-1)
+    toc = _toc_entries(blocks) | _row_mates(blocks)
+    for i, block in enumerate(blocks):
+        if block.role != "heading" or block.evidence not in ("typeset", "known"):
+            continue
+        plain_name = (block.evidence == "known" and learned and block_style(block) == body
+                      and not numbering_depth(block.text))      # "附录" in a list of a thesis's parts
+        if i in toc or plain_name or (block.evidence == "typeset" and (
+                block.gapped or _BANNER.search(block.text) or not _heading_shaped(block.text)
+                or _not_a_section(blocks, i) or re.sub(r"\W+|\d+", "", block.text.casefold()) in repeated)):
+            block.role, block.level, block.evidence = "body", 0, ""
+    candidates = [i for i, b in enumerate(blocks)
+                  if i > first and b.role in ("body", "heading") and b.evidence in ("", "typeset")
+                  and not b.in_table and not b.in_figure and not b.gapped and b.n_lines <= 2
+                  and _heading_shaped(b.text)
+                  and b.page is not None and not _BANNER.search(b.text)
+                  and b.size >= (SMALL_PRINT_SHARE if numbering_depth(b.text) else STYLE_HEADING_MIN_SIZE) * body_size]
+    uses: dict[tuple, int] = {}
+    for i in candidates:
+        uses[block_style(blocks[i])] = uses.get(block_style(blocks[i]), 0) + 1
+
+    def level_of(style: tuple) -> int:
+        return _rank_level(style, learned)
+
+    for block in blocks:          # a known name takes the level of its style: "Analysis" set as a subsection
+        if block.role == "heading" and block.evidence == "known" and not numbering_depth(block.text) \
+                and block_style(block) in learned:
+            block.level = learned[block_style(block)]
+    for i in candidates:
+        block = blocks[i]
+        style = block_style(block)
+        if i in toc or re.sub(r"\W+|\d+", "", block.text.casefold()) in repeated or _not_a_section(blocks, i):
+            continue
+        recurring = (style != body and _emphasised(style, body) and uses.get(style, 0) >= HEADING_STYLE_MIN_USES)
+        if style in learned or (recurring and _followed_by_text(blocks, i)):
+            block.role, block.evidence = "heading", block.evidence or "style"
+            block.level = numbering_depth(block.text) or level_of(style)
+        elif block.evidence == "typeset" and learned:
+            block.level = level_of(style)
+
+
+_NAME_WORD = r"[A-Z][a-z'\u00c0-\u024f]+(?:-[A-Z][a-z'\u00c0-\u024f]+)?"
+RUN_IN_MAX_WORDS = 10
+_BULLET = re.compile(r"^\s*[•◦▪▫●○■□‣⁃∙·*\-–—]\s")
+
+
+def _run_in_name(lead: str, page: int | None) -> str | None:
+    """The heading a bold or italic lead-in names, or None when it names none: a run-in ends with a full stop or
+    a colon (or is numbered), is short, and reads as a name (not a field's label, a theorem, a person)."""
+    name = lead.strip()
+    ends = (name.endswith((".", ":", "：", "—", " –", " -")) or bool(re.match(r"^\(?\d{1,2}\)|^\(?[a-z]\)", name))
+            or numbering_depth(name) > 1)
+    name = name.rstrip(".:：—–- ").strip()
+    if not ends or not name or len(name.split()) > RUN_IN_MAX_WORDS or _BULLET.match(lead):
+        return None
+    if _ENDS_UNFINISHED.search(name):
+        return None           # a sentence cut before its list ("... consists of:"), not a name
+    if _FIELD_LABEL.match(lead) or _STATEMENT_LABEL.match(name) or re.match(r"(?i)(?:proof|note|notes|remarks?)$", name):
+        return None
+    if not _heading_shaped(name) or _looks_like_person(name, page) and re.search(r"\b[A-Z]\.", name) \
+            or canonical_section(name) == "abstract":
+        return None
+    return name
+
+
+def _one_row(block: Block) -> bool:
+    """Set on one row: one line, or a few PyMuPDF lines side by side ("Instance-Based" "Prediction.")."""
+    if block.n_lines == 1:
+        return True
+    return block.n_lines <= 3 and block.first_line is not None and block.bbox is not None and (
+        block.bbox[3] - block.bbox[1]) <= 1.6 * (block.first_line[3] - block.first_line[1])
+
+
+def _text_continues_on_its_row(blocks: list[Block], index: int) -> bool:
+    """The next block's first line starts on this block's row, to its right: this one is the paragraph's
+    lead-in, set apart by PyMuPDF because its font differs."""
+    block = blocks[index]
+    following = blocks[index + 1] if index + 1 < len(blocks) else None
+    if following is None or block.bbox is None or following.first_line is None or following.page != block.page:
+        return False
+    return following.role == "body" and following.first_line[0] >= block.bbox[2] - 1 and _side_by_side(
+        block.bbox, following.first_line)
+
+
+def apply_run_in_headings(blocks: list[Block], body_size: float) -> None:
+    """Run-in headings, where the document uses them consistently (at least twice): the bold or italic lead-in
+    of a paragraph ("Participants. We recruited ..."), or such a lead-in set as a line of its own that ends with
+    a full stop. They become the lowest part of the passages' section label, never a section of their own."""
+    found: list[tuple[int, str, bool]] = []         # (block index, name, set as a line of its own)
+    for i, block in enumerate(blocks):
+        if block.in_table or block.in_figure or block.page is None or block.size < 0.9 * body_size:
+            continue
+        known_run_in = block.evidence == "known" and block.text.strip().endswith(".")     # "Methods. We used ..."
+        standalone = (_one_row(block) and not block.gapped and (block.bold or block.italic)
+                      and block.role in ("body", "heading")
+                      and (block.evidence in ("", "typeset", "style") or known_run_in)
+                      and numbering_scheme(block.text) in (None, "arabic)")
+                      and (_text_continues_on_its_row(blocks, i)
+                           or block.text.strip().endswith((".", ":")) and _followed_by_text(blocks, i)))
+        if standalone and not block.text.strip().endswith((".", ":", "：")):
+            name = _run_in_name(block.text.strip() + ".", block.page)
+        else:
+            name = _run_in_name(block.text if standalone else block.lead, block.page) if standalone or (
+                block.role == "body" and block.lead and not looks_like_reference_entry(block.lead)) else None
+        if name and not standalone and not (block.n_lines >= 2 or len(block.text) >= 120):
+            name = None           # a lead-in opens a paragraph, not a one-line entry ("Question: ...")
+        if name:
+            found.append((i, name, standalone))
+    times: dict[str, int] = {}
+    for _, name, _ in found:
+        times[name.casefold()] = times.get(name.casefold(), 0) + 1
+    found = [item for item in found if times[item[1].casefold()] < 3]     # "Question:", "Answer:" in examples
+    if len(found) < 2:
+        return
+    for i, name, standalone in found:
+        block = blocks[i]
+        if standalone:
+            block.role, block.level, block.evidence = "heading", 0, "run_in"
+        block.run_in = name
+
+
+_PERSON_NAME = re.compile(rf"^(?:{_NAME_WORD}|[A-Z]\.)(?:\s+(?:{_NAME_WORD}|[A-Z]\.|(?:van|von|de|der|da|di|le|la)))*"
+                          rf"\s+{_NAME_WORD}(?:,?\s+(?:Jr|Sr)\.?)?$")
+# Labels of a paper's fields, set before their value ("Keywords: ..."): never a section of the text.
+_FIELD_LABEL = re.compile(r"^\s*(?:key\s*words?|index terms|affiliations?|address(?:es)?|corresponding authors?|"
+                          r"e-?mail|received|accepted|published|citation|acm reference format|jel(?: classifications?)?|"
+                          r"pacs(?: numbers)?|msc|facilit(?:y|ies)|software|data availability statement|"
+                          r"关键词|关键字|中图分类号|文献标识码)\s*[:：]", re.IGNORECASE)
+_TOC_ENTRY = re.compile(r"^(?P<title>.*?\S)\s*(?:\.\s*){2,}\s*\d{1,4}$|^(?P<short>.*[^\d\s.])\s+\d{1,4}$")
+
+
+def _numeric_row(text: str) -> bool:
+    """A row of a table of figures: most of its tokens are numbers."""
+    tokens = text.split()
+    numbers = sum(bool(re.fullmatch(r"[-+±]?\d[\d.,%]*|[-–—]", t)) for t in tokens)
+    return numbers >= 3 and numbers >= 0.4 * len(tokens)
+
+
+def _toc_entries(blocks: list[Block]) -> set[int]:
+    """Block indices of table-of-contents lines: a title and a page number whose title is printed again as a
+    heading later on."""
+    later = {re.sub(r"\W+", "", strip_numbering(b.text).casefold()) for b in blocks if b.role == "heading"}
+    found = set()
+    for i, block in enumerate(blocks):
+        match = _TOC_ENTRY.match(block.text.strip()) if block.n_lines <= 2 else None
+        title = (match.group("title") or match.group("short")) if match else None
+        if title and re.sub(r"\W+", "", strip_numbering(title).casefold()) in later:
+            found.add(i)
+    return found
+
+
+def _row_mates(blocks: list[Block]) -> set[int]:
+    """Short blocks that share their row with another short block in the same half of the page: a table's
+    cells, a figure's labels. A heading has its row to itself."""
+    by_page: dict[int, list[int]] = {}
+    extent: dict[int, list[float]] = {}
+    for i, block in enumerate(blocks):
+        if block.bbox is None or block.page is None:
+            continue
+        box = extent.setdefault(block.page, [block.bbox[0], block.bbox[2]])
+        box[0], box[1] = min(box[0], block.bbox[0]), max(box[1], block.bbox[2])
+        if len(block.text) <= 80:
+            by_page.setdefault(block.page, []).append(i)
+    mates = set()
+    for page, indices in by_page.items():
+        middle = sum(extent[page]) / 2
+        for n, i in enumerate(indices):
+            for j in indices[n + 1:]:
+                a, b = blocks[i].bbox, blocks[j].bbox
+                if ((a[0] + a[2]) / 2 < middle) == ((b[0] + b[2]) / 2 < middle) and _side_by_side(a, b):
+                    mates.update((i, j))
+    return mates
+
+
+def _not_a_section(blocks: list[Block], index: int) -> bool:
+    """Short emphasised lines that name no part of the text: a person (in a list of names, not before a
+    paragraph), a field's label, a table's row label, the first cell of a table under its caption."""
+    block = blocks[index]
+    following = next((b for b in blocks[index + 1:index + 3] if b.role != "noise"), None)
+    previous = next((b for b in reversed(blocks[max(0, index - 2):index]) if b.role != "noise"), None)
+    in_a_list = following is None or len(following.text) < 120
+    under_table_caption = (previous is not None and previous.role == "caption"
+                           and re.match(r"(?i)\s*(?:table|tab\.|表)", previous.text) and following is not None
+                           and prose_share(following.text) < 0.5)
+    return ((_looks_like_person(block.text, block.page) and in_a_list) or bool(_FIELD_LABEL.match(block.text))
+            or (following is not None and _numeric_row(following.text)) or bool(under_table_caption))
+
+
+def _looks_like_person(text: str, page: int | None) -> bool:
+    """A person's name on a line of its own ("Benjamin J. Lengerich", "Juan Jose Carmona"): a byline or a
+    contributor list. A name with an initial anywhere, any capitalised two to four words on the first pages."""
+    stripped = text.strip().rstrip("*†‡0123456789,")
+    if not _PERSON_NAME.match(stripped) or len(stripped.split()) > 4 or canonical_section(stripped):
+        return False
+    return re.search(r"\b[A-Z]\.", stripped) is not None or (page or 1) <= 2
 
 
 def _closing_heading_typeset(block: Block, body_size: float) -> bool:
@@ -1674,7 +2166,7 @@ def confirm_closing_headings(blocks: list[Block]) -> None:
     word was a misread (a table column header, a cross-reference) and the block goes back to the body."""
     for i, block in enumerate(blocks):
         canonical = canonical_section(block.text) if block.role == "heading" else None
-        if canonical not in NOT_INDEXED_SECTIONS:
+        if canonical not in NOT_INDEXED_SECTIONS or (numbering_depth(block.text) and block.level >= 2):
             continue
         following: list[Block] = []
         for later in blocks[i + 1:i + 60]:
@@ -1686,7 +2178,9 @@ def confirm_closing_headings(blocks: list[Block]) -> None:
             claimed = _reads_as_reference_list(following)
         else:       # (in two columns the first block may still be the other column's paragraph)
             claimed = any(_ACKNOWLEDGING.search(b.text) for b in following[:3])
-        if not claimed:
+        if not claimed and block.evidence in ("numbered", "outline") and numbering_depth(block.text):
+            block.evidence = "named"      # "6 References" on how to cite, followed by "7 ...": a section of the text
+        elif not claimed:
             block.role, block.level = "body", 0
 
 
@@ -1716,8 +2210,10 @@ def join_lines(lines: Iterable[str]) -> str:
             continue
         if not out:
             out = line
-        elif re.search(r"[^\W\d_][-\u2010\u00ad]$", out) and line[0].islower():
-            out = out[:-1] + line
+        elif re.search(r"[^\W\d_][-\u2010\u00ad]$", out[-3:]) and line[0].islower():    # the tail only: a
+            out = out[:-1] + line                                                    # long block stays linear
+        elif re.search(r"[A-Z]{2}[-\u2010\u00ad]$", out[-3:]) and re.match(r"[A-Z]{2,}\b", line):
+            out = out[:-1] + line          # a heading in capitals broken across lines ("SO-" "LUTION")
         elif is_cjk(out[-1]) and is_cjk(line[0]):
             out += line
         else:
@@ -1797,7 +2293,8 @@ def _blocks_under_references_heading(blocks: list[Block]) -> list[Block]:
     for block in blocks:
         if block.role == "heading":
             canonical = canonical_section(block.text)
-            if canonical == "references":
+            if canonical == "references" and not (numbering_depth(block.text) and block.level >= 2) \
+                    and block.evidence != "named":
                 inside = True
             elif inside and (canonical is not None or numbering_depth(block.text)):
                 inside = False      # acknowledgements, appendices, a new chapter: the list is over
@@ -1977,14 +2474,23 @@ class _PdfLine:
     # The line as the front-matter reader wants it: every raised span (affiliation letters, symbols, digits) and
     # every wide gap between spans replaced by NAME_BREAK, so "Roisin^a, Delhaye^a" keeps its names apart.
     header: str = ""
+    italic: bool = False
+    gapped: bool = False     # spans set far apart on the line (table columns), past a leading section number
+    lead: str = ""           # the line's opening words when they alone are bold or italic ("Participants.")
+    coloured: bool = False   # set in a colour, not black or grey (headings of many templates are)
 
 
 NAME_BREAK = "\u2016"
 _BOLD_FONT = re.compile(r"bold|black|heavy|semibold|demi|cmbx|\.b$|-bd|medi", re.IGNORECASE)
+_ITALIC_FONT = re.compile(r"italic|oblique|cmti|cmsl|-it$|\.i$|-ital", re.IGNORECASE)
 
 
 def _span_is_bold(span: dict) -> bool:
     return bool(span.get("flags", 0) & 16) or bool(_BOLD_FONT.search(span.get("font", "")))
+
+
+def _span_is_italic(span: dict) -> bool:
+    return bool(span.get("flags", 0) & 2) or bool(_ITALIC_FONT.search(span.get("font", "")))
 
 
 def _line_direction(line: dict) -> tuple[int, int]:
@@ -2008,18 +2514,20 @@ def _pdf_line(line: dict) -> _PdfLine | None:
     if not "".join(s["text"] for s in spans).strip():
         return None
     weights: dict[float, int] = {}
-    bold_chars = total_chars = 0
+    bold_chars = italic_chars = total_chars = coloured_chars = 0
     for span in spans:
         n = len(span["text"].strip())
         if not n:
             continue
+        coloured_chars += n if _is_coloured(span.get("color", 0)) else 0
         weights[round(span.get("size", 0.0), 1)] = weights.get(round(span.get("size", 0.0), 1), 0) + n
         total_chars += n
         bold_chars += n if _span_is_bold(span) else 0
+        italic_chars += n if _span_is_italic(span) else 0
     size = max(weights, key=weights.get) if weights else 0.0
     main = next((s for s in spans if round(s.get("size", 0.0), 1) == size and s.get("origin")), None)
     baseline = main["origin"][1] if main else line["bbox"][3]
-    parts, header_parts, previous_end = [], [], None
+    parts, header_parts, previous_end, gapped = [], [], None, False
     for span in spans:
         raw = span["text"]
         raised = bool(raw.strip()) and _is_raised(span, size, baseline)
@@ -2032,24 +2540,117 @@ def _pdf_line(line: dict) -> _PdfLine | None:
         bbox = span.get("bbox")
         wide_gap = (previous_end is not None and bbox is not None and size > 0 and bbox[0] - previous_end > 1.5 * size)
         header_parts.append(NAME_BREAK if raised else (NAME_BREAK + raw if wide_gap else raw))
+        gapped = gapped or (wide_gap and not raised and not _DETACHED_SECTION_NUMBER.match("".join(parts[:-1])))
         if bbox is not None:
             previous_end = bbox[2]
     text = normalize_text(compose_spacing_accents("".join(parts)))
     text = text.replace(SUP_CLOSE + SUP_OPEN, "")     # "1" "," "2" typeset as separate spans
+    lead = _emphasised_lead(spans)
     header = normalize_text(compose_spacing_accents("".join(header_parts)))
-    return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]), header)
+    return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]), header,
+                    total_chars > 0 and italic_chars >= 0.6 * total_chars, gapped, lead,
+                    total_chars > 0 and coloured_chars >= 0.6 * total_chars)
+
+
+def _is_coloured(color) -> bool:
+    """A text colour that is neither black, grey nor white: the red, blue or brown of a template's headings."""
+    if not isinstance(color, int):
+        return False
+    r, g, b = (color >> 16) & 255, (color >> 8) & 255, color & 255
+    return max(r, g, b) - min(r, g, b) >= 60
+
+
+def _emphasised_lead(spans: list[dict]) -> str:
+    """The opening spans of a line when they are bold (or italic) and the rest of the line is not: a run-in
+    heading's candidate ("Participants." before the paragraph it names)."""
+    if not spans:
+        return ""
+    kinds = [(_span_is_bold(s), _span_is_italic(s)) for s in spans[:2]]
+    start = 0           # a section number in the upright face may come first ("6.1.1 *Global citations.*")
+    if len(spans) > 1 and not any(kinds[0]) and _DETACHED_SECTION_NUMBER.match(spans[0]["text"]):
+        start = 1
+    if len(spans) <= start or not any(kinds[start]):
+        return ""           # most lines: the first word is in the text face, nothing more to look at
+    kinds += [(_span_is_bold(s), _span_is_italic(s)) for s in spans[2:]]
+    first = 0 if kinds[start][0] else 1          # the emphasis the line opens with: bold, else italic
+    n = start
+    while n < len(spans) and (kinds[n][first] or not spans[n]["text"].strip()):
+        n += 1
+    lead = normalize_text("".join(s["text"] for s in spans[:n])).strip()
+    rest = "".join(s["text"] for s in spans[n:]).strip()
+    if rest[:1] in (".", ":", "：") and not lead.endswith((".", ":", "：")):
+        lead, rest = lead + rest[0], rest[1:].strip()       # "Embedding Layer" bold, its full stop upright
+    return lead if rest and 2 <= len(lead) <= 80 else ""
+
+
+def _opens_run_in(line: _PdfLine) -> bool:
+    """A line that starts a paragraph with a run-in heading ("1) Route Request: A zone head ..."), or with the
+    section number such a heading carries on a line of its own ("6.1.1")."""
+    return bool(line.lead and _run_in_name(line.lead, None)) or bool(
+        _DETACHED_SECTION_NUMBER.match(line.text) and numbering_depth(line.text) >= 2)
+
+
+def _block_lead(lines: list[_PdfLine]) -> str:
+    """The bold or italic opening words of a block's first row, which PyMuPDF may have cut into several lines (a
+    section number, the emphasised words, the rest of the row)."""
+    if lines[0].lead:
+        return lines[0].lead
+    parts, emphasised = [], False
+    for line in lines[:4]:
+        if line is not lines[0] and not _side_by_side(lines[0].bbox, line.bbox):
+            break
+        if _DETACHED_SECTION_NUMBER.match(line.text):
+            parts.append(line.text.strip())
+        elif line.lead:
+            return " ".join(parts + [line.lead])
+        elif line.bold or line.italic:
+            parts.append(line.text.strip())
+            emphasised = True
+        else:
+            return " ".join(parts) if emphasised else ""      # the row goes on in the text face: a lead-in
+    return " ".join(parts) if emphasised and len(lines) > len(parts) else ""
+
+
+def _isolated_rows(lines: list[_PdfLine]) -> set[int]:
+    """Indices of the lines that begin or end a short row standing between two blank gaps of about a line (or the
+    block's start): a heading set in the text's own face and glued to its paragraph ("I. INTRODUCTION"). A
+    paragraph's lines follow each other without such gaps."""
+    rows: list[list[int]] = []
+    for i, line in enumerate(lines):
+        if rows and _side_by_side(lines[rows[-1][0]].bbox, line.bbox):
+            rows[-1].append(i)
+        else:
+            rows.append([i])
+    if len(rows) < 2:
+        return set()
+    boxes = [(min(lines[i].bbox[0] for i in row), min(lines[i].bbox[1] for i in row),
+              max(lines[i].bbox[2] for i in row), max(lines[i].bbox[3] for i in row)) for row in rows]
+    widest = max(b[2] - b[0] for b in boxes)
+    cuts = set()
+    for n, box in enumerate(boxes):
+        height = max(box[3] - box[1], 1.0)
+        before = n == 0 or box[1] - boxes[n - 1][3] >= 0.8 * height
+        after = n + 1 < len(boxes) and boxes[n + 1][1] - box[3] >= 0.8 * height
+        text = " ".join(lines[i].text for i in rows[n])
+        if before and after and box[2] - box[0] <= 0.7 * widest and len(text) <= 100 and n + 1 < len(rows):
+            cuts.update((rows[n][0], rows[n + 1][0]))
+    return cuts
 
 
 def _split_line_groups(lines: list[_PdfLine]) -> list[list[_PdfLine]]:
-    """Split one PyMuPDF block where the typography changes (a heading glued to its paragraph)."""
+    """Split one PyMuPDF block where the typography changes, or around a short row set apart by blank gaps (a
+    heading glued to its paragraph)."""
     groups: list[list[_PdfLine]] = []
-    for line in lines:
+    cuts = _isolated_rows(lines)
+    for i, line in enumerate(lines):
         if groups:
             prev = groups[-1][-1]
             height = max(prev.bbox[3] - prev.bbox[1], 1.0)
             gap = line.bbox[1] - prev.bbox[3]
-            style_change = abs(line.size - prev.size) > 0.9 or line.bold != prev.bold
-            if not style_change and gap < 2.0 * height:
+            style_change = (abs(line.size - prev.size) > 0.9 or line.bold != prev.bold
+                            or (line.italic != prev.italic and len(groups[-1]) == 1 and len(prev.text) <= 80)
+                            or (prev.text.rstrip()[-1:] in ".:!?)" and _opens_run_in(line)))
+            if not style_change and gap < 2.0 * height and i not in cuts:
                 groups[-1].append(line)
                 continue
         groups.append([line])
@@ -2103,6 +2704,33 @@ def _reading_order(blocks: list[_PdfBlock], width: float) -> list[_PdfBlock]:
             return "full"
         return "left" if (x0 + x1) / 2 < mid else "right"
 
+    return _numbers_before_titles(_column_order(blocks, column))
+
+
+def _numbers_before_titles(ordered: list[_PdfBlock]) -> list[_PdfBlock]:
+    """A section number set apart from its heading's text on the same row ("I." then "INTRODUCTION", "3.1." read
+    after "The 12C nucleus" because its top sits a little lower) is joined to it, number first."""
+    out: list[_PdfBlock] = []
+    i = 0
+    while i < len(ordered):
+        block = ordered[i]
+        following = ordered[i + 1] if i + 1 < len(ordered) else None
+        if following is not None and _side_by_side(block.bbox, following.bbox):
+            number, text = (following, block) if following.bbox[2] <= block.bbox[0] else (block, following)
+            if (_DETACHED_SECTION_NUMBER.match(number.text) and not _DETACHED_SECTION_NUMBER.match(text.text)
+                    and number.bbox[2] <= text.bbox[0] and text.bbox[0] - number.bbox[2] < 6 * number.lines[0].size
+                    and len(text.lines) <= 3):
+                out.append(_PdfBlock(number.lines + text.lines,
+                                     (min(number.bbox[0], text.bbox[0]), min(number.bbox[1], text.bbox[1]),
+                                      max(number.bbox[2], text.bbox[2]), max(number.bbox[3], text.bbox[3]))))
+                i += 2
+                continue
+        out.append(block)
+        i += 1
+    return out
+
+
+def _column_order(blocks: list[_PdfBlock], column: Callable[[_PdfBlock], str]) -> list[_PdfBlock]:
     columns = [column(b) for b in blocks]
     left_chars = sum(len(b.text) for b, c in zip(blocks, columns) if c == "left")
     right_chars = sum(len(b.text) for b, c in zip(blocks, columns) if c == "right")
@@ -2192,6 +2820,38 @@ def _table_cells(blocks: list[_PdfBlock], width: float) -> set[int]:
 
 
 _DETACHED_SECTION_NUMBER = re.compile(r"^\s*(?:\d{1,2}(?:\.\d{1,2}){0,3}|[IVXLC]{1,6}|[A-H])\.?\s*$")
+
+
+def _figure_areas(page) -> list[tuple]:
+    """Where the page shows pictures (larger than a logo, smaller than the whole page): text drawn over one is a
+    figure's. Vector drawings are not looked at: finding their clusters costs ten times reading the text."""
+    area = max(page.rect.width * page.rect.height, 1.0)
+    try:
+        if not page.get_images():          # cheap: the page's resources, no second reading of its content
+            return []
+        boxes = [tuple(info["bbox"]) for info in page.get_image_info()]
+    except Exception:
+        return []
+    return [b for b in boxes if 0.02 * area <= (b[2] - b[0]) * (b[3] - b[1]) <= 0.8 * area]
+
+
+def _inside_any(box: tuple, areas: list[tuple]) -> bool:
+    width, height = max(box[2] - box[0], 0.1), max(box[3] - box[1], 0.1)
+    for a in areas:
+        overlap = max(0.0, min(box[2], a[2]) - max(box[0], a[0])) * max(0.0, min(box[3], a[3]) - max(box[1], a[1]))
+        if overlap >= 0.7 * width * height:
+            return True
+    return False
+
+
+def _columns_in(block: _PdfBlock) -> bool:
+    """Text set in columns inside one block: spans far apart on a line, or two lines side by side on one row (a
+    table's header row). A section number set apart from its heading's text does not count."""
+    if any(line.gapped for line in block.lines):
+        return True
+    return any(_side_by_side(a.bbox, b.bbox) and not _DETACHED_SECTION_NUMBER.match(a.text)
+               and min(abs(b.bbox[0] - a.bbox[2]), abs(a.bbox[0] - b.bbox[2])) > 1.5 * max(a.size, 1.0)
+               for n, a in enumerate(block.lines) for b in block.lines[n + 1:n + 3])
 
 
 def _detached_number(number: _PdfBlock, text: _PdfBlock) -> bool:
@@ -2341,7 +3001,7 @@ def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
 def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     doc = _open_pdf(path)
     try:
-        raw_pages, labels, widths, failed_pages, margin_text = [], [], [], 0, ""
+        raw_pages, labels, widths, failed_pages, margin_text, figures = [], [], [], 0, "", []
         for number, page in enumerate(doc):
             if max_pages is not None and number >= max_pages:
                 break
@@ -2353,10 +3013,16 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
             except Exception:
                 failed_pages += 1
                 raw_pages.append(([], page.rect.height))
+            figures.append(_figure_areas(page))
             widths.append(page.rect.width)
             labels.append(_page_label(page))
         raw_meta = dict(doc.metadata or {})
         raw_meta["margin_text"] = margin_text
+        try:
+            outline = [(level, title, page) for level, title, page in doc.get_toc(simple=True)
+                       if isinstance(title, str) and title.strip() and 1 <= page <= len(raw_pages)]
+        except Exception:          # a damaged outline is no reason to lose the text
+            outline = []
     finally:
         doc.close()
     text_chars = sum(ch.isalnum() for blocks, _ in raw_pages for b in blocks for ch in b.text)
@@ -2371,12 +3037,17 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     raw_meta["margin_text"] = f"{raw_meta.get('margin_text', '')} {running_heads}".strip()
     body_size = _pdf_body_size(pages)
     blocks = []
-    for number, (page_blocks, width) in enumerate(zip(pages, widths), start=1):
+    for number, (page_blocks, width, areas) in enumerate(zip(pages, widths, figures), start=1):
         cells = _table_cells(page_blocks, width)
         blocks.extend(Block(text=strip_controls(raw.text), page=number, size=max(line.size for line in raw.lines),
-                            n_lines=len(raw.lines), bold=all(line.bold for line in raw.lines), in_table=i in cells)
+                            n_lines=len(raw.lines), bold=all(line.bold for line in raw.lines), in_table=i in cells,
+                            italic=all(line.italic for line in raw.lines), gapped=_columns_in(raw),
+                            lead=_block_lead(raw.lines), bbox=raw.bbox, first_line=raw.lines[0].bbox,
+                            in_figure=_inside_any(raw.bbox, areas), coloured=raw.lines[0].coloured)
                       for i, raw in enumerate(page_blocks))
+    blocks = join_wrapped_headings(blocks, body_size)
     _mark_pdf_title(blocks, body_size)
+    apply_outline(blocks, outline)
     classify_blocks(blocks, body_size)
     references, numbered = reference_entries(blocks)
     resolve_superscripts(blocks, len(references) if numbered else 0)
@@ -3382,16 +4053,25 @@ def _continue_para(para: _Para, block: Block) -> None:
 _LETTERED_PART = re.compile(r"^\s*[A-H]((?:\.\d{1,2})*)\.?\s")
 
 
+MAX_LABEL_PARTS = 4      # a label names the section and at most three levels under it ("A > B > C > D")
+
+
 class SectionTracker:
-    """Follows headings to know the current section label and whether it is indexed."""
+    """Follows headings to know the current section label and whether it is indexed.
+
+    The label is the path of headings down to the current one: the top section, then its subsections by level
+    ("Methods > Participants > Recruitment"), and a run-in heading, when the text is under one, as the last part.
+    """
 
     def __init__(self):
         self.top: str = ""
         self.top_canonical: str | None = None
-        self.sub: str | None = None
+        self.subs: list[tuple[int, str]] = []   # (level, name) under the top section, shallowest first
+        self.run_ins: list[str] = []            # the run-in heading ("Participants.") the text is under, and an
+                                                # enumerated one inside it ("(a) Aggregation.")
         self.seen_heading = False
         self.body_started = False     # a section other than the abstract has begun
-        self.before_closing: tuple = ("", None, None)   # the section a References/Acknowledgements heading closed
+        self.before_closing: tuple = ("", None, [])   # the section a References/Acknowledgements heading closed
         self.after_references = False    # a References heading has been passed: lettered parts are appendices
         self.top_lettered = False        # the current top section is a lettered appendix part ("B Proofs")
 
@@ -3399,15 +4079,46 @@ class SectionTracker:
     def label(self) -> str:
         if not self.top:
             return "Front matter" if self.seen_heading and not self.body_started else ""
-        return f"{self.top} > {self.sub}" if self.sub else self.top
+        parts = [self.top, *(name for _, name in self.subs), *self.run_ins]
+        if len(parts) > MAX_LABEL_PARTS:          # keep the top and the deepest ones
+            parts = [parts[0], *parts[len(parts) - MAX_LABEL_PARTS + 1:]]
+        return " > ".join(parts)
 
     @property
     def indexed(self) -> bool:
         return self.top_canonical not in NOT_INDEXED_SECTIONS
 
-    def enter(self, heading: str, level: int) -> None:
+    def _open_top(self, name: str, canonical: str | None) -> None:
+        self.top, self.top_canonical, self.subs, self.run_ins = name, canonical, [], []
+
+    def _open_sub(self, name: str, level: int) -> None:
+        """A subsection at ``level`` (2 and deeper): it closes the subsections at its level and below."""
+        level = max(2, level)
+        self.subs = [(lv, n) for lv, n in self.subs if lv < level] + [(level, name)]
+        self.run_ins = []
+
+    def enter_run_in(self, name: str) -> None:
+        """A run-in heading: the text that follows is under it until the next heading or run-in heading. One that
+        carries a section number ("6.1.2 Triaging papers.") is the subsection its number says; an enumerated one
+        ("(a) Aggregation.") sits inside the run-in before it."""
+        if not self.top or not self.indexed or self.top_canonical == "abstract":
+            return
+        if numbering_depth(name) >= 2 and numbering_scheme(name) == "arabic":
+            self._open_sub(section_display_name(name), numbering_depth(name))
+            return
+        display = section_display_name(name)
+        if re.match(r"^\(?[a-z]\)\s", name) and self.run_ins:
+            self.run_ins = [self.run_ins[0], display]
+        else:
+            self.run_ins = [display]
+
+    def enter(self, heading: str, level: int, closing: bool = True) -> None:
+        """A heading; ``closing=False`` for one named like References or Acknowledgements that turned out to head
+        a part of the text (followed by prose, and by the document's next numbered section)."""
         self.seen_heading = True
         canonical = canonical_section(heading)
+        if not closing and canonical in NOT_INDEXED_SECTIONS:
+            canonical = None
         name = section_display_name(heading)
         if canonical == "abstract" and self.body_started:
             canonical = "conclusion"      # a "Summary" after the body sums the paper up at its end
@@ -3421,48 +4132,59 @@ class SectionTracker:
 
     def _enter(self, heading: str, level: int, canonical: str | None, name: str, lettered) -> bool:
         """Move to the heading's section; True when it opened a lettered appendix part."""
-        if canonical:
+        if canonical in NOT_INDEXED_SECTIONS and _numbered_subsection(heading, level) and self.top:
+            canonical = None        # "（五）参考文献", "7.2 References": a part of the text about them
+        if canonical and (level <= 1 or canonical in NOT_INDEXED_SECTIONS or not self.top
+                          or self.top_canonical == "abstract"):
             if canonical in NOT_INDEXED_SECTIONS and self.indexed:
-                self.before_closing = (self.top, self.top_canonical, self.sub)
+                self.before_closing = (self.top, self.top_canonical, list(self.subs))
             self.after_references = self.after_references or canonical == "references"
-            self.top, self.top_canonical, self.sub = name, canonical, None
+            self._open_top(name, canonical)
         elif lettered and (self.after_references or not self.indexed):
             # After the reference list a lettered part ("A Proofs") opens an appendix, and "A.2 ..." is a part of
             # it, also when stray body text under References has already handed back to the last body section.
             # Under an "Appendix" heading of its own, the lettered parts are its subsections.
             if self.top_canonical == "appendix" and (lettered.group(1) or not self.top_lettered):
-                self.sub = name
+                self._open_sub(name, max(level, 2))
             else:
-                self.top, self.top_canonical, self.sub = name, "appendix", None
+                self._open_top(name, "appendix")
                 return True
         elif not self.indexed:
             # After the reference list: a numbered chapter opens the body; an unnumbered sub-heading ("Primary
-            # sources") stays inside the list.
-            if numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I):
-                self.top, self.top_canonical, self.sub = name, None, None
+            # sources") stays inside the list. After acknowledgements, a top-level heading opens a section of
+            # its own (an "Ethical Considerations" or "Author Contributions" set after them).
+            if (numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I)
+                    or self.top_canonical == "acknowledgements" and level <= 1):
+                self._open_top(name, None)
             else:
-                self.sub = name
+                self._open_sub(name, 2)
         elif self.top_canonical == "appendix" and level > 1:
-            self.sub = name
+            self._open_sub(name, level)
         elif level <= 1 or not self.top or self.top_canonical == "abstract":     # an abstract has no subsections
-            self.top, self.top_canonical, self.sub = name, None, None
+            self._open_top(name, canonical)
         else:
-            self.sub = name
+            self._open_sub(name, level)      # a known name set as a subsection ("3.2 Results") stays one
         return False
 
     def enter_abstract(self, name: str = "Abstract") -> None:
         self.seen_heading = True
-        self.top, self.top_canonical, self.sub = name, "abstract", None
+        self._open_top(name, "abstract")
 
     def leave_abstract(self) -> None:
         """An abstract that runs on past its length or page: the body began without a heading."""
-        self.top, self.top_canonical, self.sub = "", None, None
+        self._open_top("", None)
         self.body_started = True
 
     def resume_body(self) -> None:
         """Back to the section before a References/Acknowledgements heading that body text turned out to follow."""
-        self.top, self.top_canonical, self.sub = self.before_closing
+        top, canonical, subs = self.before_closing
+        self._open_top(top, canonical)
+        self.subs = list(subs)
         self.top_lettered = False
+
+
+def _numbered_subsection(heading: str, level: int) -> bool:
+    return level >= 2 and numbering_depth(heading) > 0
 
 
 def _promoted_abstract(blocks: list[Block]) -> Block | None:
@@ -3500,10 +4222,17 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
         block.index = index
         if block.role in ("title", "noise", "reference"):
             continue
-        if block.role == "heading":
-            tracker.enter(block.text, block.level)
+        if block.role == "heading" and block.evidence == "run_in":
+            tracker.enter_run_in(block.run_in)
             open_para = None
             continue
+        if block.role == "heading":
+            tracker.enter(block.text, block.level, closing=block.evidence != "named")
+            open_para = None
+            continue
+        if block.run_in:
+            tracker.enter_run_in(block.run_in)
+            open_para = None
         if block.role == "caption":      # figures and tables are content wherever they float
             paras.append(_Para([_piece_of(block)], tracker.label, tracker.top_canonical, "caption"))
             continue

@@ -1,0 +1,335 @@
+"""Section labels a citation can trust (issue 28): headings from the document's own typography, run-in headings,
+the PDF's outline, numbering ladders, and what is never a heading (table headers, publisher boxes, running heads
+with an author's name, text over a figure). Every PDF here is generated with PyMuPDF; each test reads the labels
+the engine gives the passages (``chunk_document``) or the blocks' roles.
+
+The benchmark of real papers, labelled by hand, is ``benchmarks/section_headings.jsonl`` (``eval_sections.py``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from helpers import sp
+
+BODY = ("The samples were prepared from the same batch and measured on three separate days, with the "
+        "instrument calibrated each morning against the reference standard before any reading was taken.")
+
+
+class Page:
+    """A page written top to bottom: lines in a font, size and colour, paragraphs wrapped to the width."""
+
+    def __init__(self, doc: pymupdf.Document, left: float = 72, width: float = 451):
+        self.page = doc.new_page(width=595, height=842)
+        self.writers: dict[tuple, pymupdf.TextWriter] = {}
+        self.left, self.width, self.y = left, width, 80.0
+
+    def _writer(self, color) -> pymupdf.TextWriter:
+        key = tuple(color)
+        if key not in self.writers:
+            self.writers[key] = pymupdf.TextWriter(self.page.rect, color=color)
+        return self.writers[key]
+
+    def text(self, x: float, text: str, font: str = "tiro", size: float = 10.5, color=(0, 0, 0)):
+        self._writer(color).append((x, self.y + size), text, font=sp._font(font), fontsize=size)
+
+    def line(self, text: str, font: str = "tiro", size: float = 10.5, color=(0, 0, 0), before: float = 0.0,
+             after: float = 4.0, x: float | None = None):
+        self.y += before
+        self.text(self.left if x is None else x, text, font, size, color)
+        self.y += size * 1.3 + after
+
+    def paragraph(self, text: str, font: str = "tiro", size: float = 10.5, lead: tuple | None = None,
+                  after: float = 6.0):
+        """Wrapped lines; ``lead`` = (text, font) sets the paragraph's first words in another face."""
+        words, x, first = text.split(), self.left, True
+        if lead:
+            lead_text, lead_font = lead
+            self.text(x, lead_text, lead_font, size)
+            x += sp._width(lead_font, lead_text + " ", size)
+        line = ""
+        while words:
+            candidate = (line + " " + words[0]).strip()
+            if sp._width(font, candidate, size) > self.left + self.width - x:
+                self.text(x, line, font, size)
+                self.y += size * 1.3
+                x, line = self.left, ""
+                continue
+            line = candidate
+            words.pop(0)
+        if line:
+            self.text(x, line, font, size)
+            self.y += size * 1.3
+        self.y += after
+
+    def finish(self):
+        for writer in self.writers.values():
+            writer.write_text(self.page)
+
+
+def labels_of(kb_engine, path: Path) -> list[str]:
+    """The section labels of the document's passages, in reading order, each once."""
+    chunks = kb_engine.chunk_document(kb_engine.extract_file(str(path)))
+    return list(dict.fromkeys(c.section for c in chunks))
+
+
+def build(path: Path, pages) -> Path:
+    """``pages``: callables that each fill one Page."""
+    doc = pymupdf.open()
+    for fill in pages:
+        page = Page(doc)
+        fill(page)
+        page.finish()
+    doc.save(str(path))
+    return path
+
+
+def title_block(p: Page, title: str = "Moisture Uptake in Pressed Cellulose Boards"):
+    p.line(title, "tibo", 17, after=10)
+    p.line("Anna Berg and Carl Dahl", "tiro", 11, after=14)
+
+
+# -- a level of bold subsections at body size (BMC articles) ----------------------------------------------
+
+def test_bold_subsections_at_body_size_are_a_level_of_their_own(kb_engine, tmp_path):
+    def page_one(p):
+        title_block(p)
+        p.line("Background", "tibo", 12.5, before=6)
+        p.paragraph(BODY)
+        p.line("Methods", "tibo", 12.5, before=6)
+        for name in ("Setting", "Participants", "Interviews", "Ethical considerations"):
+            p.line(name, "tibo", 10.5, before=3)
+            p.paragraph(f"{name} token paragraph. " + BODY)
+        p.line("Results", "tibo", 12.5, before=6)
+        p.paragraph(BODY)
+    labels = labels_of(kb_engine, build(tmp_path / "bmc.pdf", [page_one]))
+    for name in ("Setting", "Participants", "Interviews", "Ethical considerations"):
+        assert f"Methods > {name}" in labels, labels
+    assert "Results" in labels and "Background" in labels
+
+
+# -- all-caps headings -------------------------------------------------------------------------------------
+
+def test_all_caps_headings_in_the_text_face_are_found_by_their_shared_style(kb_engine, tmp_path):
+    def page_one(p):
+        title_block(p)
+        for name in ("INTRODUCTION", "SAMPLE GROWTH", "OPTICAL SET-UP", "FINDINGS"):
+            p.line(name, "tiro", 10.5, before=8)
+            p.paragraph(BODY)
+    labels = labels_of(kb_engine, build(tmp_path / "caps.pdf", [page_one]))
+    assert {"Introduction", "Sample Growth", "Optical Set-up", "Findings"} <= set(labels), labels
+
+
+# -- a table's bold header row ---------------------------------------------------------------------------
+
+def test_a_tables_bold_header_row_is_content_not_a_heading(kb_engine, tmp_path):
+    def page_one(p):
+        title_block(p)
+        p.line("1 Introduction", "tibo", 12, before=6)
+        p.paragraph(BODY)
+        p.line("2 Results", "tibo", 12, before=6)
+        p.paragraph(BODY)
+        for cells, font in ([("Method", 0), ("Recall", 150), ("Precision", 260)], "tibo"), \
+                           ([("Baseline", 0), ("0.61", 150), ("0.58", 260)], "tiro"), \
+                           ([("Ours", 0), ("0.74", 150), ("0.71", 260)], "tiro"), \
+                           ([("Oracle", 0), ("0.93", 150), ("0.90", 260)], "tiro"):
+            for text, dx in cells:
+                p.text(p.left + dx, text, font, 10.5)
+            p.y += 16
+        p.y += 8
+        p.line("Name Value", "tibo", 10.5)
+        p.line("alpha 1.5", "tiro", 10.5)
+        p.line("beta 0.1", "tiro", 10.5)
+        p.paragraph("After the table. " + BODY)
+        p.line("3 Discussion", "tibo", 12, before=6)
+        p.paragraph(BODY)
+    labels = labels_of(kb_engine, build(tmp_path / "table.pdf", [page_one]))
+    assert labels[-3:] == ["Introduction", "Results", "Discussion"] or set(labels) <= {
+        "", "Front matter", "Introduction", "Results", "Discussion"}, labels
+
+
+# -- a publisher's box, a banner -----------------------------------------------------------------------------
+
+def test_a_publishers_box_and_an_open_access_banner_are_not_headings(kb_engine, tmp_path):
+    def page_one(p):
+        p.line("Open Access", "tibo", 10.5)
+        title_block(p)
+        p.line("Background", "tibo", 12, before=6)
+        p.paragraph(BODY)
+        for name in ("Design", "Sampling"):
+            p.line(name, "tibo", 10.5, before=3)
+            p.paragraph(BODY)
+        p.line("Submit your next manuscript to BioMed Central and take full advantage of:", "tibo", 10.5, before=8)
+        p.paragraph("Convenient online submission and thorough peer review by experts in your field.")
+        p.line("Conclusions", "tibo", 12, before=6)
+        p.paragraph(BODY)
+    labels = labels_of(kb_engine, build(tmp_path / "box.pdf", [page_one]))
+    assert not [label for label in labels if "Submit" in label or "Open Access" in label], labels
+    assert "Background > Sampling" in labels and "Conclusions" in labels
+
+
+# -- a running head that carries an author's name -----------------------------------------------------------
+
+def test_a_running_head_with_an_authors_name_is_not_a_heading(kb_engine, tmp_path):
+    def body_page(headings):
+        def fill(p):
+            p.y = 36
+            p.line("P. Abbott et al.", "tibo", 9, x=72)
+            p.y = 80
+            for heading in headings:
+                p.line(heading, "tibo", 12, before=6)
+                p.paragraph(BODY + " " + BODY)
+                p.paragraph(BODY)
+        return fill
+
+    def first(p):
+        title_block(p)
+        p.line("1 Introduction", "tibo", 12, before=6)
+        p.paragraph(BODY)
+
+    path = build(tmp_path / "heads.pdf", [first, body_page(["2 Methods"]), body_page(["3 Results"]),
+                                          body_page(["4 Discussion"])])
+    labels = labels_of(kb_engine, path)
+    assert not [label for label in labels if "Abbott" in label], labels
+    assert ["Introduction", "Methods", "Results", "Discussion"] == [l for l in labels if l not in ("", "Front matter")]
+
+
+# -- text drawn over a figure ---------------------------------------------------------------------------------
+
+def test_text_over_a_figure_is_not_a_heading(kb_engine, tmp_path):
+    picture = pymupdf.Pixmap(pymupdf.csRGB, pymupdf.IRect(0, 0, 60, 40), False)
+    picture.clear_with(200)
+
+    def page_one(p):
+        title_block(p)
+        p.line("1 Introduction", "tibo", 12, before=6)
+        p.paragraph(BODY)
+        top = p.y
+        p.page.insert_image(pymupdf.Rect(p.left, top, p.left + 300, top + 180), pixmap=picture)
+        for name, dy in (("Re prj", 30), ("Encoder Stage", 80), ("Decoder Stage", 130)):
+            p.y = top + dy
+            p.line(name, "tibo", 10.5, x=p.left + 40)
+        p.y = top + 190
+        p.paragraph("Figure 1: The pipeline and its two stages, drawn as boxes over the sample photograph.")
+        p.line("2 Methods", "tibo", 12, before=6)
+        p.paragraph(BODY)
+        for name in ("Growth", "Imaging"):
+            p.line(name, "tibo", 10.5, before=3)
+            p.paragraph(BODY)
+    labels = labels_of(kb_engine, build(tmp_path / "figure.pdf", [page_one]))
+    assert not [label for label in labels if "Re prj" in label or "Stage" in label], labels
+    assert "Methods > Growth" in labels
+
+
+# -- run-in headings -------------------------------------------------------------------------------------------
+
+def test_run_in_headings_name_the_passages_under_them(kb_engine, tmp_path):
+    def page_one(p):
+        title_block(p)
+        p.line("1 Introduction", "tibo", 12, before=6)
+        p.paragraph(BODY)
+        p.line("2 Methods", "tibo", 12, before=6)
+        p.line("2.1 Study design", "tibo", 11, before=3)
+        for lead in ("Participants.", "Procedure.", "Analysis."):
+            p.paragraph(f"{lead[:-1].lower()}token " + BODY, lead=(lead, "tibo"))
+        p.line("3 Results", "tibo", 12, before=6)
+        p.paragraph(BODY)
+    path = build(tmp_path / "runin.pdf", [page_one])
+    chunks = kb_engine.chunk_document(kb_engine.extract_file(str(path)))
+    by_token = {token: next(c.section for c in chunks if token in c.text)
+                for token in ("participantstoken", "proceduretoken", "analysistoken")}
+    assert by_token == {"participantstoken": "Methods > Study design > Participants",
+                        "proceduretoken": "Methods > Study design > Procedure",
+                        "analysistoken": "Methods > Study design > Analysis"}
+    # the lead-in stays in the passage's text: nothing of the page is lost
+    assert any(c.text.startswith("Participants. participantstoken") for c in chunks)
+
+
+def test_a_single_bold_lead_in_is_emphasis_not_a_run_in_heading(kb_engine, tmp_path):
+    def page_one(p):
+        title_block(p)
+        p.line("1 Introduction", "tibo", 12, before=6)
+        p.paragraph("emphasistoken " + BODY, lead=("Note.", "tibo"))
+        p.paragraph(BODY)
+        p.line("2 Methods", "tibo", 12, before=6)
+        p.paragraph("onceonlytoken " + BODY, lead=("Important.", "tibo"))
+    labels = labels_of(kb_engine, build(tmp_path / "once.pdf", [page_one]))
+    assert not [label for label in labels if ">" in label], labels
+
+
+# -- the PDF's outline ---------------------------------------------------------------------------------------
+
+def _plain_headed(tmp_path: Path, name: str) -> Path:
+    """Headings set exactly like the text: only an outline can tell them."""
+    def page_one(p):
+        title_block(p)
+        for heading in ("Overview of the survey", "Where the boards were kept", "How moisture was read"):
+            p.line(heading, "tiro", 10.5, before=6)
+            p.paragraph(BODY)
+    return build(tmp_path / name, [page_one])
+
+
+def test_an_outline_that_agrees_with_the_pages_gives_the_headings_and_levels(kb_engine, tmp_path):
+    path = _plain_headed(tmp_path, "outline.pdf")
+    doc = pymupdf.open(str(path))
+    doc.set_toc([[1, "Overview of the survey", 1], [2, "Where the boards were kept", 1],
+                 [2, "How moisture was read", 1]])
+    doc.saveIncr()
+    doc.close()
+    labels = labels_of(kb_engine, path)
+    assert "Overview of the survey > Where the boards were kept" in labels
+    assert "Overview of the survey > How moisture was read" in labels
+
+
+def test_an_outline_that_does_not_agree_is_left_alone(kb_engine, tmp_path):
+    path = _plain_headed(tmp_path, "stale-outline.pdf")
+    doc = pymupdf.open(str(path))
+    doc.set_toc([[1, "Introduction to an earlier draft", 1], [1, "Methods of the earlier draft", 1],
+                 [1, "Where the boards were kept", 1]])      # one of three found: not this document's outline
+    doc.saveIncr()
+    doc.close()
+    labels = labels_of(kb_engine, path)
+    assert not [label for label in labels if "Where the boards" in label or "draft" in label], labels
+
+
+# -- numbering ladders, deep labels ------------------------------------------------------------------------------
+
+def test_numbered_levels_make_full_paths(kb_engine, tmp_path):
+    def page_one(p):
+        title_block(p)
+        for heading, size in (("1 Introduction", 12), ("2 Model", 12), ("2.1 Transport", 11),
+                              ("2.1.1 Boundary conditions", 10.5), ("2.1.2 Initial state", 10.5),
+                              ("2.2 Sorption", 11), ("3 Results", 12)):
+            p.line(heading, "tibo", size, before=5)
+            p.paragraph(BODY)
+    labels = labels_of(kb_engine, build(tmp_path / "deep.pdf", [page_one]))
+    assert "Model > Transport > Boundary conditions" in labels and "Model > Transport > Initial state" in labels
+    assert "Model > Sorption" in labels and "Results" in labels
+
+
+def test_a_chinese_numbering_ladder_gives_three_levels(kb_engine, tmp_path):
+    def page_one(p):
+        p.line("毕业设计撰写规范", "china-s", 16, after=12)
+        for heading, size in (("一、内容要求", 14), ("（一）题目", 12), ("（二）摘要与关键词", 12), ("1. 摘要", 12),
+                              ("2. 关键词", 12), ("二、书写规定", 14), ("（一）字数", 12)):
+            p.line(heading, "china-s", size, before=4)
+            p.paragraph("论文的这一部分应当按照学校的统一规定书写，内容完整，格式规范，不得随意更改。", font="china-s")
+    labels = labels_of(kb_engine, build(tmp_path / "zh.pdf", [page_one]))
+    assert "内容要求 > 摘要与关键词 > 摘要" in labels and "内容要求 > 摘要与关键词 > 关键词" in labels, labels
+    assert "书写规定 > 字数" in labels
+
+
+def test_a_heading_glued_to_its_paragraph_in_the_text_face_is_split_off(kb_engine, tmp_path):
+    """IEEE proceedings set "I. INTRODUCTION" centred, in the text's own face, and PyMuPDF reads it as the
+    first line of the paragraph below."""
+    def page_one(p):
+        title_block(p)
+        for heading in ("I. INTRODUCTION", "II. RELATED WORK", "III. THE MODEL"):
+            p.y += 10
+            p.text(p.left + 150, heading, "tiro", 10)
+            p.y += 10 * 1.3 + 10
+            p.paragraph(BODY + " " + BODY, size=10, after=2)
+    labels = labels_of(kb_engine, build(tmp_path / "ieee.pdf", [page_one]))
+    assert {"Introduction", "Related Work", "The Model"} <= set(labels), labels
