@@ -53,8 +53,10 @@ CJK = "\u3400-\u9fff\uf900-\ufaff"
 
 _NUMBERING = re.compile(
     r"^\s*(?:(?:chapter|section|appendix|part)\s+)?"
-    r"(?:\d{1,2}(?:\.\d{1,2}){0,4}\.?(?!\d)|[A-Z](?:\.\d{1,2}){1,3}\.?(?=\s)|[IVXLC]{1,6}(?:\.[IVXLC]{1,6}){0,3}\.?(?=\s)|[A-Z]\.?(?=\s)|\([a-z0-9]{1,3}\)"
-    r"|第\s*[一二三四五六七八九十百零〇\d]+\s*[章节部分篇]|[一二三四五六七八九十]+[、.．]|[（(][一二三四五六七八九十\d]+[）)])\s*",
+    r"(?:\d{1,2}(?:\.\d{1,2}){0,4}\.?(?!\d)|[A-Z](?:\.\d{1,2}){1,3}\.?(?=\s)"
+    r"|[IVXLC]{1,6}(?:\.[IVXLC]{1,6}){0,3}\.?(?=\s)|[A-Z]\.?(?=\s)|\([a-z0-9]{1,3}\)"
+    r"|第\s*[一二三四五六七八九十百零〇\d]+\s*[章节部分篇]|[一二三四五六七八九十]+[、.．]"
+    r"|[（(][一二三四五六七八九十\d]+[）)])\s*",
     re.IGNORECASE)
 
 
@@ -85,24 +87,21 @@ def same_heading(label_part: str, heading: str) -> bool:
 # -- the hand labels -------------------------------------------------------------------------------------
 
 def load_headings(path: Path) -> list[dict]:
-    docs = []
+    """The hand labels, checked: every document names its headings with page, text, level, run-in and indexed."""
     with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if not isinstance(row.get("doc"), str) or not isinstance(row.get("headings"), list):
-                raise ValueError(f"{path}:{n}: needs doc and headings")
-            for h in row["headings"]:
-                missing = [k for k in HEADING_KEYS if k not in h]
-                if missing:
-                    raise ValueError(f"{path}:{n}: a heading of {row['doc']} lacks {missing}")
-                if not (isinstance(h["page"], int) and 1 <= h["page"] <= row.get("pages", 10**6)):
-                    raise ValueError(f"{path}:{n}: {row['doc']}: page {h['page']!r} out of range")
-                if h["level"] not in (1, 2, 3, 4, 5):
-                    raise ValueError(f"{path}:{n}: {row['doc']}: level {h['level']!r}")
-            docs.append(row)
-    return docs
+        docs = [(n, json.loads(line)) for n, line in enumerate(fh, start=1) if line.strip()]
+    for n, row in docs:
+        if not isinstance(row.get("doc"), str) or not isinstance(row.get("headings"), list):
+            raise ValueError(f"{path}:{n}: needs doc and headings")
+        for h in row["headings"]:
+            missing = [k for k in HEADING_KEYS if k not in h]
+            if missing:
+                raise ValueError(f"{path}:{n}: a heading of {row['doc']} lacks {missing}")
+            if not (isinstance(h["page"], int) and 1 <= h["page"] <= row.get("pages", 10**6)):
+                raise ValueError(f"{path}:{n}: {row['doc']}: page {h['page']!r} out of range")
+            if h["level"] not in (1, 2, 3, 4, 5):
+                raise ValueError(f"{path}:{n}: {row['doc']}: level {h['level']!r}")
+    return [row for _, row in docs]
 
 
 # -- the library -----------------------------------------------------------------------------------------
@@ -160,7 +159,8 @@ def score_document(doc: dict, passages: list[tuple[int, int, list[str]]]) -> dic
             if h["level"] in on_page:
                 level_ok += 1
             else:
-                wrong_levels.append({"page": h["page"], "text": h["text"], "level": h["level"], "at": sorted(set(on_page))})
+                wrong_levels.append({"page": h["page"], "text": h["text"], "level": h["level"],
+                                     "at": sorted(set(on_page))})
         if on_page or positions([h["page"] + 1]):
             found_next += 1
         else:
@@ -209,7 +209,8 @@ def print_report(rows: list[dict], misses: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=os.environ.get("KB_CORPUS_DIR") or str(REPO_ROOT.parent / "shared" / "corpus"))
+    parser.add_argument("--corpus", default=os.environ.get("KB_CORPUS_DIR")
+                        or str(REPO_ROOT.parent / "shared" / "corpus"))
     parser.add_argument("--headings", default=str(DEFAULT_HEADINGS))
     parser.add_argument("--work", default="/tmp/kb-sections")
     parser.add_argument("--rebuild", action="store_true", help="build the library afresh")

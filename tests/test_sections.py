@@ -7,12 +7,17 @@ The benchmark of real papers, labelled by hand, is ``benchmarks/section_headings
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pymupdf
 import pytest
 
-from helpers import sp
+from helpers import ROOT, sp
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import eval_sections  # noqa: E402  (the benchmark's own loader and matcher)
 
 BODY = ("The samples were prepared from the same batch and measured on three separate days, with the "
         "instrument calibrated each morning against the reference standard before any reading was taken.")
@@ -91,19 +96,22 @@ def title_block(p: Page, title: str = "Moisture Uptake in Pressed Cellulose Boar
     p.line("Anna Berg and Carl Dahl", "tiro", 11, after=14)
 
 
+def section(p: Page, heading: str, font: str = "tibo", size: float = 12.0, text: str = BODY, before: float = 6.0):
+    """A heading and a paragraph under it."""
+    p.line(heading, font, size, before=before)
+    p.paragraph(text)
+
+
 # -- a level of bold subsections at body size (BMC articles) ----------------------------------------------
 
 def test_bold_subsections_at_body_size_are_a_level_of_their_own(kb_engine, tmp_path):
     def page_one(p):
         title_block(p)
-        p.line("Background", "tibo", 12.5, before=6)
-        p.paragraph(BODY)
+        section(p, "Background", size=12.5)
         p.line("Methods", "tibo", 12.5, before=6)
         for name in ("Setting", "Participants", "Interviews", "Ethical considerations"):
-            p.line(name, "tibo", 10.5, before=3)
-            p.paragraph(f"{name} token paragraph. " + BODY)
-        p.line("Results", "tibo", 12.5, before=6)
-        p.paragraph(BODY)
+            section(p, name, size=10.5, text=f"{name} token paragraph. " + BODY, before=3)
+        section(p, "Results", size=12.5)
     labels = labels_of(kb_engine, build(tmp_path / "bmc.pdf", [page_one]))
     for name in ("Setting", "Participants", "Interviews", "Ethical considerations"):
         assert f"Methods > {name}" in labels, labels
@@ -116,8 +124,7 @@ def test_all_caps_headings_in_the_text_face_are_found_by_their_shared_style(kb_e
     def page_one(p):
         title_block(p)
         for name in ("INTRODUCTION", "SAMPLE GROWTH", "OPTICAL SET-UP", "FINDINGS"):
-            p.line(name, "tiro", 10.5, before=8)
-            p.paragraph(BODY)
+            section(p, name, "tiro", 10.5, before=8)
     labels = labels_of(kb_engine, build(tmp_path / "caps.pdf", [page_one]))
     assert {"Introduction", "Sample Growth", "Optical Set-up", "Findings"} <= set(labels), labels
 
@@ -127,10 +134,8 @@ def test_all_caps_headings_in_the_text_face_are_found_by_their_shared_style(kb_e
 def test_a_tables_bold_header_row_is_content_not_a_heading(kb_engine, tmp_path):
     def page_one(p):
         title_block(p)
-        p.line("1 Introduction", "tibo", 12, before=6)
-        p.paragraph(BODY)
-        p.line("2 Results", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "1 Introduction")
+        section(p, "2 Results")
         for cells, font in ([("Method", 0), ("Recall", 150), ("Precision", 260)], "tibo"), \
                            ([("Baseline", 0), ("0.61", 150), ("0.58", 260)], "tiro"), \
                            ([("Ours", 0), ("0.74", 150), ("0.71", 260)], "tiro"), \
@@ -143,8 +148,7 @@ def test_a_tables_bold_header_row_is_content_not_a_heading(kb_engine, tmp_path):
         p.line("alpha 1.5", "tiro", 10.5)
         p.line("beta 0.1", "tiro", 10.5)
         p.paragraph("After the table. " + BODY)
-        p.line("3 Discussion", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "3 Discussion")
     labels = labels_of(kb_engine, build(tmp_path / "table.pdf", [page_one]))
     assert labels[-3:] == ["Introduction", "Results", "Discussion"] or set(labels) <= {
         "", "Front matter", "Introduction", "Results", "Discussion"}, labels
@@ -156,15 +160,12 @@ def test_a_publishers_box_and_an_open_access_banner_are_not_headings(kb_engine, 
     def page_one(p):
         p.line("Open Access", "tibo", 10.5)
         title_block(p)
-        p.line("Background", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "Background")
         for name in ("Design", "Sampling"):
-            p.line(name, "tibo", 10.5, before=3)
-            p.paragraph(BODY)
-        p.line("Submit your next manuscript to BioMed Central and take full advantage of:", "tibo", 10.5, before=8)
-        p.paragraph("Convenient online submission and thorough peer review by experts in your field.")
-        p.line("Conclusions", "tibo", 12, before=6)
-        p.paragraph(BODY)
+            section(p, name, size=10.5, before=3)
+        section(p, "Submit your next manuscript to BioMed Central and take full advantage of:", size=10.5, before=8,
+                text="Convenient online submission and thorough peer review by experts in your field.")
+        section(p, "Conclusions")
     labels = labels_of(kb_engine, build(tmp_path / "box.pdf", [page_one]))
     assert not [label for label in labels if "Submit" in label or "Open Access" in label], labels
     assert "Background > Sampling" in labels and "Conclusions" in labels
@@ -179,15 +180,13 @@ def test_a_running_head_with_an_authors_name_is_not_a_heading(kb_engine, tmp_pat
             p.line("P. Abbott et al.", "tibo", 9, x=72)
             p.y = 80
             for heading in headings:
-                p.line(heading, "tibo", 12, before=6)
-                p.paragraph(BODY + " " + BODY)
+                section(p, heading, text=BODY + " " + BODY)
                 p.paragraph(BODY)
         return fill
 
     def first(p):
         title_block(p)
-        p.line("1 Introduction", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "1 Introduction")
 
     path = build(tmp_path / "heads.pdf", [first, body_page(["2 Methods"]), body_page(["3 Results"]),
                                           body_page(["4 Discussion"])])
@@ -204,8 +203,7 @@ def test_text_over_a_figure_is_not_a_heading(kb_engine, tmp_path):
 
     def page_one(p):
         title_block(p)
-        p.line("1 Introduction", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "1 Introduction")
         top = p.y
         p.page.insert_image(pymupdf.Rect(p.left, top, p.left + 300, top + 180), pixmap=picture)
         for name, dy in (("Re prj", 30), ("Encoder Stage", 80), ("Decoder Stage", 130)):
@@ -213,11 +211,9 @@ def test_text_over_a_figure_is_not_a_heading(kb_engine, tmp_path):
             p.line(name, "tibo", 10.5, x=p.left + 40)
         p.y = top + 190
         p.paragraph("Figure 1: The pipeline and its two stages, drawn as boxes over the sample photograph.")
-        p.line("2 Methods", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "2 Methods")
         for name in ("Growth", "Imaging"):
-            p.line(name, "tibo", 10.5, before=3)
-            p.paragraph(BODY)
+            section(p, name, size=10.5, before=3)
     labels = labels_of(kb_engine, build(tmp_path / "figure.pdf", [page_one]))
     assert not [label for label in labels if "Re prj" in label or "Stage" in label], labels
     assert "Methods > Growth" in labels
@@ -228,14 +224,12 @@ def test_text_over_a_figure_is_not_a_heading(kb_engine, tmp_path):
 def test_run_in_headings_name_the_passages_under_them(kb_engine, tmp_path):
     def page_one(p):
         title_block(p)
-        p.line("1 Introduction", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "1 Introduction")
         p.line("2 Methods", "tibo", 12, before=6)
         p.line("2.1 Study design", "tibo", 11, before=3)
         for lead in ("Participants.", "Procedure.", "Analysis."):
             p.paragraph(f"{lead[:-1].lower()}token " + BODY, lead=(lead, "tibo"))
-        p.line("3 Results", "tibo", 12, before=6)
-        p.paragraph(BODY)
+        section(p, "3 Results")
     path = build(tmp_path / "runin.pdf", [page_one])
     chunks = kb_engine.chunk_document(kb_engine.extract_file(str(path)))
     by_token = {token: next(c.section for c in chunks if token in c.text)
@@ -266,8 +260,7 @@ def _plain_headed(tmp_path: Path, name: str) -> Path:
     def page_one(p):
         title_block(p)
         for heading in ("Overview of the survey", "Where the boards were kept", "How moisture was read"):
-            p.line(heading, "tiro", 10.5, before=6)
-            p.paragraph(BODY)
+            section(p, heading, "tiro", 10.5)
     return build(tmp_path / name, [page_one])
 
 
@@ -333,3 +326,59 @@ def test_a_heading_glued_to_its_paragraph_in_the_text_face_is_split_off(kb_engin
             p.paragraph(BODY + " " + BODY, size=10, after=2)
     labels = labels_of(kb_engine, build(tmp_path / "ieee.pdf", [page_one]))
     assert {"Introduction", "Related Work", "The Model"} <= set(labels), labels
+
+
+# -- the section benchmark itself -----------------------------------------------------------------------------
+
+SECTION_SETS = {"main": ROOT / "benchmarks" / "section_headings.jsonl",
+                "second": ROOT / "benchmarks" / "section_headings_heldout.jsonl"}
+
+
+@pytest.mark.parametrize("name", sorted(SECTION_SETS))
+def test_the_section_benchmark_is_well_formed(name):
+    docs = eval_sections.load_headings(SECTION_SETS[name])
+    assert len({d["doc"] for d in docs}) == len(docs), "a document labelled twice"
+    for doc in docs:
+        pages = [h["page"] for h in doc["headings"]]
+        assert pages == sorted(pages), f"{doc['doc']}: headings out of reading order"
+        assert all(h["text"].strip() and isinstance(h["run_in"], bool) for h in doc["headings"]), doc["doc"]
+
+
+def test_the_main_section_benchmark_covers_what_the_issue_asks_for():
+    docs = eval_sections.load_headings(SECTION_SETS["main"])
+    headings = [h for d in docs for h in d["headings"]]
+    assert len(docs) >= 20 and len(headings) >= 400
+    assert any("thesis" in d["doc"] for d in docs)
+    assert sum(any(eval_sections.re.search("[\u4e00-\u9fff]", h["text"]) for h in d["headings"]) for d in docs) >= 2
+    assert sum(h["run_in"] for h in headings) >= 30 and {h["level"] for h in headings} >= {1, 2, 3}
+    assert not {d["doc"] for d in docs} & {d["doc"] for d in eval_sections.load_headings(SECTION_SETS["second"])}
+
+
+def test_label_matching_ignores_numbering_case_and_letter_spacing():
+    same = eval_sections.same_heading
+    assert same("Related Work", "II. RELATED WORK") and same("Time explicit format", "C.1. Time explicit format")
+    assert same("摘要", "摘 要") and same("绪论", "第1 章  绪论") and same("Route Request", "1) Route Request")
+    assert same("1970 Cambridge CAP compute", "1.2.1 1970 Cambridge CAP compute")
+    assert not same("Results", "Related Work") and not same("Methods", "Methods and Data")
+
+
+CORPUS = os.environ.get("KB_CORPUS_DIR")
+
+
+@pytest.mark.skipif(not CORPUS or not Path(CORPUS).is_dir(), reason="KB_CORPUS_DIR not set")
+@pytest.mark.parametrize("name", sorted(SECTION_SETS))
+def test_every_labelled_heading_is_printed_on_its_page(kb_engine, name):
+    """The labels were read off the pages: each heading's text is on the page it names (in PyMuPDF's own text of
+    the page, accents drawn apart put back on their letters, letters and digits compared), so a label cannot
+    drift from the document it describes."""
+    for doc in eval_sections.load_headings(SECTION_SETS[name]):
+        pdf = pymupdf.open(str(Path(CORPUS) / doc["doc"]))
+        try:
+            texts = {}
+            for heading in doc["headings"]:
+                page = texts.setdefault(heading["page"], "".join(eval_sections.normalise(
+                    kb_engine.compose_spacing_accents(pdf[heading["page"] - 1].get_text())).split()))
+                wanted = "".join(eval_sections.normalise(heading["text"]).split())
+                assert wanted in page or wanted.replace("ê", "fi") in page, (doc["doc"], heading)
+        finally:
+            pdf.close()
