@@ -7075,8 +7075,8 @@ def language_note(renderings: list[str], library_langs: dict[str, int], vectors_
     bridge = ("only vector similarity can bridge them" if vectors_used else
               "no vector similarity was used for this search (keyword mode, or no vectors yet)")
     return (f"the query is {question} but {share:.0%} of the library is {library}: keyword matching cannot bridge "
-            f"the languages and {bridge}; pass {'an' if library[0] in 'AEIOU' else 'a'} {library} rendering of the "
-            "question in queries (searched alongside the query) to find its passages")
+            f"the languages and {bridge}; add {'an' if library[0] in 'AEIOU' else 'a'} {library} rendering of the "
+            "question with `queries` (searched alongside the query) to find its passages")
 
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
@@ -7371,7 +7371,8 @@ def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: M
     try:
         reranker = models.reranker(may_download=False)
     except ModelUnavailable as exc:
-        notes.append(f"not reranked ({exc}); results in fused order")
+        notes.append(f"not reranked: {models.rerank_name or 'the reranker'} is not available here (`models` says why); "
+                     "results in fused order")
         models.start_background_download(models.rerank_name)
         return pool, kind
     texts = chunk_texts(lib, [h.chunk_id for h in pool])
@@ -9556,7 +9557,8 @@ SEARCH_FIELDS = (
           "maximum snippet length in characters, 0 to 100000; `0` gives the whole chunk text; a contiguous stretch "
           "of the chunk (see [Locating a snippet](#locating-a-snippet)) no longer than this is given whole, so a "
           "short chunk usually comes back whole",
-          cli=(Flag(("--snippet",), "snippet length in characters (0: none)", {"type": int, "default": None}),)),
+          cli=(Flag(("--snippet",), "snippet length in characters (0: the whole passage)",
+                    {"type": int, "default": None}),)),
     Field("mode", "string", "`\"hybrid\"`",
           "`\"keyword\"`: BM25 only, no embedding model is loaded; `\"vector\"`: nearest chunks by cosine similarity "
           "of embeddings; `\"hybrid\"`: both candidate pools fused (each scaled to its own range, see [Score "
@@ -9786,6 +9788,7 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
     return {"groups": report, "removed": removed, "applied": apply, "recorded_duplicates": recorded}
 
 
+CONFIRM_CLEAR = "clear deletes every document of the library; repeat the request with `confirm: true` to proceed"
 CLEAR_FIELDS = (
     Field("confirm", "boolean", "`false`",
           "must be `true`; otherwise the command fails with code `confirm_required` and nothing is deleted",
@@ -9796,7 +9799,7 @@ CLEAR_FIELDS = (
 
 def cmd_clear(lib: Library, payload: dict) -> dict:
     if payload.get("confirm") is not True:
-        raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
+        raise KBError("confirm_required", CONFIRM_CLEAR)
     conn = lib.conn
     counts = {"docs": conn.execute("SELECT COUNT(*) FROM docs").fetchone()[0],
               "chunks": conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]}
@@ -10278,7 +10281,7 @@ def _never(payload: dict) -> bool:
 
 def _require_confirm(payload: dict) -> None:
     if payload.get("confirm") is not True:
-        raise KBError("confirm_required", "clear deletes every document of the library; send confirm: true to proceed")
+        raise KBError("confirm_required", CONFIRM_CLEAR)
 
 
 # -- The host contract -----------------------------------------------------------------------------------------
@@ -11035,7 +11038,24 @@ def _print_search(response: dict) -> None:
             print(f"   {byline}")
         print(f"   score {hit['score']:.3f}" + (f" · doi:{hit['doi']}" if hit["doi"] else ""))
         print("   > " + hit["snippet"].replace("\n", " "))
+        _print_citations(hit.get("citations") or [])
         print()
+
+
+CLI_CITATIONS_SHOWN = 5
+
+
+def _print_citations(citations: list[dict]) -> None:
+    """The works a passage cites, as rag and deep search resolve them: marker, entry, and whether the library
+    holds the cited work."""
+    for cite in citations[:CLI_CITATIONS_SHOWN]:
+        work = cite.get("title") or " ".join((cite.get("text") or "").split())[:100]
+        held = cite.get("in_library")
+        where = f" (in the library: doc {held['doc_id']})" if isinstance(held, dict) and held.get("doc_id") else ""
+        doi = f" doi:{cite['doi']}" if cite.get("doi") else ""
+        print(f"   cites {cite.get('marker') or ''}: {work}{doi}{where}".rstrip())
+    if len(citations) > CLI_CITATIONS_SHOWN:
+        print(f"   and {len(citations) - CLI_CITATIONS_SHOWN} more cited works (--json lists them all)")
 
 
 def _print_rag(response: dict) -> None:
@@ -11049,9 +11069,41 @@ def _print_rag(response: dict) -> None:
 
 
 def _print_stats(response: dict) -> None:
+    """Every field as `key: value`, nested objects indented under their key and lists one item a line, so that
+    a person reads them (the JSON is one --json away)."""
     for key, value in response.items():
         if key not in ("engine", "ms"):
-            print(f"{key:>18}: {json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value}")
+            _print_field(key, value, 0)
+
+
+def _scalar_text(value) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)        # deeper than a line of its own can show
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _print_field(key: str, value, depth: int) -> None:
+    pad = "  " * depth
+    if isinstance(value, dict) and value:
+        print(f"{pad}{key}:")
+        for sub, item in value.items():
+            _print_field(str(sub), item, depth + 1)
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        print(f"{pad}{key}:")
+        for item in value:
+            print(f"{pad}  - " + ", ".join(f"{k} {_scalar_text(v)}" for k, v in item.items()))
+    elif isinstance(value, list):
+        print(f"{pad}{key}: " + (", ".join(_scalar_text(v) for v in value) if value else "none"))
+    elif isinstance(value, dict):
+        print(f"{pad}{key}: none")
+    else:
+        print(f"{pad}{key}: {_scalar_text(value)}")
 
 
 CLI_USAGE_NOTE = """\
@@ -11167,6 +11219,19 @@ CLI_PRINTERS = {"ingest": _print_ingest, "fetch": _print_fetch, "search": _print
                 "models": _print_models}
 
 
+def cli_wording(text: str, command: Command) -> str:
+    """A hint as this command line gives it: the engine's messages name request fields and commands in backquotes
+    (`queries`, `confirm: true`, `models`), the wording for JSON callers and tools; here they become the flag
+    that fills the field (--also, --yes) and the command to type (kb-engine models)."""
+    for spec in command.request_fields:
+        flags = [name for flag in spec.cli for name in flag.names if name.startswith("--")]
+        if flags:
+            text = text.replace(f"`{spec.name}: true`", f"`{flags[-1]}`").replace(f"`{spec.name}`", f"`{flags[-1]}`")
+    for name in COMMANDS_BY_NAME:
+        text = text.replace(f"`{name}`", f"`kb-engine {name}`")
+    return text
+
+
 def human_cli(argv: list[str], engine: Engine) -> int:
     parser = build_cli_parser()
     args = parser.parse_args(argv)
@@ -11183,7 +11248,7 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     try:
         response = engine.execute(command.name, payload, progress=progress)
     except Exception as exc:
-        print(f"error: {error_reply(exc)['error']}", file=sys.stderr)
+        print(f"error: {cli_wording(error_reply(exc)['error'], command)}", file=sys.stderr)
         return 1
     finally:
         if progress is not None:
@@ -11193,6 +11258,9 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     elif args.json:
         print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
     else:
+        for key in ("note", "lang_note"):
+            if isinstance(response.get(key), str):
+                response[key] = cli_wording(response[key], command)
         CLI_PRINTERS.get(command.name, _print_stats)(response)
     return _cli_exit_status(command.name, response)
 
@@ -11429,6 +11497,9 @@ def run_job(kb_root: str, job_id: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # `kb-engine` is the command for people: readable output whatever stdin and stdout are (a script, cron, a
+    # notebook cell), JSON with --json. Programs send one request to `python kb_engine.py COMMAND` on stdin.
+    for_people = argv is None and Path(sys.argv[0]).stem == "kb-engine"
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 3 and argv[0] == "job":
         return run_job(argv[1], argv[2])
@@ -11446,7 +11517,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if argv == ["serve"]:
             return serve(engine)
-        human = len(argv) > 1 or argv[0].startswith("-") or sys.stdin is None or sys.stdin.isatty()
+        human = (for_people or len(argv) > 1 or argv[0].startswith("-") or sys.stdin is None
+                 or sys.stdin.isatty())
         if human:
             return human_cli(argv, engine)
         return run_one_shot(argv[0], engine)

@@ -96,3 +96,19 @@ def search(engine, indexed):
         return engine.execute("search", payload)
 
     return run
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say why tests were skipped, grouped by reason: a missing corpus or Node.js is not a broken feature."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ").strip()
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.write_line(f"{len(skipped)} skipped, by reason:")
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"  {count:4d}  {reason}")
