@@ -1852,6 +1852,11 @@ def _body_style(blocks: list[Block]) -> tuple:
     return max(weights, key=weights.get) if weights else (0.0, False, False, False, False)
 
 
+def _repeat_key(text: str) -> str:
+    """A short text as its repetitions share it: letters only, digits (page numbers) left out."""
+    return re.sub(r"\W+|\d+", "", text.casefold())
+
+
 def _repeated_texts(blocks: list[Block]) -> set[str]:
     """Short unnumbered texts printed on three pages or more, and on a fifth of them: running heads and banners
     that survived the margin check, a table header repeated on every page. A chapter's title printed again in
@@ -1859,7 +1864,7 @@ def _repeated_texts(blocks: list[Block]) -> set[str]:
     pages: dict[str, set] = {}
     for block in blocks:
         if len(block.text) <= 120 and not numbering_depth(block.text) and not _TOC_ENTRY.match(block.text.strip()):
-            pages.setdefault(re.sub(r"\W+|\d+", "", block.text.casefold()), set()).add(block.page)
+            pages.setdefault(_repeat_key(block.text), set()).add(block.page)
     total = len({b.page for b in blocks})
     return {key for key, seen in pages.items() if key and len(seen) >= max(3, total / 5)}
 
@@ -1918,15 +1923,15 @@ def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
                   or b.role == "body" and len(b.text) >= 200 and block_style(b) == body), len(blocks))
     if not certain:      # a report without a numbered or named heading: its styles begin after the title
         first = max((i for i, b in enumerate(blocks) if b.role == "title"), default=-1)
-    toc = _toc_entries(blocks) | _row_mates(blocks)
+    set_apart = _toc_entries(blocks) | _row_mates(blocks)      # contents lines, table cells
     for i, block in enumerate(blocks):
         if block.role != "heading" or block.evidence not in ("typeset", "known"):
             continue
         plain_name = (block.evidence == "known" and learned and block_style(block) == body
                       and not numbering_depth(block.text))      # "附录" in a list of a thesis's parts
-        if i in toc or plain_name or (block.evidence == "typeset" and (
+        if i in set_apart or plain_name or (block.evidence == "typeset" and (
                 block.gapped or _BANNER.search(block.text) or not _heading_shaped(block.text)
-                or _not_a_section(blocks, i) or re.sub(r"\W+|\d+", "", block.text.casefold()) in repeated)):
+                or _not_a_section(blocks, i) or _repeat_key(block.text) in repeated)):
             block.role, block.level, block.evidence = "body", 0, ""
     candidates = [i for i, b in enumerate(blocks)
                   if i > first and b.role in ("body", "heading") and b.evidence in ("", "typeset")
@@ -1934,28 +1939,24 @@ def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
                   and _heading_shaped(b.text)
                   and b.page is not None and not _BANNER.search(b.text)
                   and b.size >= (SMALL_PRINT_SHARE if numbering_depth(b.text) else STYLE_HEADING_MIN_SIZE) * body_size]
+    styles = {i: block_style(blocks[i]) for i in candidates}
     uses: dict[tuple, int] = {}
-    for i in candidates:
-        uses[block_style(blocks[i])] = uses.get(block_style(blocks[i]), 0) + 1
-
-    def level_of(style: tuple) -> int:
-        return _rank_level(style, learned)
-
+    for style in styles.values():
+        uses[style] = uses.get(style, 0) + 1
     for block in blocks:          # a known name takes the level of its style: "Analysis" set as a subsection
         if block.role == "heading" and block.evidence == "known" and not numbering_depth(block.text) \
                 and block_style(block) in learned:
             block.level = learned[block_style(block)]
     for i in candidates:
-        block = blocks[i]
-        style = block_style(block)
-        if i in toc or re.sub(r"\W+|\d+", "", block.text.casefold()) in repeated or _not_a_section(blocks, i):
+        block, style = blocks[i], styles[i]
+        if i in set_apart or _repeat_key(block.text) in repeated or _not_a_section(blocks, i):
             continue
         recurring = (style != body and _emphasised(style, body) and uses.get(style, 0) >= HEADING_STYLE_MIN_USES)
         if style in learned or (recurring and _followed_by_text(blocks, i)):
             block.role, block.evidence = "heading", block.evidence or "style"
-            block.level = numbering_depth(block.text) or level_of(style)
+            block.level = numbering_depth(block.text) or _rank_level(style, learned)
         elif block.evidence == "typeset" and learned:
-            block.level = level_of(style)
+            block.level = _rank_level(style, learned)
 
 
 _NAME_WORD = r"[A-Z][a-z'\u00c0-\u024f]+(?:-[A-Z][a-z'\u00c0-\u024f]+)?"
