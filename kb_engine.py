@@ -8333,6 +8333,7 @@ class WalkFindings:
 
 
 def _inside(path: str, folder: str) -> bool:
+    """A path at or under a folder, both absolute and spelled alike (a bare prefix test takes /a/bc for /a/b)."""
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
@@ -8705,7 +8706,7 @@ def _docs_under(lib: Library, paths: list[str] | None, statuses: tuple[str, ...]
     if not paths:
         return rows
     prefixes = [path_key(os.path.abspath(os.path.expanduser(p))) for p in paths]
-    return [r for r in rows if any(r["path"] == p or r["path"].startswith(p.rstrip(os.sep) + os.sep) for p in prefixes)]
+    return [r for r in rows if any(_inside(r["path"], p) for p in prefixes)]
 
 
 def _ingest_paths(payload: dict, required: bool) -> list[str] | None:
