@@ -63,7 +63,8 @@ SCHEMA_VERSION = 5
 PARSER_REVISION = 8
 
 DB_FILENAME = "kb.sqlite"
-DEFAULT_KB_DIRNAME = ".kb"
+DEFAULT_KB_DIRNAME = ".kb"       # a project's library, found from any folder inside the project
+USER_KB_DIRNAME = ".kb-rag"      # in the home folder: the library when no project has one
 SUPPORTED_SUFFIXES = {".pdf": "pdf", ".docx": "docx", ".txt": "txt", ".md": "md", ".markdown": "md"}
 
 CHUNK_MAX_CHARS = 800          # hard cap for one chunk's text
@@ -147,9 +148,38 @@ class FileRejected(Exception):
         self.message = message
 
 
-def default_kb_root() -> Path:
+def library_choice(named: str | None = None, cwd: Path | None = None) -> tuple[Path, str]:
+    """The library a request opens and why, one rule for every host (the CLI, serve, the MCP server): the folder
+    named by ``kb_root`` (or ``--kb-root``); else $KB_ROOT; else the nearest ``.kb`` folder in the current folder
+    or above it, as git finds ``.git``, so that a project's library is found from any folder inside it; else the
+    user's library ``~/.kb-rag``, the one an MCP client started from anywhere opens too."""
+    if named:
+        return Path(named).expanduser().absolute(), "named by `kb_root`"
     env = os.environ.get("KB_ROOT")
-    return Path(env) if env else Path.cwd() / DEFAULT_KB_DIRNAME
+    if env:
+        return Path(env).expanduser().absolute(), "set by KB_ROOT"
+    here = (cwd or Path.cwd()).absolute()
+    for folder in (here, *here.parents):
+        if (folder / DEFAULT_KB_DIRNAME).is_dir():
+            return folder / DEFAULT_KB_DIRNAME, f"the nearest {DEFAULT_KB_DIRNAME} folder at or above {here}"
+    return user_library(), f"the user library: no {DEFAULT_KB_DIRNAME} folder at or above {here}"
+
+
+def user_library() -> Path:
+    return Path.home() / USER_KB_DIRNAME
+
+
+def default_kb_root() -> Path:
+    return library_choice()[0]
+
+
+# A read of a library that does not exist yet answers with this note; the dispatcher then names the folder it
+# opened and why (empty_library_note), so a user who built a library elsewhere sees at once which one was read.
+EMPTY_LIBRARY_NOTE = "the library is empty: ingest documents first"
+
+
+def empty_library_note(root: Path, chosen: str) -> str:
+    return f"the library at {root} is empty ({chosen}): ingest documents first, or open another library"
 
 
 @dataclass(frozen=True)
@@ -167,8 +197,9 @@ class EnvVar:
 
 ENVIRONMENT_VARIABLES = (
     EnvVar("KB_ROOT",
-           "`./.kb`",
-           "library folder (`--kb-root` and the `kb_root` payload field take precedence)"),
+           "the nearest `.kb` folder at or above the current folder, else `~/.kb-rag`",
+           "library folder (`--kb-root` and the `kb_root` payload field take precedence); the same rule in the "
+           "command line, `serve` and the MCP server"),
     EnvVar("KB_EMBED_MODEL",
            "`BAAI/bge-small-zh-v1.5`, or the imported `multilingual-e5-small` while bge is not on this machine",
            "embedding model: a hub name, a local model folder, or the short name of an imported model; `none` "
@@ -6455,9 +6486,37 @@ def _escape_like(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+# A CJK run is indexed as its characters and its character pairs (analyze), so a Chinese phrase of n characters
+# puts about 2n terms into a query where the same phrase in English puts n/2 words. In a question that mixes
+# scripts, "S2ORC语料库包含多少篇论文", the nineteen terms of the Chinese part then outweigh the one Latin word that
+# names what is asked about, and a Chinese guide's passages on 论文 rank above the paper on S2ORC. So each CJK term
+# counts CJK_TERM_WEIGHT of a word in the keyword score (about one word per four terms). The scaling is uniform
+# within a script, so a question written in one script ranks exactly as before. The crosslang questions (77
+# Chinese questions about English papers, most naming a dataset, tool or model in Latin letters): see
+# docs/PERFORMANCE.md, "Questions across languages".
+CJK_TERM_WEIGHT = 0.25
+
+
+def term_weight(term: str) -> float:
+    """A query term's weight in the keyword score: one for a word, CJK_TERM_WEIGHT for a CJK character or pair."""
+    return CJK_TERM_WEIGHT if term and is_cjk(term[0]) else 1.0
+
+
+def script_groups(terms: list[str]) -> list[list[str]]:
+    """The query terms as one group per script (CJK, other), the groups in first-seen order; a question in one
+    script is one group."""
+    groups: dict[bool, list[str]] = {}
+    for term in terms:
+        groups.setdefault(term_weight(term) != 1.0, []).append(term)
+    return list(groups.values())
+
+
 def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, limit: int) -> list[tuple[int, float]]:
-    """(chunk id, BM25) best first: FTS5 BM25 (k1 1.2, b 0.75) by the evidence alone; section priors are added
-    later, once, whichever pools are fused."""
+    """(chunk id, BM25) best first: FTS5 BM25 (k1 1.2, b 0.75) by the evidence alone, each term weighted by
+    term_weight; section priors are added later, once, whichever pools are fused."""
+    groups = script_groups(terms)
+    if len(groups) > 1:
+        return _mixed_script_candidates(lib, groups, filters, limit)
     where, params = filter_sql(filters)
     with_filter_functions(lib)
     if lib.has_fts5:
@@ -6467,6 +6526,66 @@ def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, lim
             return split if split is not None else _fts_top(lib, match, limit)
         return _fts_join(lib, match, limit, where, params)
     return _python_bm25(lib, terms, where, params, limit)
+
+
+def _mixed_script_candidates(lib: Library, groups: list[list[str]], filters: dict | None,
+                             limit: int) -> list[tuple[int, float]]:
+    """The weighted BM25 of a question in two scripts. BM25 is a sum over terms, so it is each group's BM25
+    times its weight, summed; the candidates are the best of each group, each then scored exactly in the other
+    (a passage outside both lists would need to be near the top of neither)."""
+    pooled = list(dict.fromkeys(cid for group in groups for cid, _ in keyword_candidates(lib, group, filters, limit)))
+    if not pooled:
+        return []
+    scores = dict.fromkeys(pooled, 0.0)
+    terms = [t for group in groups for t in group]
+    idfs = query_idfs(lib, terms)
+    total, counts = lib.term_counts(terms)
+    for group in groups:
+        if term_weight(group[0]) == 1.0:
+            for chunk_id, score in _scores_among(lib, group, pooled):
+                scores[chunk_id] += score
+            continue
+        for term in group:          # BM25 is linear in each term's idf: FTS5's, rescaled to the script's own
+            factor = term_weight(term) * idfs[term] / _idf(total, counts.get(term, 0))
+            for chunk_id, score in _scores_among(lib, [term], pooled):
+                scores[chunk_id] += factor * score
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
+
+
+def _idf(population: int, holding: int) -> float:
+    """BM25's idf as FTS5 computes it (a term in over half the passages counts almost nothing)."""
+    return max(math.log((population - holding + 0.5) / (holding + 0.5)), 1e-6)
+
+
+CJK_LANGS = ("zh", "ja", "ko")
+
+
+def query_idfs(lib: Library, terms: list[str]) -> dict[str, float]:
+    """Each query term's idf in the keyword score: among all passages, as FTS5 has it, except in a question that
+    mixes scripts. There a CJK term's rarity is judged among the passages of CJK-language documents, the only
+    ones that can hold it: in a library that is mostly English every Chinese word is rare, and 包含 and 多少
+    ("contains", "how many") would outweigh the one Latin name a question is about."""
+    total, counts = lib.term_counts(terms)
+    if len(script_groups(terms)) == 1:
+        return {t: _idf(total, counts.get(t, 0)) for t in terms}
+    marks = ", ".join("?" * len(CJK_LANGS))
+    population = lib.conn.execute(f"SELECT COALESCE(SUM(chunk_count), 0) FROM docs WHERE status = 'indexed' "
+                                  f"AND lang IN ({marks})", CJK_LANGS).fetchone()[0]
+    population = max([population, *(counts.get(t, 0) for t in terms if term_weight(t) != 1.0)])
+    return {t: _idf(total if term_weight(t) == 1.0 else population, counts.get(t, 0)) for t in terms}
+
+
+def _scores_among(lib: Library, terms: list[str], chunk_ids: list[int]) -> list[tuple[int, float]]:
+    """BM25 of the given chunks for these terms (chunks without any of them are absent)."""
+    among = " AND c.id IN (SELECT value FROM json_each(?))"
+    if not lib.has_fts5:
+        return _python_bm25(lib, terms, among, [json.dumps(chunk_ids)], len(chunk_ids))
+    match = " OR ".join(f'"{t}"' for t in terms)
+    # `+rowid`: offered to FTS5 as a rowid constraint, the list made SQLite run the whole MATCH once per id
+    rows = lib.conn.execute("SELECT rowid, -bm25(chunks_fts, ?, ?) FROM chunks_fts WHERE chunks_fts MATCH ? "
+                            "AND +rowid IN (SELECT value FROM json_each(?))",
+                            [*FTS_COLUMN_WEIGHTS, match, json.dumps(chunk_ids)]).fetchall()
+    return [(row[0], float(row[1])) for row in rows]
 
 
 MAX_SECTION_WEIGHT = max(1.0, *SECTION_WEIGHTS.values())
@@ -6632,7 +6751,7 @@ def _specific_scores(lib: Library, doc_id: int, terms: list[str], members: set[i
                                 "AND rowid BETWEEN ? AND ?", [*FTS_COLUMN_WEIGHTS, f'"{term}"', lo, hi]).fetchall()
         holding = [(rowid, share) for rowid, share in rows if rowid in ids]
         specificity = math.log((len(ids) + 1) / (len(holding) + 0.5)) / math.log(len(ids) + 1)
-        weight = TOPIC_WORD_SHARE + (1 - TOPIC_WORD_SHARE) * specificity
+        weight = (TOPIC_WORD_SHARE + (1 - TOPIC_WORD_SHARE) * specificity) * term_weight(term)
         for rowid, share in holding:
             if rowid in members:
                 scores[rowid] = scores.get(rowid, 0.0) + weight * share
@@ -7284,9 +7403,8 @@ def bm25_ceiling(lib: Library, terms: list[str]) -> float:
     idf x (k1 + 1)). Scores from queries of different lengths and languages compare as shares of their ceilings:
     a Chinese question whose only match in an English library is one model name reaches a few percent of its
     ceiling, its English rendering a large part of its own."""
-    total, counts = lib.term_counts(terms)
-    idf = sum(max(math.log((total - counts.get(t, 0) + 0.5) / (counts.get(t, 0) + 0.5)), 1e-6) for t in terms)
-    return max((BM25_K1 + 1) * idf, 1e-9)
+    idfs = query_idfs(lib, terms)
+    return max((BM25_K1 + 1) * sum(term_weight(t) * idf for t, idf in idfs.items()), 1e-9)
 
 
 def readable_renderings(embedder: Embedder, renderings: list[str]) -> tuple[list[str], str | None]:
@@ -7399,7 +7517,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         response["notes"] = [response["note"]]
         return response, None
     if lib is None:
-        response["note"] = "the library is empty: ingest documents first"
+        response["note"] = EMPTY_LIBRARY_NOTE
         response["notes"] = [response["note"]]
         return response, None
     generation = lib.generation()
@@ -9467,8 +9585,24 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
 # =============================================================================
 
 def _kb_root(payload: dict) -> Path:
-    root = _opt_str(payload, "kb_root")
-    return Path(root).expanduser().absolute() if root else default_kb_root().absolute()
+    return _library_choice(payload)[0]
+
+
+def _library_choice(payload: dict) -> tuple[Path, str]:
+    return library_choice(_opt_str(payload, "kb_root"))
+
+
+def _name_empty_library(response: dict, payload: dict) -> dict:
+    """An answer read from no library names the folder opened and the rule that chose it (`kb_root_from`)."""
+    root, chosen = _library_choice(payload)
+    response.setdefault("kb_root", str(root))
+    response["kb_root_from"] = chosen
+    if response.get("note") == EMPTY_LIBRARY_NOTE:
+        response["note"] = empty_library_note(root, chosen)
+    if EMPTY_LIBRARY_NOTE in response.get("notes", ()):
+        response["notes"] = [empty_library_note(root, chosen) if n == EMPTY_LIBRARY_NOTE else n
+                             for n in response["notes"]]
+    return response
 
 
 STATUS_FIELDS = (
@@ -9663,7 +9797,7 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
     if lib is None:
         return {"kb_root": str(kb_root), "exists": False, "docs": 0, "chunks": 0, "vectors": 0, "vectors_missing": 0,
                 "by_status": {}, "schema_version": None, "models": configured, "device": models.device_report(),
-                "note": "the library is empty: ingest documents first"}
+                "note": EMPTY_LIBRARY_NOTE}
     conn = lib.conn
     by_status = dict(conn.execute("SELECT status, COUNT(*) FROM docs GROUP BY status").fetchall())
     kinds = dict(conn.execute("SELECT kind, COUNT(*) FROM docs WHERE status = 'indexed' GROUP BY kind").fetchall())
@@ -10695,10 +10829,11 @@ class Engine:
             if job is not None:
                 return job
         try:
-            return spec.run(CommandCall(self, payload, root, lib, progress))
+            response = spec.run(CommandCall(self, payload, root, lib, progress))
         finally:
             if lib is not None and lib.writable:
                 self._sync_index(lib, state, generation_before, reset=spec.resets_index)
+        return _name_empty_library(response, payload) if lib is None else response
 
     def _goes_to_background(self, command: str, payload: dict) -> bool:
         background = _opt_bool(payload, "background", True)
@@ -11111,7 +11246,12 @@ def _print_field(key: str, value, depth: int) -> None:
 CLI_USAGE_NOTE = """\
 Programs talk to the engine in JSON: `kb_engine.py serve` reads one request per line on stdin, and
 `kb_engine.py COMMAND < payload.json` answers one request (see docs/PROTOCOL.md). Installers use
-`kb_engine.py requirements [--missing] [--with-docx]` and `kb_engine.py selftest`."""
+`kb_engine.py requirements [--missing] [--with-docx]` and `kb_engine.py selftest`.
+
+The library: --kb-root, else $KB_ROOT, else the nearest .kb folder at or above the current folder (a
+project's library: `kb-engine --kb-root .kb ingest papers/` starts one), else ~/.kb-rag. serve and the
+MCP server follow the same rule."""
+
 
 def _command_flags(command: Command) -> Iterator[tuple[Flag, str, bool]]:
     """Each human command line argument of a command: the flag, the attribute argparse stores it in (the request
@@ -11121,6 +11261,9 @@ def _command_flags(command: Command) -> Iterator[tuple[Flag, str, bool]]:
             yield flag, flag.into or spec.name, True
     for flag in command.cli_flags:
         yield flag, flag.names[-1].lstrip("-").replace("-", "_"), False
+
+
+KB_ROOT_HELP = "library folder (default: $KB_ROOT, else the nearest .kb folder at or above this one, else ~/.kb-rag)"
 
 
 def _command_parser(sub, command: Command) -> argparse.ArgumentParser:
@@ -11136,7 +11279,7 @@ def _command_parser(sub, command: Command) -> argparse.ArgumentParser:
             parser.add_argument(dest, help=flag.help, **flag.options)
     parser.add_argument("--json", action="store_true", help="print the JSON response")
     parser.add_argument("--kb-root", dest="kb_root_sub", metavar="KB_ROOT", default=None,
-                        help="library folder (default: $KB_ROOT or ./.kb)")
+                        help=KB_ROOT_HELP)
     return parser
 
 
@@ -11144,7 +11287,7 @@ def build_cli_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kb-engine", description="kb-rag: a local literature knowledge base. "
                                      "Index papers, then search them with page-anchored passages.",
                                      epilog=CLI_USAGE_NOTE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kb-root", metavar="KB_ROOT", help="library folder (default: $KB_ROOT or ./.kb)")
+    parser.add_argument("--kb-root", metavar="KB_ROOT", help=KB_ROOT_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMAND_TABLE:
         if command.on_cli:
@@ -11231,7 +11374,7 @@ def cli_wording(text: str, command: Command) -> str:
             text = text.replace(f"`{spec.name}: true`", f"`{flags[-1]}`").replace(f"`{spec.name}`", f"`{flags[-1]}`")
     for name in COMMANDS_BY_NAME:
         text = text.replace(f"`{name}`", f"`kb-engine {name}`")
-    return text
+    return text.replace("`kb_root`", "`--kb-root`")     # an option of every command, not a field of one
 
 
 def human_cli(argv: list[str], engine: Engine) -> int:
@@ -11264,7 +11407,14 @@ def human_cli(argv: list[str], engine: Engine) -> int:
             if isinstance(response.get(key), str):
                 response[key] = cli_wording(response[key], command)
         CLI_PRINTERS.get(command.name, _print_stats)(response)
+        if response.get("kb_root_from"):
+            print(CLI_OTHER_LIBRARY)
     return _cli_exit_status(command.name, response)
+
+
+# After an answer read from no library: how this command line opens another (the rule is library_choice's).
+CLI_OTHER_LIBRARY = ("another library: kb-engine --kb-root PATH, or KB_ROOT=PATH; without either, the nearest .kb "
+                     "folder at or above the current one, else ~/.kb-rag")
 
 
 def _cli_exit_status(command: str, response: dict) -> int:

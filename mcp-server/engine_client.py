@@ -12,6 +12,7 @@ Only the standard library is used, so this module can be tested without the `mcp
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -104,14 +105,55 @@ def find_engine() -> Path:
     raise EngineCrashed("kb_engine.py not found: install kb-rag (pip install -e '.[mcp]') or set KB_ENGINE to its path")
 
 
+def library_choice(named: Path | str | None = None) -> tuple[Path, str]:
+    """The library this server opens and why, by the engine's own rule (kb_engine.library_choice: --kb-root, else
+    $KB_ROOT, else the nearest .kb folder at or above the current folder, else ~/.kb-rag), read from the engine
+    file it will start, so that the CLI and this server never disagree about which library a folder means."""
+    root, chosen = _engine_module().library_choice(str(named) if named else None)
+    return root.resolve(), chosen.replace("`kb_root`", "--kb-root")
+
+
+@functools.lru_cache(maxsize=1)
+def _engine_module():
+    """The engine file this server starts, loaded as a module of its own name (its top level imports only the
+    standard library, so this costs a fraction of a second and no model)."""
+    import importlib.util
+
+    name = "_kb_engine_of_mcp_server"
+    spec = importlib.util.spec_from_file_location(name, find_engine())
+    if spec is None or spec.loader is None:
+        raise EngineCrashed("kb_engine.py could not be loaded to find the library")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module                  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
 def default_kb_root() -> Path:
-    return Path(os.environ.get("KB_ROOT") or "~/.kb-rag").expanduser().resolve()
+    return library_choice()[0]
+
+
+def reword_library_choice(value: dict, words: str) -> dict:
+    """An answer read from no library says which rule chose the folder (`kb_root_from`, also inside its notes);
+    the engine behind a host was handed the folder, so the host puts its own words in: how its user chose the
+    library and how to open another one."""
+    said = value.get("kb_root_from")
+    if not isinstance(said, str) or not said:
+        return value
+    value = dict(value, kb_root_from=words)
+    if isinstance(value.get("note"), str):
+        value["note"] = value["note"].replace(said, words)
+    if isinstance(value.get("notes"), list):
+        value["notes"] = [n.replace(said, words) if isinstance(n, str) else n for n in value["notes"]]
+    return value
 
 
 class EngineClient:
     def __init__(self, *, kb_root: Path | str | None = None, python: str | None = None,
                  engine: Path | str | None = None, env: dict[str, str] | None = None):
-        self.kb_root = Path(kb_root).expanduser().resolve() if kb_root else default_kb_root()
+        self.kb_root, chosen = library_choice(kb_root)
+        # how this server's user chose the library and opens another, for answers read from no library
+        self.kb_root_from = f"{chosen}; start the server with --kb-root PATH or KB_ROOT=PATH to open another"
         self.python = python or os.environ.get("KB_PYTHON") or sys.executable
         self.engine = Path(engine) if engine else None
         self.base_env = dict(os.environ if env is None else env)

@@ -53,7 +53,7 @@ from mcp.server.lowlevel import Server  # noqa: E402
 from mcp.server.stdio import stdio_server  # noqa: E402
 
 from contract import build_payload, failed_check, guidance_text, load_contract  # noqa: E402
-from engine_client import EngineClient, EngineCrashed, EngineError, find_engine  # noqa: E402
+from engine_client import EngineClient, EngineCrashed, EngineError, find_engine, reword_library_choice  # noqa: E402
 
 log = logging.getLogger("kb-rag-mcp")
 
@@ -389,6 +389,7 @@ def render_stats(value: dict) -> str:
     if value.get("exists") is False:
         return _lines("**The knowledge base is empty**: no library exists yet.",
                       f"Library folder: `{value['kb_root']}`" if value.get("kb_root") else None,
+                      f"Chosen as {_md(value['kb_root_from'])}." if value.get("kb_root_from") else None,
                       "Add papers with kb_ingest (files or folders) or kb_zotero.")
 
     def obj(o: Any) -> str | None:
@@ -473,6 +474,7 @@ class KBServer:
             where = ".".join(str(p) for p in exc.absolute_path)
             raise ToolFailure(f"invalid arguments for {name}: {(where + ': ') if where else ''}{exc.message}") from None
         value = await self._engine(tool["command"], build_payload(tool, args, Path.cwd()), progress)
+        value = reword_library_choice(value, self.engine.kb_root_from)
         return RENDERERS[name](value), value
 
     async def _engine(self, command: str, payload: dict, progress=None) -> dict:
@@ -655,7 +657,8 @@ def run_http(engine: EngineClient, port: int, token: str, generated: bool) -> No
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kb-rag-mcp", description="kb-rag MCP server (stdio by default)")
-    parser.add_argument("--kb-root", help="library folder (default: $KB_ROOT, else ~/.kb-rag)")
+    parser.add_argument("--kb-root", help="library folder (default: $KB_ROOT, else the nearest .kb folder at or above "
+                        "the current folder, else ~/.kb-rag: the command line's rule)")
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (with --http; default 8765)")
     parser.add_argument("--token", help=f"bearer token HTTP clients must send (with --http; default: ${TOKEN_ENV}, "

@@ -7,7 +7,9 @@ that change files or libraries build their own under tmp_path.
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,21 @@ FILE_MARKS = {
     "test_prompts.py": ("model",),
     "test_model_import.py": ("slow", "model"),      # builds and loads multilingual-e5 (about 20 s)
 }
+
+
+def pytest_configure(config):
+    """A request without kb_root opens ~/.kb-rag when no .kb folder lies at or above its folder (the engine's
+    library rule): the whole run gets a home folder of its own, so no test reads or writes the user's library."""
+    home = Path(tempfile.mkdtemp(prefix="kb-test-home-"))
+    config.kb_test_home = home
+    os.environ["HOME"] = str(home)
+    os.environ["USERPROFILE"] = str(home)
+
+
+def pytest_unconfigure(config):
+    home = getattr(config, "kb_test_home", None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

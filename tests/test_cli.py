@@ -83,14 +83,17 @@ def test_empty_stdin_is_empty_payload_and_kb_root_env(cli_kb):
     assert sum(r.json["by_status"].values()) == 13
 
 
-def test_default_kb_root_is_dot_kb_in_cwd(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
+def test_default_kb_root_is_the_nearest_dot_kb_folder_else_the_user_library(tmp_path):
+    work, home = tmp_path / "work", tmp_path / "home"
+    (work / ".kb").mkdir(parents=True)
+    home.mkdir()
     paper = sp.make_ligature_paper(tmp_path / "in")
-    r = run_cli("ingest", {"paths": [str(paper)]}, cwd=work)
+    r = run_cli("ingest", {"paths": [str(paper)]}, cwd=work, env=clean_env(HOME=home))
     assert r.rc == 0, r
-    assert (work / ".kb" / "kb.sqlite").is_file()
-    r = run_cli("search", {"query": "quantum efficiency"}, cwd=work)
+    assert (work / ".kb" / "kb.sqlite").is_file() and not (home / ".kb-rag").exists()
+    r = run_cli("ingest", {"paths": [str(paper)]}, cwd=tmp_path, env=clean_env(HOME=home))
+    assert r.rc == 0 and (home / ".kb-rag" / "kb.sqlite").is_file()
+    r = run_cli("search", {"query": "quantum efficiency"}, cwd=work, env=clean_env(HOME=home))
     assert r.json["results"] and r.json["results"][0]["file"] == paper.name
     env_root = tmp_path / "envroot"
     r = run_cli("ingest", {"paths": [str(paper)]}, cwd=work, env=clean_env(KB_ROOT=env_root))

@@ -3,6 +3,7 @@ each host types, rag on the terminal shows the works a passage cites, and the te
 from __future__ import annotations
 
 import json
+import math
 import os
 import pty
 import shutil
@@ -108,6 +109,206 @@ def test_snippet_help_says_what_zero_does():
     done = subprocess.run([sys.executable, str(ENGINE), "search", "--help"], capture_output=True, text=True,
                           env=clean_env(), timeout=60)
     assert "0: the whole passage" in " ".join(done.stdout.split())
+
+
+# -- 3. one library rule for the command line, serve and the MCP server ------------------------------------------
+
+def no_library_env(home: Path, **extra) -> dict:
+    """The environment of a user who set no KB_ROOT, with ``home`` as the home folder."""
+    return clean_env(KB_EMBED_MODEL="none", HOME=home, USERPROFILE=home, **extra)
+
+
+def kb_engine_in(folder: Path, *args: str, home: Path) -> tuple[int, str, str]:
+    if not KB_ENGINE_COMMAND.exists():
+        pytest.skip("the kb-engine command is not installed in this Python (pip install -e .)")
+    done = subprocess.run([str(KB_ENGINE_COMMAND), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          env=no_library_env(home), timeout=120, cwd=str(folder))
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A project folder with a library started by `kb-engine --kb-root .kb ingest`, a folder deep inside it, a
+    folder outside any project, and an empty home folder."""
+    home, root, elsewhere = tmp_path / "home", tmp_path / "project", tmp_path / "elsewhere"
+    inside = root / "notes" / "2026"
+    for folder in (home, inside, elsewhere):
+        folder.mkdir(parents=True)
+    paper = sp.make_ligature_paper(tmp_path / "in")
+    rc, out, err = kb_engine_in(root, "--kb-root", ".kb", "ingest", str(paper), home=home)
+    assert rc == 0 and (root / ".kb" / "kb.sqlite").is_file(), (out, err)
+    return {"home": home, "root": root, "inside": inside, "elsewhere": elsewhere, "paper": paper}
+
+
+def test_the_library_rule_named_then_env_then_nearest_dot_kb_then_the_user_library(kb_engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KB_ROOT", raising=False)
+    (tmp_path / "p" / ".kb").mkdir(parents=True)
+    deep = tmp_path / "p" / "a" / "b"
+    deep.mkdir(parents=True)
+    assert kb_engine.library_choice(None, deep)[0] == tmp_path / "p" / ".kb"
+    assert kb_engine.library_choice(None, tmp_path / "p")[0] == tmp_path / "p" / ".kb"
+    root, why = kb_engine.library_choice(None, tmp_path)
+    assert root == tmp_path / "home" / ".kb-rag" and "no .kb folder at or above" in why
+    monkeypatch.setenv("KB_ROOT", str(tmp_path / "env"))
+    assert kb_engine.library_choice(None, deep) == (tmp_path / "env", "set by KB_ROOT")
+    assert kb_engine.library_choice(str(tmp_path / "named"), deep)[0] == tmp_path / "named"
+
+
+def test_the_command_line_finds_the_project_library_from_inside_it(project):
+    rc, out, err = kb_engine_in(project["inside"], "search", "quantum efficiency", "--mode", "keyword",
+                                home=project["home"])
+    assert rc == 0 and project["paper"].name in out, (out, err)
+    assert not (project["home"] / ".kb-rag").exists()
+
+
+def test_outside_any_project_the_command_line_uses_the_user_library(project):
+    rc, out, err = kb_engine_in(project["elsewhere"], "ingest", str(project["paper"]), home=project["home"])
+    assert rc == 0, err
+    assert (project["home"] / ".kb-rag" / "kb.sqlite").is_file()
+    assert not (project["elsewhere"] / ".kb").exists()
+
+
+def test_an_empty_library_answer_names_the_folder_the_rule_and_how_to_open_another(project):
+    user_library = project["home"] / ".kb-rag"
+    rc, out, err = kb_engine_in(project["elsewhere"], "search", "quantum efficiency", home=project["home"])
+    assert rc == 0, err
+    assert f"the library at {user_library} is empty" in out
+    assert f"the user library: no .kb folder at or above {project['elsewhere']}" in out
+    assert "kb-engine --kb-root PATH, or KB_ROOT=PATH" in out
+    r = run_cli("stats", {}, cwd=project["elsewhere"], env=no_library_env(project["home"]))
+    assert r.json["exists"] is False and r.json["kb_root"] == str(user_library)
+    assert r.json["kb_root_from"].startswith("the user library") and str(user_library) in r.json["note"]
+    r = run_cli("stats", {}, cwd=project["inside"], env=no_library_env(project["home"]))
+    assert r.json["kb_root"] == str(project["root"] / ".kb") and r.json["indexed_docs"] == 1
+    assert "kb_root_from" not in r.json              # a library that exists needs no explanation
+
+
+def test_serve_opens_the_same_library_from_inside_the_project(project):
+    from helpers import serve
+
+    rc, replies, err = serve([json.dumps({"id": 1, "command": "stats", "payload": {}}).encode()],
+                             env=no_library_env(project["home"]), cwd=project["inside"])
+    assert rc == 0 and replies[0]["ok"] is True, err
+    stats = replies[0]["response"]
+    assert stats["kb_root"] == str(project["root"] / ".kb") and stats["indexed_docs"] == 1
+
+
+def mcp_stats(folder: Path, home: Path) -> tuple[dict, str, dict, str]:
+    """kb_stats and an empty kb_search through the MCP server started in ``folder`` with no KB_ROOT."""
+    pytest.importorskip("mcp")
+    anyio = pytest.importorskip("anyio")
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    params = StdioServerParameters(command=sys.executable, args=[str(ROOT / "mcp-server" / "server.py")],
+                                   env=no_library_env(home, KB_INGEST_WORKERS="0"), cwd=str(folder))
+
+    async def main():
+        with anyio.fail_after(120):
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    stats = await session.call_tool("kb_stats", {})
+                    search = await session.call_tool("kb_search", {"query": "quantum efficiency", "mode": "keyword"})
+                    return stats, search
+
+    stats, search = anyio.run(main)
+    text = lambda result: "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")  # noqa: E731
+    return stats.structured_content, text(stats), search.structured_content, text(search)
+
+
+def test_the_mcp_server_opens_the_library_the_command_line_means(project):
+    stats, _, search, _ = mcp_stats(project["inside"], project["home"])
+    assert stats["kb_root"] == str(project["root"] / ".kb") and stats["indexed_docs"] == 1
+    assert search["results"] and search["results"][0]["file"] == project["paper"].name
+    stats, stats_text, search, search_text = mcp_stats(project["elsewhere"], project["home"])
+    user_library = project["home"] / ".kb-rag"
+    assert stats["exists"] is False and stats["kb_root"] == str(user_library)
+    assert "Chosen as the user library" in stats_text and "start the server with --kb-root PATH or KB" in stats_text
+    assert f"the library at {user_library} is empty (the user library" in search["note"]
+    assert "start the server with --kb-root PATH" in search["note"] and "set by KB_ROOT" not in search["note"]
+    assert "_Note: the library at " in search_text and "start the server with --kb-root PATH" in search_text
+
+
+# -- 4. a rare Latin-script name inside a Chinese question weighs as what it is --------------------------------
+
+CORPUS_PAPER = """# The TRECX2 corpus of scholarly papers
+
+## Overview
+
+The TRECX2 corpus contains 8.1 million open access papers with structured full text, drawn from publishers and
+preprint servers. Each paper carries its abstract, sections, figure captions and bibliography.
+
+## Construction
+
+Papers were parsed with a PDF parser and linked to a citation graph. Bibliography entries were matched to papers
+by title similarity.
+"""
+
+THESIS_GUIDE = """# 本科毕业设计撰写规范
+
+## 字数
+
+说明书不少于二万八千字,正文应包含摘要和参考文献,篇幅多少由学院规定。
+
+## 目录
+
+目录应列出全部章节的标题及页码。
+
+## 附录
+
+附录收录正文内不便列出的冗长公式推导,页数不作限制。
+"""
+
+FILLER_WORDS = "phonon lattice thermal conductivity measured sample temperature graphene copper substrate growth film"
+
+
+@pytest.fixture(scope="module")
+def mixed_library(tmp_path_factory):
+    """Mostly English papers, one of them about a corpus named TRECX2, and a Chinese thesis guide whose every
+    word is rare in this library because few passages are Chinese."""
+    import random
+
+    folder = tmp_path_factory.mktemp("mixed")
+    (folder / "corpus.md").write_text(CORPUS_PAPER, encoding="utf-8")
+    (folder / "guide.md").write_text(THESIS_GUIDE, encoding="utf-8")
+    pick = random.Random(1)
+    for i in range(8):
+        words = " ".join(pick.choice(FILLER_WORDS.split()) for _ in range(150))
+        (folder / f"study{i}.md").write_text(f"# Study {i} of thermal transport\n\n## Results\n\n{words}\n")
+    kb = folder / ".kb"
+    r = run_cli("ingest", {"paths": [str(folder)], "kb_root": str(kb)}, env=clean_env(KB_EMBED_MODEL="none"))
+    assert r.rc == 0 and r.json["totals"]["added"] == 10, r
+    return kb
+
+
+def keyword_files(kb: Path, query: str) -> list[str]:
+    r = run_cli("search", {"query": query, "mode": "keyword", "top_k": 3, "kb_root": str(kb)},
+                env=clean_env(KB_EMBED_MODEL="none"))
+    return [hit["file"] for hit in r.json["results"]]
+
+
+def test_a_latin_name_in_a_chinese_question_finds_the_english_paper_about_it(mixed_library):
+    # before: the guide first (BM25 21.1 against 3.2), its 包含 and 多少 counted as characters and pairs, each
+    # rare in a library that is mostly English
+    assert keyword_files(mixed_library, "TRECX2语料库包含多少篇论文？")[:2] == ["corpus.md", "corpus.md"]
+
+
+def test_a_question_in_one_script_still_finds_its_own_documents(mixed_library):
+    assert keyword_files(mixed_library, "附录收录公式推导")[0] == "guide.md"
+    assert keyword_files(mixed_library, "how many open access papers does the corpus contain")[0] == "corpus.md"
+
+
+def test_cjk_idf_is_judged_among_cjk_passages_only_in_a_question_mixing_scripts(kb_engine, mixed_library):
+    lib = kb_engine.Library.open(mixed_library, False)
+    try:
+        pure, mixed = kb_engine.query_idfs(lib, ["包含"]), kb_engine.query_idfs(lib, ["trecx2", "包含"])
+        total, counts = lib.term_counts(["包含"])
+        assert pure["包含"] == pytest.approx(math.log((total - counts["包含"] + 0.5) / (counts["包含"] + 0.5)))
+        assert mixed["包含"] < pure["包含"] / 2 and mixed["trecx2"] > 1.0
+    finally:
+        lib.close()
 
 
 # -- 5. rag on the terminal shows the cited works, and a short note -----------------------------------------------

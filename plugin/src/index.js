@@ -128,7 +128,9 @@ export function apply(ctx, config) {
       log.debug('%s progress: %s %s/%s %s', command, event.phase ?? '', event.done ?? '', event.total ?? '', event.path ?? '')
     }
     try {
-      return await pool.request(ws, command, { ...payload, kb_root: kbRoot }, { signal: exec.signal, onProgress })
+      const value = await pool.request(ws, command, { ...payload, kb_root: kbRoot }, { signal: exec.signal, onProgress })
+      return rewordLibraryChoice(value, `the kb-rag plugin's kbRoot setting ("${config.kbRoot}" in the workspace; ` +
+        'kb-engine finds the same library from any folder inside it); change kbRoot to open another')
     } catch (error) {
       throw toToolError(error, command)
     }
@@ -138,4 +140,19 @@ export function apply(ctx, config) {
   for (const tool of createTools({ call, ready, workspace, scope, log })) ctx.tools.register(tool)
 
   ctx.effect(() => () => pool.closeAll())
+}
+
+/**
+ * An answer read from no library says which rule chose the folder (`kb_root_from`, also inside its notes); the
+ * engine was handed the folder by this plugin, so the plugin puts in its own words: how the library was chosen
+ * here and how to open another. (The MCP server does the same in engine_client.reword_library_choice.)
+ */
+export function rewordLibraryChoice(value, words) {
+  const said = value?.kb_root_from
+  if (typeof said !== 'string' || !said) return value
+  const swap = (text) => (typeof text === 'string' ? text.split(said).join(words) : text)
+  const out = { ...value, kb_root_from: words }
+  if (typeof out.note === 'string') out.note = swap(out.note)
+  if (Array.isArray(out.notes)) out.notes = out.notes.map(swap)
+  return out
 }

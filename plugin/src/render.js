@@ -388,6 +388,7 @@ export function renderStatus(value) {
 export function renderStats(value) {
   if (value.exists === false) {
     return lines('**The knowledge base is empty**: no library exists yet.', value.kb_root ? `Library folder: \`${value.kb_root}\`` : null,
+      value.kb_root_from ? `Chosen as ${escapeMd(value.kb_root_from)}.` : null,
       'Add papers with kb_ingest (files or folders) or kb_zotero.')
   }
   const obj = (o) => (o && typeof o === 'object' && Object.keys(o).length ? Object.entries(o).map(([k, v]) => `${k} ${v}`).join(', ') : null)

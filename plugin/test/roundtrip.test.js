@@ -155,6 +155,13 @@ test('kbRoot is taken relative to the session workspace', async () => {
   try {
     const r = await other.call('kb_stats', {}, { cwd: ws })
     assert.equal(r.value.kb_root, path.join(ws, 'library', 'kb'))
+    // an answer read from no library says how this host chose it and how to open another, in the plugin's words
+    assert.match(r.value.kb_root_from, /the kb-rag plugin's kbRoot setting \("library\/kb" in the workspace/)
+    assert.match(textOf(r), /Chosen as the kb-rag plugin's kbRoot setting .*change kbRoot to open another/)
+    const search = await other.call('kb_search', { query: 'graphene' }, { cwd: ws })
+    assert.equal(search.value.note, `the library at ${path.join(ws, 'library', 'kb')} is empty (${search.value.kb_root_from}): ` +
+      'ingest documents first, or open another library')
+    assert.doesNotMatch(search.value.note, /named by/)
   } finally {
     await other.dispose()
   }
