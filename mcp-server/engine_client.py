@@ -115,12 +115,18 @@ def library_choice(named: Path | str | None = None) -> tuple[Path, str]:
 
 @functools.lru_cache(maxsize=1)
 def _engine_module():
-    """The engine file this server starts, loaded as a module of its own name (its top level imports only the
-    standard library, so this costs a fraction of a second and no model)."""
+    """The engine shipped with this server (the repository copy next to mcp-server/, else the installed module),
+    loaded as a module of its own name: its top level imports only the standard library, so this costs a fraction
+    of a second and no model. Not $KB_ENGINE, which may be any program that speaks the protocol (a wrapper that
+    starts serving when run)."""
     import importlib.util
 
     name = "_kb_engine_of_mcp_server"
-    spec = importlib.util.spec_from_file_location(name, find_engine())
+    here = Path(__file__).resolve().parent.parent / "kb_engine.py"
+    if not here.is_file():
+        import kb_engine
+        return kb_engine
+    spec = importlib.util.spec_from_file_location(name, here)
     if spec is None or spec.loader is None:
         raise EngineCrashed("kb_engine.py could not be loaded to find the library")
     module = importlib.util.module_from_spec(spec)
