@@ -162,15 +162,7 @@ def library_choice(named: str | None = None, cwd: Path | None = None) -> tuple[P
     for folder in (here, *here.parents):
         if (folder / DEFAULT_KB_DIRNAME).is_dir():
             return folder / DEFAULT_KB_DIRNAME, f"the nearest {DEFAULT_KB_DIRNAME} folder at or above {here}"
-    return user_library(), f"the user library: no {DEFAULT_KB_DIRNAME} folder at or above {here}"
-
-
-def user_library() -> Path:
-    return Path.home() / USER_KB_DIRNAME
-
-
-def default_kb_root() -> Path:
-    return library_choice()[0]
+    return Path.home() / USER_KB_DIRNAME, f"the user library: no {DEFAULT_KB_DIRNAME} folder at or above {here}"
 
 
 # A read of a library that does not exist yet answers with this note; the dispatcher then names the folder it

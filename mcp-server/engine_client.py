@@ -108,7 +108,8 @@ def find_engine() -> Path:
 def library_choice(named: Path | str | None = None) -> tuple[Path, str]:
     """The library this server opens and why, by the engine's own rule (kb_engine.library_choice: --kb-root, else
     $KB_ROOT, else the nearest .kb folder at or above the current folder, else ~/.kb-rag), read from the engine
-    file it will start, so that the CLI and this server never disagree about which library a folder means."""
+    shipped beside this server, so that the CLI and this server never disagree about which library a folder
+    means."""
     root, chosen = _engine_module().library_choice(str(named) if named else None)
     return root.resolve(), chosen.replace("`kb_root`", "--kb-root")
 
@@ -133,10 +134,6 @@ def _engine_module():
     sys.modules[name] = module                  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module
-
-
-def default_kb_root() -> Path:
-    return library_choice()[0]
 
 
 def reword_library_choice(value: dict, words: str) -> dict:
