@@ -46,6 +46,7 @@ import sys
 import time
 import unicodedata
 import zipfile
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -60,7 +61,7 @@ __version__ = "0.1.0"
 SCHEMA_VERSION = 5
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 8
+PARSER_REVISION = 9
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"       # a project's library, found from any folder inside the project
@@ -540,6 +541,44 @@ def cjk_ratio(text: str) -> float:
     if not letters:
         return 0.0
     return sum(1 for ch in letters if is_cjk(ch)) / len(letters)
+
+
+# -- which language a text is written in ------------------------------------------------------------------------
+# CJK and Hangul by script (kana marks Japanese); Latin-script languages by the share of their most frequent
+# function words, each list kept to words the other languages here do not use alike. Good enough to tell a
+# Portuguese thesis from an English paper, and never a claim about a text too short to judge.
+
+_KANA = re.compile("[\u3040-\u30ff]")
+_HANGUL = re.compile("[\uac00-\ud7af\u1100-\u11ff\u3130-\u318f]")
+FUNCTION_WORDS = {
+    "en": frozenset("the of and to is that for with are this by which be from was were have has been".split()),
+    "pt": frozenset("não são uma para com pelo pela das dos também foi ao nos está entre ser pode".split()),
+    "es": frozenset("el los las del una para con por también fue es son entre puede este esta como".split()),
+    "fr": frozenset("le les des du une dans pour sur avec sont cette qui ont être au aux pas nous".split()),
+    "de": frozenset("der die das und ist nicht mit von den zu auf eine für sich dem wird werden".split()),
+    "it": frozenset("il di che della delle degli nel per con una sono anche gli alla questo".split()),
+    "nl": frozenset("het een van en dat op met voor niet zijn wordt deze bij ook naar".split()),
+}
+LANGUAGE_NAMES = {"en": "English", "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "pt": "Portuguese",
+                  "es": "Spanish", "fr": "French", "de": "German", "it": "Italian", "nl": "Dutch"}
+
+
+def text_language(text: str, least_words: int = 2) -> str:
+    """ISO 639-1 code of the language ``text`` is mostly written in; "en" when the text cannot tell (a Latin-script
+    language needs ``least_words`` hits of its function words, and more of them than English)."""
+    letters = [ch for ch in text if ch.isalpha()]
+    if not letters:
+        return "en"
+    hangul = sum(1 for ch in letters if _HANGUL.match(ch))
+    cjk = sum(1 for ch in letters if is_cjk(ch))
+    if hangul > 0.3 * len(letters):
+        return "ko"
+    if cjk > 0.3 * len(letters):
+        return "ja" if sum(1 for ch in letters if _KANA.match(ch)) > 0.1 * cjk else "zh"
+    words = re.findall(r"[^\W\d_]+", text.lower())
+    hits = {lang: sum(1 for w in words if w in vocabulary) for lang, vocabulary in FUNCTION_WORDS.items()}
+    best = max(hits, key=hits.get)
+    return best if hits[best] >= least_words and hits[best] > hits["en"] else "en"
 
 
 class PorterStemmer:
@@ -3416,7 +3455,9 @@ class DocMeta:
         self.doi = clean_field(self.doi).replace(" ", "").lower() or None if self.doi else None
 
 
-_DOI = re.compile(r"\b(10\.\d{4,9}/[^\s\"<>{}]+)", re.IGNORECASE)
+# A DOI may hold "<" and ">" (a SICI: 10.1002/(SICI)1097-4636(199706)35:4<517::AID-JBM12>3.0.CO;2-B): a bracket
+# pair holding "number:" belongs to it; any other "<" ends it (an HTML tag after a DOI).
+_DOI = re.compile(r"\b(10\.\d{4,9}/(?:[^\s\"<>{}]|<\d+:[^\s\"<>{}]*>)+)", re.IGNORECASE)
 _ARXIV_ID = re.compile(r"(?:arxiv[:\s]*|^|/)(\d{2})(\d{2})\.\d{4,5}(?:v\d+)?", re.IGNORECASE)
 _DATED_YEAR = re.compile(r"(?:©|\(c\)|copyright|published|received|accepted|available online|submitted)"
                          r"[^\n]{0,60}?\b((?:19|20)\d{2})\b", re.IGNORECASE)
@@ -3436,6 +3477,18 @@ def _plausible_title(text: str | None) -> bool:
 def _clean_title(text: str) -> str:
     text = re.sub("[\u2010\u2011]", "-", text)
     return re.sub(r"\s+", " ", text).strip(" .:;-*†‡§¶∗⋆")[:300]
+
+
+def _printed(value: str, text: str) -> bool:
+    """Most of a file-metadata value (its words, or the character pairs of its CJK runs) is printed in ``text``:
+    a PDF's Title and Author are often a template's or a machine's ("番茄花园", "Administrator")."""
+    def pieces(t: str) -> set[str]:
+        found = set()
+        for run in _CJK_RUN_OR_WORD.findall(t.casefold()):
+            found.update(run[i:i + 2] for i in range(max(1, len(run) - 1))) if is_cjk(run[0]) else found.add(run)
+        return found
+    wanted = pieces(value)
+    return bool(wanted) and len(wanted & pieces(text)) >= 0.6 * len(wanted)
 
 
 def _split_authors(raw: str) -> list[str]:
@@ -3599,11 +3652,59 @@ def _authors_from_blocks(blocks: list[Block], title: str = "") -> list[str]:
     return names[:1000]
 
 
+# A conference paper names its proceedings in a line of its own, often the footer of page 1: "Proceedings of the
+# 58th Annual Meeting of the ..., pages 4969-4983", "2010 International Conference on ...", "Findings of ...".
+# The words before "Conference on" are capitalised or numbers ("2010 International", "1st"): a sentence that
+# mentions a conference ("presented at the Conference on ...") is not the venue line.
+_VENUE_LINE = re.compile(r"^\s*(?:[Ii]n:?\s+)?((?:[Pp]roceedings of|PROCEEDINGS OF|[Ff]indings of the Association|"
+                         r"(?:(?:\d{1,4}(?:st|nd|rd|th)?|[A-Z][\w/&'-]*)\s+){0,6}?"
+                         r"(?:Conference|Workshop|Symposium|CONFERENCE|WORKSHOP|SYMPOSIUM)\s+(?:on|of|ON|OF)\s)"
+                         r"[^\n]{4,200})")
+_VENUE_TAIL = re.compile(r",\s*(?:pages|pp\.?|vol\.?|volume|no\.)\s.*$|(?<=\)),\s.*$|\s+(?:pages|pp\.)\s*\d.*$",
+                         re.IGNORECASE)
+
+
+def _venue_from_page(page_one: list[Block]) -> str | None:
+    """The proceedings a conference paper's page 1 names in a line of its own (header or footer)."""
+    for block in page_one:
+        match = _VENUE_LINE.match(block.text) if len(block.text) < 300 else None
+        if match:
+            venue = _VENUE_TAIL.sub("", re.sub(r"\s+", " ", match.group(1))).strip(" .,;:")
+            if 3 <= len(venue.split()) and len(venue) <= 200:
+                return venue
+    return None
+
+
+# Journals whose names begin "Proceedings of ..." (an article there is not a conference paper).
+_JOURNAL_PROCEEDINGS = re.compile(r"^proceedings of the (?:national academy|royal society|ieee\b|vldb|acm on|"
+                                  r"american mathematical|london mathematical|edinburgh|cambridge philosophical|"
+                                  r"japan academy|indian academy|estonian academy|physical society)", re.IGNORECASE)
+_CONFERENCE_VENUE = re.compile(r"\b(?:proceedings|conference|workshop|symposium|findings of the)\b", re.IGNORECASE)
+
+
+def venue_is_proceedings(venue: str | None) -> bool:
+    """The venue is a conference's proceedings (BibTeX @inproceedings), not a journal."""
+    return bool(venue and _CONFERENCE_VENUE.search(venue) and not _JOURNAL_PROCEEDINGS.match(venue)
+                and not re.search(r"\b(?:journal|transactions|letters)\b|conference series", venue, re.IGNORECASE))
+
+
+# Above this share of numbers among its words, page 1 is a table (a supplement's results), not a paper's front
+# page: the corpus's front pages stay under 0.15, its table-only pages reach 0.18 and more.
+TABLE_NUMBER_SHARE = 0.15
+
+
+def number_share(text: str) -> float:
+    words = text.split()
+    return sum(1 for w in words if re.fullmatch(r"[\d.,%±()+\-–]+", w) and any(c.isdigit() for c in w)) / \
+        max(1, len(words))
+
+
 def _journal_from_text(front: str, blocks: list[Block]) -> str | None:
     head = "\n".join(b.text for b in blocks[:8])
     match = _JOURNAL_LINE.search(head) or _JOURNAL_LINE.search(front[:1500])
-    if match:
-        return re.sub(r"\s+", " ", match.group(1)).strip(" .:")[:120]
+    name = re.sub(r"\s+", " ", match.group(1)).strip(" .:")[:120] if match else ""
+    if name and not re.search(r"\b(?:of|the|on|in|for|and)$", name, re.IGNORECASE):    # not cut at a number
+        return name
     match = _CN_JOURNAL.search(front[:800])
     if match:
         return (match.group(1) or match.group(2)).strip()
@@ -3637,6 +3738,7 @@ _FRONT_MATTER_END = re.compile(r"^\s*(?:abstract|summary|a\s?b\s?s\s?t\s?r\s?a\s
                                r"article info|article history|received\b|accepted\b|published\b|citation:|"
                                r"cite this|correspondence|introduction|摘\s*要|关键词|引\s*言)", re.IGNORECASE)
 _ORGANISATION_WORDS = re.compile(r"\b(?:research|labs?|laboratories|group|foundation|team|project|consortium|"
+                                 r"technology|technologies|consulting|software|"   # "PA Technology" is a firm
                                  r"society|council|agency|ministry|office|clinic|museum|observatory|network|"
                                  r"google|microsoft|facebook|meta ai|amazon|ibm|nvidia|deepmind|openai|"
                                  r"allen institute|press|publishing|journal|editor|avenue|street|road|"
@@ -3769,8 +3871,8 @@ def is_person_name(name: str) -> bool:
             or _ORGANISATION_WORDS.search(name) or _NOT_NAME_WORDS.search(name):
         return False
     words = _name_words(name)
-    if not 2 <= len(words) <= 6:
-        return False
+    if not 2 <= len(words) <= 6 or len({w.casefold() for w in words}) < len(words):
+        return False       # a name does not repeat a word: "Frozen Finetune Frozen Finetune" is a table header
     capitalised = [w for w in words if w.lower().strip(".") not in _NAME_PARTICLES]
     return bool(capitalised) and all(w[0].isupper() for w in capitalised) and \
         sum(len(w.strip(".")) > 1 for w in words) >= 1
@@ -3977,36 +4079,90 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
                        or (b.role == "heading" and not canonical_section(b.text))), "")
     styled = next((b.text for b in extracted.blocks if b.role == "title"), "") if extracted.kind != "pdf" else ""
     header_title, header_authors = read_pdf_header(extracted.header, extracted.body_size)
+    sample = " ".join(extracted.page_texts)[:200_000]
+    opening_pages = " ".join(extracted.page_texts[:2])
+    titled = True       # the title is one the document marks as such (not its first line taken for want of one)
     if styled.strip() and not _JUNK_TITLE.search(styled):
         title = _clean_title(styled)      # a Markdown "# Title" or a DOCX Title style says what the title is
     elif header_title:
         title = header_title
     else:
-        for candidate in (_title_from_blocks(blocks), html.unescape(raw.get("title") or "")):
+        meta_title = html.unescape(raw.get("title") or "")
+        for candidate in (_title_from_blocks(blocks), meta_title if _printed(meta_title, opening_pages) else ""):
             if _plausible_title(candidate) and not _BANNER.search(candidate):
                 title = _clean_title(candidate)
                 break
-        else:
+        else:     # the first line stands in: no byline follows one that starts in mid-sentence, or a table's head
             title = _clean_title(first_text) if first_text and len(first_text) <= 200 else Path(path).stem
+            titled = bool(first_text) and not first_text.lstrip()[:1].islower() and \
+                number_share(" ".join(b.text for b in first_page)) < TABLE_NUMBER_SHARE
     margin = raw.get("margin_text", "")
     doi = (_doi_from_text(front) or find_doi(margin) or _doi_from_text(cover)
            or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
            or arxiv_doi(front) or arxiv_doi(margin))
     opening = [b for b in extracted.blocks if b.page in (front_page, None)][:60]
-    authors = header_authors or _authors_from_blocks(opening, title) or _split_authors(raw.get("author", ""))
-    sample = " ".join(extracted.page_texts)[:200_000]
+    meta_authors = [name for name in _split_authors(raw.get("author", "")) if _printed(name, opening_pages)]
+    authors = header_authors or (_authors_from_blocks(opening, title) if titled else []) or meta_authors
     page_one = [b for b in first_page if b.page == front_page]
     banner = "\n".join(b.text for b in page_one[:6] + page_one[-4:] if b.role != "title" and len(b.text) < 400)
     head = "\n".join(b.text for b in page_one[:12]       # footnotes citing other works do not count
                      if b.role != "title" and len(b.text) < 400 and not re.match(r"\d{1,2}\s", b.text))
     return DocMeta(
-        title=title or Path(path).stem,
+        title=readable_title(title, sample) if title else Path(path).stem,
         authors=authors,
         year=guess_year(front, raw, path, doi, banner + "\n" + raw.get("margin_text", ""), head),
-        journal=_journal_from_text(front, blocks),
+        journal=_journal_from_text(front, blocks) or _venue_from_page(page_one),
         doi=doi,
-        lang="zh" if cjk_ratio(sample) > 0.3 else "en",
+        lang=text_language(sample, least_words=20),
     )
+
+
+# Words a title in title case leaves in lower case (unless first, or after a colon).
+_MINOR_TITLE_WORDS = frozenset("a an the and or nor but of in on at to for by with from as via vs versus into "
+                               "onto per than over under upon".split())
+
+
+def readable_title(title: str, text: str) -> str:
+    """A title printed in capitals, in title case: each word as the document's own text writes it elsewhere
+    (an acronym stays in capitals: "CLEF", "LCLS-II"; "OVERVIEW" becomes "Overview"), a word the text never
+    writes otherwise capitalised; a title with lower-case letters is returned as it is."""
+    letters = [ch for ch in title if ch.isalpha() and not is_cjk(ch)]
+    if len(letters) < 8 or sum(ch.isupper() for ch in letters) < 0.8 * len(letters) or len(title.split()) < 3:
+        return title
+    seen: dict[str, Counter] = {}
+    for line in text.splitlines():
+        words = re.findall(r"[^\W\d_]+", line)
+        if sum(w.isupper() for w in words) < 0.5 * len(words):      # running text, not a heading in capitals
+            for word in words:
+                seen.setdefault(word.casefold(), Counter())[word] += 1
+
+    def spell(part: str, first: bool) -> str:
+        if not part.isalpha() or not part.isupper():
+            return part          # "3.9", "GHz", "S2ORC": as printed
+        if len(part) == 1:       # "A" opens sentences: the text cannot say it is an acronym
+            return part if first or part != "A" else "a"
+        forms = seen.get(part.casefold(), Counter())
+        upper = forms.get(part, 0)
+        other = sum(n for form, n in forms.items() if form != part)
+        if upper > 0 and upper >= other:
+            return part          # printed in capitals in the text too: an acronym
+        if other == 0 and len(part) <= 3 and part.casefold() not in _MINOR_TITLE_WORDS:
+            return part          # never written otherwise, and short: take it for an acronym
+        lower = part.lower()
+        return lower if lower in _MINOR_TITLE_WORDS and not first else lower.capitalize()
+
+    out, first = [], True
+    for token in re.split(r"(\s+|[-/:–—])", title):
+        if not token or token.isspace() or token in "-/–—":
+            out.append(token)
+            continue
+        if token == ":":
+            out.append(token)
+            first = True
+            continue
+        out.append(re.sub(r"[^\W\d_]+", lambda m: spell(m.group(0), first and m.start() == 0), token))
+        first = False
+    return "".join(out)
 
 
 # =============================================================================
@@ -7165,30 +7321,49 @@ def doc_centroids(lib: Library, dim: int):
     return ids, np.stack([directions[i] for i in ids]).astype(np.float32)
 
 
-def query_language(query: str) -> str:
-    return "zh" if cjk_ratio(query) > 0.3 else "en"
 
 
-LANGUAGE_NAMES = {"en": "English", "zh": "Chinese"}
+def _script(lang: str) -> str:
+    return "cjk" if lang in CJK_LANGS else "latin"
 
 
-def language_note(renderings: list[str], library_langs: dict[str, int], vectors_used: bool = True) -> str | None:
-    """A note when no rendering of the question is in the language most of the library is written in: keyword
-    matching cannot cross languages, and the caller (a language model) can add a rendering in ``queries``."""
+def language_note(renderings: list[str], library_langs: dict[str, int], vectors_used: bool = True,
+                  keyword_strength: float = 1.0) -> str | None:
+    """A note when keyword matching cannot reach documents because the question is in another language: most of
+    the library is in a language no rendering is in, or the keyword half matched nothing well and some documents
+    are written in a script no rendering uses (an English question about a Chinese paper in an English library).
+    The caller (a language model) can add a rendering in ``queries``."""
     total = sum(library_langs.values())
     if not total:
         return None
-    dominant = max(library_langs, key=library_langs.get)
-    share = library_langs[dominant] / total
-    asked = [query_language(text) for text in renderings]
-    if dominant in asked or dominant not in LANGUAGE_NAMES or share < 0.8:
-        return None
-    question, library = LANGUAGE_NAMES.get(asked[0], asked[0]), LANGUAGE_NAMES[dominant]
+    asked = [text_language(text) for text in renderings]
+    question = LANGUAGE_NAMES.get(asked[0], asked[0])
     bridge = ("only vector similarity can bridge them" if vectors_used else
               "no vector similarity was used for this search (keyword mode, or no vectors yet)")
-    return (f"the query is {question} but {share:.0%} of the library is {library}: keyword matching cannot bridge "
-            f"the languages and {bridge}; add {'an' if library[0] in 'AEIOU' else 'a'} {library} rendering of the "
-            "question with `queries` (searched alongside the query) to find its passages")
+    dominant = max(library_langs, key=library_langs.get)
+    share = library_langs[dominant] / total
+    if dominant not in asked and dominant in LANGUAGE_NAMES and share >= 0.8:
+        library = LANGUAGE_NAMES[dominant]
+        return (f"the query is {question} but {share:.0%} of the library is {library}: keyword matching cannot "
+                f"bridge the languages and {bridge}; add {_article(library)} {library} rendering of the question "
+                "with `queries` (searched alongside the query) to find its passages")
+    if keyword_strength >= KEYWORD_TRUST_SHARE:
+        return None
+    scripts = {_script(lang) for lang in asked}
+    unreached = {lang: n for lang, n in library_langs.items()
+                 if lang in LANGUAGE_NAMES and lang not in asked and _script(lang) not in scripts}
+    if not unreached:
+        return None
+    lang = max(unreached, key=unreached.get)
+    count, library = unreached[lang], LANGUAGE_NAMES[lang]
+    return (f"no passage matched the {question} query well, and {count} document{'s' if count != 1 else ''} of "
+            f"the library {'are' if count != 1 else 'is'} {library}, which keyword matching cannot reach from "
+            f"{_article(question)} {question} query ({bridge}); to search {'them' if count != 1 else 'it'} too, "
+            f"add {_article(library)} {library} rendering of the question with `queries`")
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "AEIOU" else "a"
 
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
@@ -7374,20 +7549,28 @@ class VectorHalf:
         return self._outcome
 
 
-def merge_renderings(ranked_lists: list[tuple[list[tuple[int, float]], float]]) -> list[tuple[int, float]]:
-    """One candidate list from the (ranking, scale) pairs several renderings of a question produced: each score is
-    divided by its ranking's scale and a chunk keeps its best value. A rendering that found nothing (a Chinese
-    question over English papers, in the keyword half) is simply absent: it cannot pull the others down."""
+def merge_renderings(ranked_lists: list[tuple[list[tuple[int, float]], float]], agree: bool = False,
+                     weigh: bool = False) -> list[tuple[int, float]]:
+    """One candidate list from the (ranking, scale) pairs several renderings of a question produced, each score
+    divided by its ranking's scale. Renderings that ``agree`` (one script: rephrasings that reach the same
+    passages) add up, so a passage several of them find outranks one only a single rendering finds; with
+    ``weigh`` each list counts by the keyword trust of its best share (a rendering whose words barely match
+    counts little). Renderings in different scripts reach different documents, and a chunk keeps its best value.
+    A rendering that found nothing (a Chinese question over English papers, in the keyword half) is simply
+    absent: it cannot pull the others down."""
     ranked_lists = [(ranked, scale) for ranked, scale in ranked_lists if ranked]
     if len(ranked_lists) == 1:
         return ranked_lists[0][0]
-    best: dict[int, float] = {}
+    merged: dict[int, float] = {}
     for ranked, scale in ranked_lists:
+        factor = keyword_trust(ranked[0][1] / scale) if weigh else 1.0
         for chunk_id, score in ranked:
             value = score / scale
-            if value > best.get(chunk_id, -math.inf):
-                best[chunk_id] = value
-    return sorted(best.items(), key=lambda item: (-item[1], item[0]))
+            if agree:
+                merged[chunk_id] = merged.get(chunk_id, 0.0) + factor * value
+            elif value > merged.get(chunk_id, -math.inf):
+                merged[chunk_id] = value
+    return sorted(merged.items(), key=lambda item: (-item[1], item[0]))
 
 
 def bm25_ceiling(lib: Library, terms: list[str]) -> float:
@@ -7420,12 +7603,14 @@ def mean_unit_vector(vectors: list):
     return mean / (np.linalg.norm(mean) or 1.0)
 
 
-def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object]:
-    """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None). Every rendering
+def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object, float]:
+    """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None, the keyword
+    half's best match as a share of its ceiling: 1.0 where the keyword half did not run). Every rendering
     of the question (``query`` and ``queries``) is searched in both halves; each half keeps a chunk's best
     score over the renderings before the halves are fused."""
     mode, top_k, filters = request["mode"], request["top_k"], request["filters"]
     renderings = [request["query"], *request["queries"]]
+    agree = len({_script(text_language(text)) for text in renderings}) == 1     # see merge_renderings
     pool = max(FUSION_POOL, top_k * 5)
     notes: list[str] = []
     keyword: list[tuple[int, float]] = []
@@ -7451,13 +7636,13 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
         # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
         ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
                    bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
-        keyword = merge_renderings(ranked)
+        keyword = merge_renderings(ranked, agree, weigh=True)
         keyword_strength = max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0)
     if vector_half is not None:
         try:
             searched = vector_half.result()
             vector = merge_renderings([(document_aware_vector_order(lib, state, embedder, vec, found), 1.0)
-                                       for vec, found in searched])     # cosines compare as they are
+                                       for vec, found in searched], agree)     # cosines compare as they are
             query_vec = mean_unit_vector([vec for vec, _ in searched])
         except ModelUnavailable as exc:
             notes.append(f"vector search unavailable: {exc}; using keyword search")
@@ -7474,7 +7659,7 @@ def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -
     hits = [SearchHit(cid, score) for cid, score in fused]
     if request["depth"] == "deep" and hits:
         hits, kind = rerank(lib, renderings, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
-    return hits[:top_k], kind, notes, query_vec
+    return hits[:top_k], kind, notes, query_vec, keyword_strength
 
 
 def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: Models, notes: list, kind: str):
@@ -7519,7 +7704,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         if cached is not None:
             cached["cached"] = True
             return cached, None
-    hits, kind, notes, query_vec = retrieve(lib, request, models, state)
+    hits, kind, notes, query_vec, keyword_strength = retrieve(lib, request, models, state)
     degraded = bool(notes)
     response["results"] = hit_records(lib, hits, terms, request["snippet"],
                                       with_citations=request["depth"] == "deep")
@@ -7531,7 +7716,8 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
     langs = dict(lib.conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
                                   "GROUP BY lang").fetchall())
-    lang_note = language_note(renderings, langs, vectors_used=query_vec is not None)
+    lang_note = language_note(renderings, langs, vectors_used=query_vec is not None,
+                              keyword_strength=keyword_strength)
     if lang_note:
         response["lang_note"] = lang_note
     if notes:
@@ -9670,13 +9856,15 @@ SEARCH_FIELDS = (
           "vector side",
           cli=(Flag(("query",), "a question or keywords"),)),
     Field("queries", "list of strings", "none",
-          "up to 4 further renderings of the same question, typically a translation into the language most of the "
-          "library is written in (an English rendering of a Chinese question over English papers). Each is "
-          "searched like `query` in both halves and each passage keeps its best score over the renderings (see "
+          "up to 4 further renderings of the same question: one sentence stating the answer as a paper would, "
+          "and a translation into the language most of the library is written in (an English rendering of a "
+          "Chinese question over English papers). Each is searched like `query` in both halves; a passage's "
+          "scores add up over renderings in one script and it keeps its best over scripts (see "
           "[Renderings](#renderings)). Blank entries and repeats of `query` are dropped; anything but a list of "
           "strings, more than 4, or one over 10,000 characters is a `bad_request`. The response echoes the kept "
           "renderings as `queries`",
-          cli=(Flag(("--also",), "the same question in another language, searched alongside (up to 4 times)",
+          cli=(Flag(("--also",), "the question again, searched alongside: a sentence stating the answer, or the "
+                              "question in another language (up to 4 times)",
                    {"action": "append", "metavar": "RENDERING", "default": None}),)),
     Field("top_k", "integer", "`10`",
           "maximum number of results, 1 to 1000",
@@ -9742,7 +9930,7 @@ def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibrarySt
         except ModelUnavailable:
             related = []
     response["evidence"] = evidence
-    response["guidance"] = GUIDANCE[query_language(response["query"])]
+    response["guidance"] = GUIDANCE.get(text_language(response["query"]), GUIDANCE["en"])
     response["related"] = related
     return response
 
@@ -10227,8 +10415,10 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
             continue
         authors = json.loads(doc["authors"] or "[]")
         key = _cite_key(doc, authors, taken)
+        proceedings = venue_is_proceedings(doc["journal"])
         if fmt == "csl-json":
-            item = {"id": key, "type": "article-journal" if doc["journal"] else "article", "title": doc["title"]}
+            kind = "paper-conference" if proceedings else "article-journal" if doc["journal"] else "article"
+            item = {"id": key, "type": kind, "title": doc["title"]}
             if authors:
                 item["author"] = [_split_name(a) for a in authors]
             if doc["year"]:
@@ -10237,14 +10427,18 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
                 item["container-title"] = doc["journal"]
             if doc["doi"]:
                 item["DOI"] = doc["doi"]
+            if doc["lang"]:
+                item["language"] = doc["lang"]
             entries.append(item)
         else:
             fields = [("title", _bibtex_value(doc["title"] or "")),
                       ("author", " and ".join(map(_bibtex_author, authors))),
-                      ("year", str(doc["year"] or "")), ("journal", _bibtex_value(doc["journal"] or "")),
+                      ("year", str(doc["year"] or "")),
+                      ("booktitle" if proceedings else "journal", _bibtex_value(doc["journal"] or "")),
                       ("doi", clean_field(doc["doi"]).replace("{", "").replace("}", ""))]    # a DOI is verbatim
             body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if value)
-            blocks.append(f"@{'article' if doc['journal'] else 'misc'}{{{key},\n{body}\n}}")
+            kind = "inproceedings" if proceedings else "article" if doc["journal"] else "misc"
+            blocks.append(f"@{kind}{{{key},\n{body}\n}}")
             entries.append({"key": key, "doc_id": doc_id})
     missing = [i for i in doc_ids if i not in rows]
     text = json.dumps(entries, ensure_ascii=False, indent=2) if fmt == "csl-json" else "\n\n".join(blocks)
@@ -10479,11 +10673,11 @@ def _filters_schema() -> dict:
 
 def _retrieval_parameters(default_top_k: int, default_depth: str) -> dict:
     return {
-        "query": _string("The question as the user asked it, or 3-12 technical terms (material/system, method, "
-                         "property), in the user's language"),
-        "queries": _strings(f"1-{MAX_RENDERINGS} renderings of the same question in the language most of the "
-                            "library is written in (usually English) when the user asked in another; searched "
-                            "alongside query, each passage keeps its best match"),
+        "query": _string("The question as the user asked it, in the user's language"),
+        "queries": _strings(f"1-{MAX_RENDERINGS} renderings of the same question, searched alongside query: one "
+                            "sentence stating the answer as the paper would (declarative, in its terms, the unknown "
+                            "value left out), in the language most of the library is written in (usually English); "
+                            "a sentence helps more than a keyword list"),
         "top_k": _integer(f"Number of passages, 1-{HOST_TOP_K} (default {default_top_k})"),
         "mode": _string("Ranking: hybrid (default) fuses keyword and vector search",
                         enum=list(SEARCH_MODES)),
@@ -10629,10 +10823,12 @@ HOST_GUIDANCE_HEADING = "## Local paper library (kb_* tools)"
 HOST_GUIDANCE = (
     {"text": "kb_search is the quick lookup; kb_rag gathers reranked evidence for a full answer. Both return "
              "verbatim passages with title, authors, year, section, page and DOI."},
-    {"text": "Keyword matching cannot cross languages and most libraries are in English: when the user asks in "
-             "another language, pass the question as query and an English rendering (technical terms) in queries; "
-             "answer in the language the user asked in. Put years, authors, sections and Zotero collections in "
-             "filters, not in the query."},
+    {"text": "Pass the question as query and, in queries, one sentence stating the answer the way the paper "
+             "would (\"The four mass measurements are compatible with a common mass, with a p-value of\"), in "
+             "its terms: it finds the right page more often than the question alone, a keyword list does not. "
+             "Keyword matching cannot cross languages and most libraries are in English: when the user asks in "
+             "another language, write that sentence in English; answer in the language the user asked in. Put "
+             "years, authors, sections and Zotero collections in filters, not in the query."},
     {"text": "Cite each statement taken from the library as (first author, year, section, p. N) with its DOI link "
              "when there is one. Never cite a passage you were not given."},
     {"text": "Follow the session scope printed with the results: kb answers from the library, both allows web "

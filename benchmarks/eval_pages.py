@@ -230,6 +230,11 @@ def main(argv=None) -> int:
     ap.add_argument("--asked", default="question",
                     help=f"how questions are sent, comma-separated: {', '.join(ASKED)} (the last two need a "
                          "question file with renderings, such as crosslang_questions.jsonl)")
+    ap.add_argument("--renderings", default=None, metavar="JSONL",
+                    help="renderings written apart from the question file: one JSON object per line with the "
+                         "question's id and one field per rendering style (as benchmarks/renderings_*.jsonl)")
+    ap.add_argument("--style", default="rendering",
+                    help="with --renderings: the field to use as each question's rendering (statement, keywords)")
     ap.add_argument("--work", default="/tmp/kb-pages", help="where the library is kept between runs")
     ap.add_argument("--rebuild", action="store_true", help="start from an empty library")
     ap.add_argument("--misses", action="store_true", help="list the questions not answered at rank 1")
@@ -245,6 +250,14 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.renderings:
+        try:
+            written = {row["id"]: row for row in map(json.loads, Path(args.renderings).read_text("utf-8").splitlines())
+                       if row}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: --renderings {args.renderings}: {exc}", file=sys.stderr)
+            return 2
+        questions = [{**q, "rendering": written.get(q["id"], {}).get(args.style)} for q in questions]
     asked = [a.strip() for a in args.asked.split(",") if a.strip()]
     unknown = [a for a in asked if a not in ASKED]
     if unknown or (set(asked) - {"question"} and not all(q.get("rendering") for q in questions)):

@@ -219,7 +219,7 @@ def _render_sources(tool: str, value: dict, snippet_limit: int | None, cite_limi
     if value.get("lang_note"):
         out.append(f"_Language: {_md(value['lang_note'])}_")
     if not hits:
-        out += ["", "Try 3-12 English technical terms (material, method, property), move years or authors into filters, or check kb_stats that the library holds documents."]
+        out += ["", "Try adding to queries one English sentence stating the answer as a paper would, move years or authors into filters, or check kb_stats that the library holds documents."]
     else:
         out.append("")
         if tool == "kb_rag":

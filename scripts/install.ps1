@@ -48,6 +48,8 @@ $TORCH_REQUIREMENT = 'torch>=2.1,<2.14'     # kept equal to kb_engine.py's REQUI
 $MCP_REQUIREMENT = 'mcp>=2.3,<3'            # pyproject.toml's mcp extra
 $TORCH_CPU_INDEX = 'https://download.pytorch.org/whl/cpu'
 if ($env:KB_TORCH_CPU_INDEX) { $TORCH_CPU_INDEX = $env:KB_TORCH_CPU_INDEX }
+$TORCH_PROBE_SECONDS = 10                  # how long the CPU index gets to answer before the fallback
+if ($env:KB_TORCH_PROBE_SECONDS) { $TORCH_PROBE_SECONDS = [int]$env:KB_TORCH_PROBE_SECONDS }
 $DSH_PACKAGE = '@deepseek-ai/dsh'
 $MIN_PYTHON_MINOR = 10                      # Python 3.10+
 $MIN_NODE_MAJOR = 18                        # npx and this package's bin
@@ -84,7 +86,7 @@ Installs the kb-rag engine's Python environment, checks it, and adds the plugin 
   -Help              this text
 
 Environment: KB_RAG_HOME (default ~\.kb-rag), DSH_HOME (default ~\.dsh), PIP_INDEX_URL, HF_ENDPOINT,
-KB_EMBED_MODEL, KB_RERANK_MODEL, KB_TORCH_CPU_INDEX.
+KB_EMBED_MODEL, KB_RERANK_MODEL, KB_TORCH_CPU_INDEX, KB_TORCH_PROBE_SECONDS.
 '@
     Write-Host $text
 }
@@ -361,6 +363,28 @@ function Find-BasePython {                  # py -3 (the launcher), else python,
     return ''
 }
 
+function Test-TorchIndex {                  # the PyTorch CPU index answers for torch within $TORCH_PROBE_SECONDS
+    try {
+        $url = $TORCH_CPU_INDEX.TrimEnd('/') + '/torch/'
+        $null = Invoke-WebRequest -Uri $url -UseBasicParsing -Method Get -TimeoutSec $TORCH_PROBE_SECONDS
+        return $true
+    } catch {
+        return $false
+    }
+}
+
+function Set-CpuTorch([string]$Note, [string[]]$IndexArgs) {   # $TorchArgs, $TorchNote: the CPU index, else the
+    if (Test-TorchIndex) {                                          # package index when it cannot be reached
+        $script:TorchArgs = @($TORCH_REQUIREMENT, '--index-url', $TORCH_CPU_INDEX)
+        $script:TorchNote = $Note
+        return
+    }
+    $from = if ($Mirror) { $Mirror } else { 'the default package index' }
+    # on Windows the package index's torch is the CPU build too: the fallback costs nothing
+    $script:TorchArgs = @($TORCH_REQUIREMENT) + $IndexArgs
+    $script:TorchNote = "the PyTorch CPU index $TORCH_CPU_INDEX did not answer within ${TORCH_PROBE_SECONDS}s, so torch comes from $from instead (on Windows that is the same CPU build)"
+}
+
 function Get-VenvPython([string]$Dir) {
     $scripts = Join-Path (Join-Path $Dir 'Scripts') 'python.exe'
     $bin = Join-Path (Join-Path $Dir 'bin') 'python'
@@ -478,13 +502,11 @@ if ($PyFailed) {
                 $TorchArgs = @($TORCH_REQUIREMENT) + $IndexArgs
                 $TorchNote = 'torch from the package index (an NVIDIA GPU is present; on Windows that build is CPU-only: for CUDA install torch from the index pytorch.org names, then re-run)'
             } else {
-                $TorchArgs = @($TORCH_REQUIREMENT, '--index-url', $TORCH_CPU_INDEX)
-                $TorchNote = 'CPU-only torch (no NVIDIA GPU found; about 200 MB instead of several GB)'
+                Set-CpuTorch 'CPU-only torch (no NVIDIA GPU found; about 200 MB instead of several GB)' $IndexArgs
             }
         }
         'cpu' {
-            $TorchArgs = @($TORCH_REQUIREMENT, '--index-url', $TORCH_CPU_INDEX)
-            $TorchNote = 'CPU-only torch (-Torch cpu)'
+            Set-CpuTorch 'CPU-only torch (-Torch cpu)' $IndexArgs
         }
         'gpu' {
             $TorchArgs = @($TORCH_REQUIREMENT) + $IndexArgs

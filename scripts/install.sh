@@ -20,6 +20,7 @@ set -euo pipefail
 TORCH_REQUIREMENT='torch>=2.1,<2.14'        # kept equal to kb_engine.py's REQUIREMENTS by tests/test_installer.py
 MCP_REQUIREMENT='mcp>=2.3,<3'               # pyproject.toml's mcp extra
 TORCH_CPU_INDEX="${KB_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+TORCH_PROBE_SECONDS="${KB_TORCH_PROBE_SECONDS:-10}"   # how long the CPU index gets to answer before the fallback
 DSH_PACKAGE='@deepseek-ai/dsh'
 MIN_PYTHON_MINOR=10                         # Python 3.10+
 MIN_NODE_MAJOR=18                           # npx and this package's bin
@@ -52,7 +53,7 @@ Installs the kb-rag engine's Python environment, checks it, and adds the plugin 
   -h, --help         this text
 
 Environment: KB_RAG_HOME (default ~/.kb-rag), DSH_HOME (default ~/.dsh), PIP_INDEX_URL, HF_ENDPOINT,
-KB_EMBED_MODEL, KB_RERANK_MODEL, KB_TORCH_CPU_INDEX.
+KB_EMBED_MODEL, KB_RERANK_MODEL, KB_TORCH_CPU_INDEX, KB_TORCH_PROBE_SECONDS.
 EOF
 }
 
@@ -224,6 +225,29 @@ pip_index_args() {
     fi
 }
 
+torch_index_reachable() {   # the PyTorch CPU index answers for torch within TORCH_PROBE_SECONDS (proxies as pip)
+    "$PYTHON_BASE" - "$TORCH_CPU_INDEX" "$TORCH_PROBE_SECONDS" >/dev/null 2>&1 <<'PY'
+import sys
+import urllib.request
+url = sys.argv[1].rstrip("/") + "/torch/"
+try:
+    urllib.request.urlopen(url, timeout=float(sys.argv[2])).close()
+except Exception:
+    sys.exit(1)
+PY
+}
+
+cpu_torch() {   # cpu_torch NOTE: torch_args and torch_note for the CPU build, or the package index when the
+                # CPU index cannot be reached (networks that reach only a PyPI mirror)
+    if torch_index_reachable; then
+        torch_args=("$TORCH_REQUIREMENT" --index-url "$TORCH_CPU_INDEX")
+        torch_note="$1"
+    else
+        torch_args=("$TORCH_REQUIREMENT" "${INDEX_ARGS[@]+"${INDEX_ARGS[@]}"}")
+        torch_note="the PyTorch CPU index $TORCH_CPU_INDEX did not answer within ${TORCH_PROBE_SECONDS}s, so torch comes from ${MIRROR:-the default package index} instead: on Linux that is the CUDA build, about 2.5 GB more to download and keep for no gain without an NVIDIA GPU (set KB_TORCH_CPU_INDEX to a CPU-wheel mirror you can reach to avoid it)"
+    fi
+}
+
 # --- the chain -----------------------------------------------------------------------------------------------
 
 echo "kb-rag installer $VERSION ($LAYOUT at $SOURCE_ROOT)"
@@ -317,16 +341,15 @@ else
                 torch_args=("$TORCH_REQUIREMENT" "${INDEX_ARGS[@]+"${INDEX_ARGS[@]}"}")
                 torch_note="torch from the package index ($([ "$PLATFORM" = macos ] && echo "macOS build" || echo "an NVIDIA GPU is present: CUDA build"))"
             else
-                torch_args=("$TORCH_REQUIREMENT" --index-url "$TORCH_CPU_INDEX")
-                torch_note="CPU-only torch (no NVIDIA GPU found; about 200 MB instead of several GB)"
+                cpu_torch "CPU-only torch (no NVIDIA GPU found; about 200 MB instead of several GB)"
             fi ;;
         cpu)
             if [ "$PLATFORM" = macos ]; then
                 torch_args=("$TORCH_REQUIREMENT" "${INDEX_ARGS[@]+"${INDEX_ARGS[@]}"}")
+                torch_note="CPU-only torch (--torch cpu)"
             else
-                torch_args=("$TORCH_REQUIREMENT" --index-url "$TORCH_CPU_INDEX")
-            fi
-            torch_note="CPU-only torch (--torch cpu)" ;;
+                cpu_torch "CPU-only torch (--torch cpu)"
+            fi ;;
         gpu)
             torch_args=("$TORCH_REQUIREMENT" "${INDEX_ARGS[@]+"${INDEX_ARGS[@]}"}")
             torch_note="torch from the package index (--torch gpu)" ;;

@@ -311,6 +311,47 @@ def test_cjk_idf_is_judged_among_cjk_passages_only_in_a_question_mixing_scripts(
         lib.close()
 
 
+def lang_note(kb: Path, query: str, **more) -> str | None:
+    r = run_cli("search", {"query": query, "mode": "keyword", "top_k": 3, "kb_root": str(kb), **more},
+                env=clean_env(KB_EMBED_MODEL="none"))
+    assert r.rc == 0, r
+    return r.json.get("lang_note")
+
+
+def test_an_english_question_about_the_chinese_guide_says_keywords_cannot_reach_it(mixed_library):
+    # before: no hint at all, because 90% of the library is English like the question
+    note = lang_note(mixed_library, "how many characters must the thesis text contain at least")
+    assert note and "1 document of the library is Chinese" in note and "Chinese rendering" in note, note
+    assert "`queries`" in note
+    # a Chinese rendering alongside reaches the guide, and the hint is gone
+    r = run_cli("search", {"query": "how many characters must the thesis text contain at least",
+                           "queries": ["说明书不少于多少字"], "mode": "keyword", "top_k": 1,
+                           "kb_root": str(mixed_library)}, env=clean_env(KB_EMBED_MODEL="none"))
+    assert r.json["results"][0]["file"] == "guide.md" and "lang_note" not in r.json, r.json
+
+
+def test_an_english_question_its_english_paper_answers_gets_no_language_hint(mixed_library):
+    assert lang_note(mixed_library, "how many open access papers does the TRECX2 corpus contain") is None
+
+
+def test_the_language_hint_names_the_flag_on_the_command_line(mixed_library):
+    rc, out, _ = people("search", "how many characters must the thesis text contain at least", "--mode", "keyword",
+                        kb=mixed_library)
+    assert rc == 0 and "Chinese rendering of the question with `--also`" in out, out
+
+
+def test_document_languages_are_told_apart_by_script_and_function_words(kb_engine):
+    portuguese = ("Neste trabalho estudamos a dupla difração no LHC. Os eventos são selecionados pelo detector e "
+                  "também comparados com a simulação, para que a análise seja feita com uma amostra limpa. ") * 5
+    english = "In this work we study double diffraction at the LHC, and the events are selected by the detector. " * 5
+    assert kb_engine.text_language(portuguese, least_words=20) == "pt"
+    assert kb_engine.text_language(english, least_words=20) == "en"
+    assert kb_engine.text_language("本文研究了大型强子对撞机上的双衍射过程。") == "zh"
+    assert kb_engine.text_language("この論文では二重回折について述べる。") == "ja"
+    assert kb_engine.text_language("이 논문은 이중 회절을 다룬다") == "ko"
+    assert kb_engine.text_language("LHC CMS 13 TeV") == "en"      # too little to tell: no claim
+
+
 # -- 5. rag on the terminal shows the cited works, and a short note -----------------------------------------------
 
 def test_rag_on_the_terminal_lists_the_works_a_passage_cites(library):
@@ -320,6 +361,33 @@ def test_rag_on_the_terminal_lists_the_works_a_passage_cites(library):
     assert cites and any("(in the library: doc " in line for line in cites), out
     note = next(line for line in out.splitlines() if line.startswith("note:"))
     assert "not reranked" in note and len(note) < 220 and "`kb-engine models`" in note, note
+
+
+# -- 8. what the tools tell the calling model about renderings ------------------------------------------------
+
+def test_the_contract_asks_for_a_sentence_stating_the_answer_not_a_keyword_list(kb_engine):
+    contract = kb_engine.host_contract()
+    guidance = " ".join(line["text"] for line in contract["guidance"]["lines"])
+    assert "one sentence stating the answer the way the paper would" in guidance
+    assert "a keyword list does not" in guidance
+    for tool in contract["tools"]:
+        queries = tool.get("parameters", tool.get("input_schema", {})).get("properties", {}).get("queries")
+        if queries:
+            assert "a sentence helps more than a keyword list" in queries["description"], tool["name"]
+
+
+def test_renderings_in_one_script_add_up_and_across_scripts_each_passage_keeps_its_best(kb_engine):
+    question = [(1, 6.0), (2, 5.0), (3, 1.0)]          # BM25 lists, each with its ceiling
+    statement = [(2, 7.0), (4, 6.5), (1, 1.0)]
+    lists = [(question, 10.0), (statement, 10.0)]
+    # chunk 2 is found well by both renderings of an English question: it leads once they add up
+    assert [cid for cid, _ in kb_engine.merge_renderings(lists, agree=True, weigh=True)][:2] == [2, 1]
+    # a Chinese question and its English rendering reach different papers: the best share counts, as before
+    assert [cid for cid, _ in kb_engine.merge_renderings(lists)][:2] == [2, 4]
+    # a rendering whose best match is a sliver of its ceiling (stray matches) counts for next to nothing
+    stray = [(5, 0.5), (4, 0.4)]
+    merged = dict(kb_engine.merge_renderings([(statement, 10.0), (stray, 10.0)], agree=True, weigh=True))
+    assert merged[5] < 0.01 and merged[2] == pytest.approx(0.7)
 
 
 # -- 9. the test run says why tests were skipped ----------------------------------------------------------------

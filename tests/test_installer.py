@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, ROOT
+from helpers import ENGINE, ROOT, answering_handler, local_server
 
 INSTALL_SH = ROOT / "scripts" / "install.sh"
 INSTALL_PS1 = ROOT / "scripts" / "install.ps1"
@@ -80,8 +80,27 @@ def base_path(*extra: Path) -> str:
 
 def installer_env(home: Path, path: str, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DSH_", "PIP_INDEX", "VIRTUAL_ENV"))}
-    env.update(HOME=str(home), PATH=path, HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1", **extra)
+    # the probe of the PyTorch CPU index gets 3 s, not 10: a test run may have no route to it
+    env.update(HOME=str(home), PATH=path, HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1",
+               KB_TORCH_PROBE_SECONDS="3", **extra)
     return env
+
+
+@pytest.fixture
+def torch_index():
+    """A stand-in for the PyTorch CPU index: answers for torch like a simple index."""
+    page = b'<a href="torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl">torch-2.13.0+cpu</a>'
+    with local_server(answering_handler(lambda path: (200, page) if path.rstrip("/").endswith("/torch")
+                                        else (404, b"not here"))) as url:
+        yield f"{url}/whl/cpu"
+
+
+def closed_port_url() -> str:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/whl/cpu"     # nothing listens there once the socket is closed
 
 
 def run_install(args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -184,19 +203,43 @@ def test_dry_run_prints_every_step_and_leaves_home_untouched(tmp_path, profiles,
 
 
 @needs_bash
-def test_dry_run_with_dsh_present_plans_the_plugin_add_without_running_it(tmp_path):
+def test_dry_run_with_dsh_present_plans_the_plugin_add_without_running_it(tmp_path, torch_index):
     home, bin_dir, log = tmp_path / "home", tmp_path / "bin", tmp_path / "calls.log"
     (home / ".dsh" / "profiles" / "research").mkdir(parents=True)
     bin_dir.mkdir()
     fake_tool(bin_dir, "dsh", log)
     fake_tool(bin_dir, "pnpm", log, output="10.0.0")
-    done = run_install(["--dry-run", "-y", "--no-models", "--torch", "cpu"], installer_env(home, base_path(bin_dir)))
+    done = run_install(["--dry-run", "-y", "--no-models", "--torch", "cpu"],
+                       installer_env(home, base_path(bin_dir), KB_TORCH_CPU_INDEX=torch_index))
     assert done.returncode == 0, done.stdout + done.stderr
     assert not log.exists(), "a dry run must not call dsh or pnpm"
     assert f"would run: node {ROOT}/npm-package/pack.mjs --out {home}/.kb-rag/dist" in done.stdout
     assert f"would run: dsh plugin --profile research add {home}/.kb-rag/dist/dsh-kb-rag-0.1.0.tgz" in done.stdout
-    assert "--index-url https://download.pytorch.org/whl/cpu" in done.stdout
+    assert f"--index-url {torch_index}" in done.stdout and "CPU-only torch (--torch cpu)" in done.stdout
     assert "skipped: --no-models" in done.stdout
+
+
+@needs_bash
+@pytest.mark.parametrize("torch_mode", [[], ["--torch", "cpu"]])
+def test_torch_comes_from_the_mirror_when_the_cpu_index_cannot_be_reached(tmp_path, torch_mode):
+    mirror = "http://127.0.0.1:9/simple"        # never contacted in a dry run
+    done = run_install(["--dry-run", "-y", "--no-models", "--mirror", mirror, *torch_mode],
+                       installer_env(tmp_path, base_path(), KB_TORCH_CPU_INDEX=closed_port_url()))
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    torch_line = next(line for line in out.splitlines() if "would run:" in line and "'torch>=" in line)
+    assert torch_line.endswith(f"'torch>=2.1,<2.14' --index-url {mirror}"), torch_line
+    assert f"did not answer within 3s, so torch comes from {mirror} instead" in out
+    assert "CUDA build, about 2.5 GB more" in out and "KB_TORCH_CPU_INDEX" in out
+
+
+@needs_bash
+def test_torch_comes_from_the_cpu_index_when_it_answers(tmp_path, torch_index):
+    done = run_install(["--dry-run", "-y", "--no-models", "--mirror", "http://127.0.0.1:9/simple"],
+                       installer_env(tmp_path, base_path(), KB_TORCH_CPU_INDEX=torch_index))
+    torch_line = next(line for line in done.stdout.splitlines() if "would run:" in line and "'torch>=" in line)
+    assert torch_line.endswith(f"--index-url {torch_index}"), torch_line
+    assert "did not answer" not in done.stdout
 
 
 @needs_bash

@@ -238,7 +238,7 @@ export function renderSourcesMarkdown(view) {
   if (view.lang_note) out.push(`_Language: ${escapeMd(view.lang_note)}_`)
   for (const notice of view.notices) out.push(`_Library: ${escapeMd(notice)}_`)
   if (!view.sources.length) {
-    out.push('', 'Try 3-12 English technical terms (material, method, property), move years or authors into filters, or check kb_stats that the library holds documents.')
+    out.push('', 'Try adding to queries one English sentence stating the answer as a paper would, move years or authors into filters, or check kb_stats that the library holds documents.')
   } else {
     out.push('')
     if (view.tool === 'kb_rag') out.push('**Evidence**')

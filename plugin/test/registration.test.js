@@ -116,7 +116,7 @@ test('one system-prompt section carries the cross-tool guidance', async () => {
   assert.match(ours[0].text, /kb_search/)
   assert.match(ours[0].text, /kb_rag/)
   assert.match(ours[0].text, /kb_status/)
-  assert.match(ours[0].text, /English rendering \(technical terms\) in queries/)
+  assert.match(ours[0].text, /in queries, one sentence stating the answer the way the paper would/)
   assert.match(ours[0].text, /\(first author, year, section, p\. N\)/)
   assert.match(ours[0].text, /^[\x20-\x7e\n]+$/)
 })
