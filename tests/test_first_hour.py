@@ -374,6 +374,15 @@ def test_the_contract_asks_for_a_sentence_stating_the_answer_not_a_keyword_list(
         queries = tool.get("parameters", tool.get("input_schema", {})).get("properties", {}).get("queries")
         if queries:
             assert "a sentence helps more than a keyword list" in queries["description"], tool["name"]
+    # the MCP server's instructions are read from the shipped host-contract.json (the plugin's: plugin tests)
+    sys.path.insert(0, str(ROOT / "mcp-server"))
+    try:
+        import contract as mcp_contract
+    finally:
+        sys.path.pop(0)
+    shipped = mcp_contract.load_contract(lambda: ENGINE)
+    assert "one sentence stating the answer the way the paper would" in \
+        mcp_contract.guidance_text(shipped, [tool["name"] for tool in shipped["tools"]])
 
 
 def test_renderings_in_one_script_add_up_and_across_scripts_each_passage_keeps_its_best(kb_engine):
