@@ -3483,10 +3483,14 @@ def _printed(value: str, text: str) -> bool:
     """Most of a file-metadata value (its words, or the character pairs of its CJK runs) is printed in ``text``:
     a PDF's Title and Author are often a template's or a machine's ("番茄花园", "Administrator")."""
     def pieces(t: str) -> set[str]:
-        found = set()
+        found: set[str] = set()
         for run in _CJK_RUN_OR_WORD.findall(t.casefold()):
-            found.update(run[i:i + 2] for i in range(max(1, len(run) - 1))) if is_cjk(run[0]) else found.add(run)
+            if is_cjk(run[0]):
+                found.update(run[i:i + 2] for i in range(max(1, len(run) - 1)))
+            else:
+                found.add(run)
         return found
+
     wanted = pieces(value)
     return bool(wanted) and len(wanted & pieces(text)) >= 0.6 * len(wanted)
 
