@@ -28,6 +28,17 @@ def _lines(page, x: float, y: float, lines: list[str], size: float = 10, font: s
     return y
 
 
+def _new_pdf():
+    """(document, its first A4 page)."""
+    doc = pymupdf.open()
+    return doc, doc.new_page(width=595, height=842)
+
+
+def _saved(doc, folder: Path, name: str) -> Path:
+    doc.save(folder / name)
+    return folder / name
+
+
 def _body_page(doc, words: str, heading: str = "2 Method") -> None:
     page = doc.new_page(width=595, height=842)
     y = _lines(page, 72, 90, [heading], size=12, font="tibo")
@@ -37,8 +48,7 @@ def _body_page(doc, words: str, heading: str = "2 Method") -> None:
 def make_acl_paper(folder: Path) -> Path:
     """A conference paper: the proceedings only in page 1's footer, two authors side by side with their
     institutions in the row under them (same type size), and a SICI DOI printed in the header."""
-    doc = pymupdf.open()
-    page = doc.new_page(width=595, height=842)
+    doc, page = _new_pdf()
     page.insert_text((72, 60), f"doi:{SICI}", fontsize=8, fontname="tiro")
     page.insert_text((110, 110), "Linking Citations across a Corpus of Open Papers", fontsize=17, fontname="tibo")
     for x, name, place in ((170, "Mei Lin", "Fudan University"), (350, "Oskar Brandt", "PA Technology")):
@@ -52,16 +62,13 @@ def make_acl_paper(folder: Path) -> Path:
     page.insert_text((72, 811), "July 9-14, 2023. ©2023 Association for Computational Linguistics", fontsize=8,
                      fontname="tiro")
     _body_page(doc, FILLER * 8)
-    path = folder / "acl-paper.pdf"
-    doc.save(path)
-    return path
+    return _saved(doc, folder, "acl-paper.pdf")
 
 
 def make_capitals_paper(folder: Path) -> Path:
     """A title set in capitals whose words the text writes in lower case, except its acronym; the file's
     metadata names the template's author."""
-    doc = pymupdf.open()
-    page = doc.new_page(width=595, height=842)
+    doc, page = _new_pdf()
     page.insert_text((80, 110), "TUNER TESTS OF A DRESSED CAVITY FOR THE LCLS-II LINAC", fontsize=15,
                      fontname="tibo")
     page.insert_text((200, 140), "Yara Pinsky, Sven Adler", fontsize=11, fontname="tiro")
@@ -72,31 +79,25 @@ def make_capitals_paper(folder: Path) -> Path:
     _lines(page, 72, y + 4, [text[i:i + 95] for i in range(0, len(text), 95)])
     _body_page(doc, text * 2)
     doc.set_metadata({"title": "Proceedings template", "author": "Template Author"})
-    path = folder / "capitals.pdf"
-    doc.save(path)
-    return path
+    return _saved(doc, folder, "capitals.pdf")
 
 
 def make_chinese_guide(folder: Path) -> Path:
     """A Chinese guide whose title is set at body size and whose file metadata (title and author) is the name of
     the template it was made from."""
-    doc = pymupdf.open()
-    page = doc.new_page(width=595, height=842)
+    doc, page = _new_pdf()
     lines = ["西南交通大学本科毕业设计撰写规范",
              "毕业设计是实现学生培养目标的重要教学环节，其质量是衡量教育教学水平的重要依据。",
              "毕业设计撰写是本科生培养过程的基本训练之一，必须按照确定的规范认真执行。",
              "题目应恰当、准确地反映本课题的研究内容，主标题应不超过二十五字。"]
     _lines(page, 72, 90, lines * 3, size=11, font="china-s", leading=1.8)
     doc.set_metadata({"title": "番茄花园", "author": "番茄花园"})
-    path = folder / "guide-zh.pdf"
-    doc.save(path)
-    return path
+    return _saved(doc, folder, "guide-zh.pdf")
 
 
 def make_table_page(folder: Path) -> Path:
     """A page that is only a results table (a supplement cut out of a paper)."""
-    doc = pymupdf.open()
-    page = doc.new_page(width=595, height=842)
+    doc, page = _new_pdf()
     rows = [["Field", "Task", "Dataset", "SOTA", "BERT-Base", "", ""],
             ["", "", "", "", "Frozen", "Finetune", "Frozen", "Finetune"],
             ["Bio", "NER", "BC5CDR", "88.85", "85.08", "86.72", "88.73", "90.01"],
@@ -106,14 +107,11 @@ def make_table_page(folder: Path) -> Path:
         for c, cell in enumerate(row):
             if cell:
                 page.insert_text((60 + 62 * c, 100 + 16 * r), cell, fontsize=9, fontname="tiro")
-    path = folder / "table-only.pdf"
-    doc.save(path)
-    return path
+    return _saved(doc, folder, "table-only.pdf")
 
 
 def make_portuguese_thesis(folder: Path) -> Path:
-    doc = pymupdf.open()
-    page = doc.new_page(width=595, height=842)
+    doc, page = _new_pdf()
     page.insert_text((150, 120), "Dupla difração no detector central", fontsize=18, fontname="tibo")
     page.insert_text((220, 150), "Sara Maria da Costa", fontsize=12, fontname="tiro")
     text = ("Neste trabalho estudamos a dupla difração em colisões de prótons. Os eventos são selecionados pelo "
@@ -122,9 +120,7 @@ def make_portuguese_thesis(folder: Path) -> Path:
     y = _lines(page, 72, 200, ["Resumo"], size=12, font="tibo")
     _lines(page, 72, y + 4, [(text * 2)[i:i + 95] for i in range(0, 2 * len(text), 95)])
     _body_page(doc, text * 4, heading="1 Introdução")
-    path = folder / "tese.pdf"
-    doc.save(path)
-    return path
+    return _saved(doc, folder, "tese.pdf")
 
 
 @pytest.fixture(scope="module")
