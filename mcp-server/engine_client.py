@@ -136,26 +136,12 @@ def _engine_module():
     return module
 
 
-def reword_library_choice(value: dict, words: str) -> dict:
-    """An answer read from no library says which rule chose the folder (`kb_root_from`, also inside its notes);
-    the engine behind a host was handed the folder, so the host puts its own words in: how its user chose the
-    library and how to open another one."""
-    said = value.get("kb_root_from")
-    if not isinstance(said, str) or not said:
-        return value
-    value = dict(value, kb_root_from=words)
-    if isinstance(value.get("note"), str):
-        value["note"] = value["note"].replace(said, words)
-    if isinstance(value.get("notes"), list):
-        value["notes"] = [n.replace(said, words) if isinstance(n, str) else n for n in value["notes"]]
-    return value
-
-
 class EngineClient:
     def __init__(self, *, kb_root: Path | str | None = None, python: str | None = None,
                  engine: Path | str | None = None, env: dict[str, str] | None = None):
         self.kb_root, chosen = library_choice(kb_root)
-        # how this server's user chose the library and opens another, for answers read from no library
+        # how this server's user chose the library and opens another: sent with each request (`kb_root_from`), so
+        # that an answer read from no library says it in these words
         self.kb_root_from = f"{chosen}; start the server with --kb-root PATH or KB_ROOT=PATH to open another"
         self.python = python or os.environ.get("KB_PYTHON") or sys.executable
         self.engine = Path(engine) if engine else None

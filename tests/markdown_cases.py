@@ -1,11 +1,11 @@
 """Builds tests/fixtures/markdown-cases.json: real engine answers (every host-facing command, on the project's own
-sample papers and generated Zotero library) and the Markdown a model must read for each.
+sample papers and generated Zotero library), hostile answers made from a real one, and what the engine renders for
+each (`markdown`, and `view` for search and rag).
 
-Both hosts render engine answers to Markdown in their own language (plugin/src/render.js for DSH,
-mcp-server/server.py for MCP); both are held to these cases (tests/test_rendering.py and
-plugin/test/golden.test.js), so the two renderings cannot drift apart. The values change only when this script
-runs again (`python tests/markdown_cases.py`, needs the shared Zotero schema for the Zotero case); the expected
-Markdown is refreshed from the MCP server's renderer with KB_UPDATE_DOCS=1.
+The engine renders every answer a host shows a model (kb_engine.py, section Rendering); tests/test_rendering.py
+holds it to these cases. The answers change only when this script runs again (`python tests/markdown_cases.py`,
+needs the shared Zotero schema for the Zotero case; `--hostile` rebuilds only the hostile cases from the stored
+search answer); the expected rendering is refreshed with KB_UPDATE_DOCS=1 python -m pytest tests/test_rendering.py.
 """
 from __future__ import annotations
 
@@ -117,18 +117,60 @@ def _stable(value, work: Path):
     return json.loads(json.dumps(value, ensure_ascii=False).replace(str(work), SHOWN_ROOT))
 
 
-def main() -> int:
+# What a hostile file or library can put into an answer's shown fields.
+SICI_DOI = "10.1002/(SICI)1097-4571(199806)49:8<693::AID-ASI4>3.0.CO;2-0"
+ODD_DOIS = (SICI_DOI, "10.1000/über-straße/石墨烯", "10.1000/a#b?c d%20e", "10.1000/x](javascript:alert(1))")
+MARKUP_TITLE = "**Bold** claims, _italic_ [a link](https://evil.example) <script>alert(1)</script> `code` # not a heading"
+RTL_TITLE = "Invoice \u202etxt.exe\u202c and \u2067isolated\u2069: \u0646\u0645\u0648\u0630\u062c \u05de\u05d5\u05d3\u05dc"
+CJK_TITLE = "石墨烯在铜箔上的成核：氧预处理降低成核密度"
+CONTROL_SNIPPET = "a bell\x07, an escape \x1b[31mred\x1b[0m, a NUL\x00 and a line\nbreak > not a quote"
+
+
+def _hostile_hits(hits: list[dict]) -> list[dict]:
+    """The real hits with their shown fields replaced by what hostile files hold."""
+    titles = (MARKUP_TITLE, RTL_TITLE, CJK_TITLE, "x" * 20, "x")
+    out = []
+    for i, hit in enumerate(hits[:5]):
+        out.append(dict(hit, doi=(*ODD_DOIS, None)[i], title=titles[i], file=f"we`ird {i}.pdf",
+                        journal="J. *Stars* & [Brackets]", section="Results > <b>Growth</b>",
+                        snippet=(CONTROL_SNIPPET, "「石墨烯」在铜上成核 [12]，密度降低两个数量级。", hit["snippet"],
+                                 "a " + "\u202e" + "reversed" + "\u202c" + " word", hit["snippet"])[i]))
+    return out
+
+
+def hostile_cases(search: dict) -> list[dict]:
+    """Answers no real library may give but a hostile one can: odd DOIs, Markdown in titles, bidi controls, CJK,
+    control characters, a 20,000-character title and snippet."""
+    odd = dict(search, results=_hostile_hits(search["results"]), query="*what* `is` [this] <b>?")
+    long_hit = dict(search["results"][0], title="Very long title " * 1250, snippet="word " * 4000,
+                    authors=[f"Author {n}" for n in range(60)])
+    long = dict(search, results=[dict(long_hit, chunk_id=n) for n in range(12)])
+    return [{"name": "hostile DOIs, titles and snippets", "tool": "kb_search", "value": odd},
+            {"name": "hostile: a 20,000-character title and snippet", "tool": "kb_search", "value": long}]
+
+
+def _write(cases: list[dict]) -> None:
+    CASES.parent.mkdir(exist_ok=True)
+    CASES.write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"{len(cases)} cases written to {CASES}; fill in the rendering with KB_UPDATE_DOCS=1 "
+          "python -m pytest tests/test_rendering.py")
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--hostile"]:
+        stored = [c for c in json.loads(CASES.read_text(encoding="utf-8")) if not c["name"].startswith("hostile")]
+        search = next(c["value"] for c in stored if c["name"] == "search")
+        _write(stored + [dict(c, markdown=None) for c in hostile_cases(search)])
+        return 0
     os.environ.update(KB_EMBED_MODEL="none", HF_HUB_OFFLINE="1", KB_INGEST_WORKERS="0")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp).resolve()
         cases = [{"name": name, "tool": tool, "value": _stable(value, work), "markdown": None}
                  for name, tool, value in _engine_answers(work)]
-    CASES.parent.mkdir(exist_ok=True)
-    CASES.write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    print(f"{len(cases)} cases written to {CASES}; fill in the Markdown with KB_UPDATE_DOCS=1 "
-          "python -m pytest tests/test_rendering.py")
+    search = next(c["value"] for c in cases if c["name"] == "search")
+    _write(cases + [dict(c, markdown=None) for c in hostile_cases(search)])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -17,6 +17,7 @@ from helpers import ENGINE, ROOT
 
 PROTOCOL = ROOT / "docs" / "PROTOCOL.md"
 REQUEST_BLOCK = re.compile(r"(<!-- request: (\w+) -->\n)(.*?)(<!-- /request -->)", re.S)
+HOST_BLOCK = re.compile(r"(<!-- host fields -->\n).*?(<!-- /host fields -->)", re.S)
 # Read by the dispatcher for every command rather than by a handler: the library folder, and the job id a job
 # runner adds to its own request (internal, never documented).
 DISPATCHER_KEYS = {"kb_root", "_job_id"}
@@ -33,13 +34,19 @@ def request_table(fields) -> str:
 def test_protocol_request_tables_are_the_command_table(kb_engine):
     text = PROTOCOL.read_text(encoding="utf-8")
     documented = {m.group(2) for m in REQUEST_BLOCK.finditer(text)}
-    with_fields = {c.name for c in kb_engine.COMMAND_TABLE if {f.name for f in c.request_fields} - {"kb_root"}}
+    common = {f.name for f in kb_engine.HOST_FIELDS} | {"kb_root"}      # described once, under Common rules
+    own = lambda command: [f for f in command.request_fields if f not in kb_engine.HOST_FIELDS]  # noqa: E731
+    with_fields = {c.name for c in kb_engine.COMMAND_TABLE if {f.name for f in c.request_fields} - common}
     assert documented == with_fields, "every command with fields of its own has a request table, and only those"
 
     def generated(match):
-        return match.group(1) + request_table(kb_engine.COMMANDS_BY_NAME[match.group(2)].request_fields) + match.group(4)
+        return match.group(1) + request_table(own(kb_engine.COMMANDS_BY_NAME[match.group(2)])) + match.group(4)
 
     wanted = REQUEST_BLOCK.sub(generated, text)
+    rendered = ", ".join(f"`{name}`" for name in kb_engine.RENDERERS)
+    wanted = HOST_BLOCK.sub(lambda m: m.group(1) + f"Commands that take them: {rendered}.\n\n"
+                            + request_table(kb_engine.HOST_FIELDS) + m.group(2), wanted)
+    assert HOST_BLOCK.search(wanted), "PROTOCOL.md has the host fields' table"
     if os.environ.get("KB_UPDATE_DOCS") == "1" and wanted != text:
         PROTOCOL.write_text(wanted, encoding="utf-8")
         text = wanted

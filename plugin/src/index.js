@@ -127,10 +127,11 @@ export function apply(ctx, config) {
     const onProgress = (event) => {
       log.debug('%s progress: %s %s/%s %s', command, event.phase ?? '', event.done ?? '', event.total ?? '', event.path ?? '')
     }
+    // how this host chose the library, in its words: an answer read from no library says so (`kb_root_from`)
+    const chosen = `the kb-rag plugin's kbRoot setting ("${config.kbRoot}" in the workspace; ` +
+      'kb-engine finds the same library from any folder inside it); change kbRoot to open another'
     try {
-      const value = await pool.request(ws, command, { ...payload, kb_root: kbRoot }, { signal: exec.signal, onProgress })
-      return rewordLibraryChoice(value, `the kb-rag plugin's kbRoot setting ("${config.kbRoot}" in the workspace; ` +
-        'kb-engine finds the same library from any folder inside it); change kbRoot to open another')
+      return await pool.request(ws, command, { ...payload, kb_root: kbRoot, kb_root_from: chosen }, { signal: exec.signal, onProgress })
     } catch (error) {
       throw toToolError(error, command)
     }
@@ -140,19 +141,4 @@ export function apply(ctx, config) {
   for (const tool of createTools({ call, ready, workspace, scope, log })) ctx.tools.register(tool)
 
   ctx.effect(() => () => pool.closeAll())
-}
-
-/**
- * An answer read from no library says which rule chose the folder (`kb_root_from`, also inside its notes); the
- * engine was handed the folder by this plugin, so the plugin puts in its own words: how the library was chosen
- * here and how to open another. (The MCP server does the same in engine_client.reword_library_choice.)
- */
-export function rewordLibraryChoice(value, words) {
-  const said = value?.kb_root_from
-  if (typeof said !== 'string' || !said) return value
-  const swap = (text) => (typeof text === 'string' ? text.split(said).join(words) : text)
-  const out = { ...value, kb_root_from: words }
-  if (typeof out.note === 'string') out.note = swap(out.note)
-  if (Array.isArray(out.notes)) out.notes = out.notes.map(swap)
-  return out
 }

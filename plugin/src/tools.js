@@ -1,29 +1,17 @@
 // The kb_* tools, made from the host contract (contract.js): each validates its arguments with the contract's
-// checks (the registry checks types first), builds the engine payload, runs it through `kb.call`, and returns the
-// engine's answer as its canonical value; `output.render` turns that value into the Markdown the model reads.
+// checks (the registry checks types first), builds the engine payload, asks the engine to render its answer, and
+// returns that answer as its canonical value; `output.render` hands the model the engine's Markdown (with this
+// host's session lines in kb_search / kb_rag results) and `presentationMeta` hands the card the engine's view.
 
 import { defineTool } from '@deepseek-ai/dsh-tools'
 import { CONTRACT, buildPayload, checkArguments, guidanceText, toParameters } from './contract.js'
 import { clean } from './json.js'
-import {
-  buildSourcesView, renderClear, renderDedup, renderFetch, renderIngest, renderScope, renderSourcesMarkdown, renderStats,
-  renderStatus, renderZotero,
-} from './render.js'
+import { cardView, engineBudget, renderResult, renderScope, sessionLines } from './render.js'
 import { sessionKey } from './scope.js'
 
 const OBJECT = { type: 'object', additionalProperties: true }
 const MINUTE = 60_000
 const RETRIEVAL_TOOLS = new Set(['kb_search', 'kb_rag'])
-const RENDERERS = {
-  kb_ingest: renderIngest,
-  kb_zotero: renderZotero,
-  kb_scope: renderScope,
-  kb_dedup: renderDedup,
-  kb_clear: renderClear,
-  kb_stats: renderStats,
-  kb_fetch: renderFetch,
-  kb_status: renderStatus,
-}
 
 /**
  * @param {object} kb
@@ -63,19 +51,15 @@ export function createTools(kb) {
   async function runRetrieval(tool, payload, exec) {
     await kb.ready(exec) // a missing dependency is reported before the user is asked anything
     const session = await sessionInfo(exec, sessionKey(exec, kb.workspace(exec)))
-    return { ...(await kb.call(exec, tool.command, payload)), session }
+    const budget = engineBudget(sessionLines(session)) // the session's lines share the result's budget
+    return { ...(await kb.call(exec, tool.command, { ...payload, render: 'markdown', render_budget: budget })), session }
   }
 
   function output(tool) {
-    if (RETRIEVAL_TOOLS.has(tool.name)) {
-      return {
-        schema: OBJECT,
-        render: (_args, value) => [{ type: 'text', text: renderSourcesMarkdown(buildSourcesView(tool.name, value)) }],
-        presentationMeta: (_args, value) => buildSourcesView(tool.name, value),
-      }
-    }
-    const render = RENDERERS[tool.name]
-    return { schema: OBJECT, render: (_args, value) => [{ type: 'text', text: render(value) }] }
+    if (tool.command === null) return { schema: OBJECT, render: (_args, value) => [{ type: 'text', text: renderScope(value) }] }
+    const render = (_args, value) => [{ type: 'text', text: renderResult(value) }]
+    if (RETRIEVAL_TOOLS.has(tool.name)) return { schema: OBJECT, render, presentationMeta: (_args, value) => cardView(value) }
+    return { schema: OBJECT, render }
   }
 
   return CONTRACT.tools.map((tool) => defineTool({
@@ -89,7 +73,7 @@ export function createTools(kb) {
       if (tool.command === null) return clean(await runScope(args, exec))
       const payload = buildPayload(tool, args, kb.workspace(exec))
       if (RETRIEVAL_TOOLS.has(tool.name)) return clean(await runRetrieval(tool, payload, exec))
-      return clean(await kb.call(exec, tool.command, payload))
+      return clean(await kb.call(exec, tool.command, { ...payload, render: 'markdown' }))
     },
   }))
 }

@@ -6,8 +6,8 @@ import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { test } from 'node:test'
 import vm from 'node:vm'
-import { buildSourcesView } from '../src/render.js'
-import { PLUGIN_DIR, consoleCalls } from '../testlib/helpers.js'
+import { cardView } from '../src/render.js'
+import { PLUGIN_DIR, consoleCalls, engineRendered } from '../testlib/helpers.js'
 
 /** A minimal React stand-in: elements are plain objects, function components are expanded on the spot. */
 const React = {
@@ -51,8 +51,9 @@ const value = {
     { chunk_id: 1, doc_id: 1, title: 'Graphene on copper', authors: ['A. Smith'], year: 2021, journal: 'Carbon', doi: '10.1000/x', section: 'Results', page: 4, page_end: 4, page_label: null, file: 'a.pdf', path: '/lib/a.pdf', snippet: 'domains nucleate', citations: [{ marker: '[3]', ref: 3, text: 'Wu 2010', doi: null, title: 'Wu paper', in_library: { doc_id: 2, title: 'Wu paper', doi: null, path: '/lib/wu.pdf' } }], citations_more: 2 },
     { chunk_id: 2, doc_id: 3, title: 'No DOI paper', authors: [], year: null, journal: null, doi: null, section: '', page: null, page_end: null, page_label: null, file: 'b.md', path: '/lib/b.md', snippet: 'text' },
   ],
-  session: { scope: 'both', strict: false, notices: [] },
 }
+// The card draws the view the engine makes of this answer, with the session's scope added by the plugin.
+const meta = cardView({ ...engineRendered('rag', value), session: { scope: 'both', strict: false, notices: [] } })
 
 test('the bundle registers a factory that needs only react, and a plugin that fills the keyed toolview', () => {
   const { exports, required } = load()
@@ -67,7 +68,6 @@ test('the bundle registers a factory that needs only react, and a plugin that fi
 test('a settled result renders one card per source from block.meta', () => {
   const { exports } = load()
   const opened = []
-  const meta = buildSourcesView('kb_rag', value)
   const tree = exports.SourcesView({ callId: 'c1', toolName: 'kb_rag', block: { kind: 'tool-result', call: {}, content: [{ type: 'text', text: 'md' }], isError: false, meta }, openFile: (p) => opened.push(p) })
   const cards = find(tree, (n) => n.props.className === 'kb-card')
   assert.equal(cards.length, 2)
@@ -87,7 +87,7 @@ test('running calls, errors and results without meta fall back to the Markdown t
   const { exports } = load()
   const running = exports.SourcesView({ callId: 'c', toolName: 'kb_search', block: { callId: 'c', name: 'kb_search', argsRaw: '{}' } })
   assert.match(text(running), /kb_search: searching the library/)
-  const failed = exports.SourcesView({ block: { kind: 'tool-result', call: {}, content: [{ type: 'text', text: 'Error: boom' }], isError: true, meta: buildSourcesView('kb_search', {}) } })
+  const failed = exports.SourcesView({ block: { kind: 'tool-result', call: {}, content: [{ type: 'text', text: 'Error: boom' }], isError: true, meta: cardView(engineRendered('search', {})) } })
   assert.equal(text(failed), 'Error: boom')
   const old = exports.SourcesView({ block: { kind: 'tool-result', call: {}, content: [{ type: 'text', text: '**Knowledge base**' }], isError: false } })
   assert.equal(text(old), '**Knowledge base**')

@@ -7,7 +7,6 @@ import { existsSync, readFileSync } from 'node:fs'
 import { createServer } from 'node:http'
 import path from 'node:path'
 import { after, before, test } from 'node:test'
-import { renderFetch } from '../src/render.js'
 import { cleanup, consoleCalls, samplePapers, startHost, tempDir, textOf } from '../testlib/helpers.js'
 
 let host
@@ -112,25 +111,6 @@ test('an identifier the engine cannot read is a tool error naming bad_request', 
   const r = await host.call('kb_fetch', { identifier: 'not a paper' }, { cwd })
   assert.equal(r.isError, true)
   assert.match(textOf(r), /bad_request/)
-})
-
-test('renderFetch names the source, the saved file, the indexed title, the DOI and what to do next, and tolerates missing fields', () => {
-  const text = renderFetch({
-    files: [{ path: '/w/.kb/papers/10.1234_abc.pdf', status: 'added', title: 'A *bold* title' }],
-    totals: { added: 1 },
-    kb_root: '/w/.kb',
-    fetched: { identifier: '10.1234/abc', kind: 'doi', source: 'unpaywall', url: 'https://oa.example/x.pdf', path: '/w/.kb/papers/10.1234_abc.pdf', bytes: 2048, doi: '10.1234/abc' },
-  })
-  assert.equal(text, [
-    '**Fetched `10.1234/abc`** from an open-access copy (Unpaywall) (2 KiB).',
-    '- Source URL: <https://oa.example/x.pdf>',
-    '- Saved as: `/w/.kb/papers/10.1234_abc.pdf`',
-    '- Indexed: **A \\*bold\\* title**, added',
-    '- DOI: [10.1234/abc](https://doi.org/10.1234/abc)',
-    'It is in the library now: kb_search and kb_rag can find it.',
-    'Library: `/w/.kb`',
-  ].join('\n'))
-  assert.equal(renderFetch({}), '**Fetched `?`** from the web.')
 })
 
 test('nothing was written through console', () => {

@@ -4,7 +4,6 @@
 import assert from 'node:assert/strict'
 import path from 'node:path'
 import { after, before, test } from 'node:test'
-import { buildSourcesView, renderSourcesMarkdown } from '../src/render.js'
 import { cleanup, consoleCalls, samplePapers, startHost, tempDir, textOf, waitFor } from '../testlib/helpers.js'
 
 let host
@@ -65,8 +64,8 @@ test('kb_search finds the passage and renders a sourced Markdown list', async ()
   assert.equal(r.meta.sources[0].location, `p.${top.page}`)
   assert.equal(r.meta.sources[0].file, 'graphene_cvd_copper.pdf')
   assertLossless(r.meta)
-  assert.equal(renderSourcesMarkdown(r.meta), text)
-  assert.deepEqual(buildSourcesView('kb_search', r.value), r.meta)
+  assert.deepEqual(r.meta, { ...r.value.view, scope: 'kb', strict: false, notices: [] })
+  assert.ok(text.startsWith(r.value.markdown.split('\n')[0] + '\n_Scope: library only'), 'the engine\'s Markdown, with the session line')
 })
 
 test('kb_search with filters narrows the results', async () => {
@@ -92,7 +91,7 @@ test('kb_rag returns evidence, guidance and renders them', async () => {
   assert.match(text, /\*\*How to answer\*\*\nAnswer only from the evidence/)
   assert.equal(r.meta.tool, 'kb_rag')
   assert.match(r.meta.guidance, /Answer only from the evidence/)
-  assert.equal(renderSourcesMarkdown(r.meta), text)
+  assert.equal(text.split('\n').filter((line) => !line.startsWith('_Scope:')).join('\n'), r.value.markdown)
 })
 
 test('kb_stats, kb_dedup and kb_status report on the library', async () => {

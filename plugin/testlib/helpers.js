@@ -40,6 +40,14 @@ export function samplePapers(dir) {
   return readdirSync(dir).filter((f) => f.endsWith('.pdf')).map((f) => path.join(dir, f))
 }
 
+/** What the engine renders for `answer` as `command`'s answer ({markdown, view}): kb_engine.rendered, called once. */
+export function engineRendered(command, answer, budget = null) {
+  const script = 'import json, sys; sys.path.insert(0, sys.argv[1]); import kb_engine as k; ' +
+    'print(json.dumps(k.rendered(sys.argv[2], json.load(sys.stdin), int(sys.argv[3]) or k.HOST_RENDER_BUDGET)))'
+  const argv = ['-c', script, REPO_DIR, command, String(budget ?? 0)]
+  return JSON.parse(execFileSync(PYTHON, argv, { input: JSON.stringify(answer), encoding: 'utf8' }))
+}
+
 /** A fake live agent whose session runs in `cwd`. */
 export function agentFor(cwd, sessionId = `s-${cwd}`) {
   return { session: { id: sessionId, header: { id: sessionId, cwd } } }
