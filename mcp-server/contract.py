@@ -9,6 +9,7 @@ plugin/src/contract.js: both interpret the same data, and tests/test_contract.py
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,12 +39,22 @@ def load_contract(engine_path) -> dict:
     return contract
 
 
+# The whitespace JavaScript's String.prototype.trim removes (and no other): both hosts strip exactly these, so
+# that they agree on what a blank argument is (Python's str.strip would also take U+001C-U+001F and U+0085, and
+# leave U+FEFF).
+SPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+
+
+def trim(text: str) -> str:
+    return text.strip(SPACE)
+
+
 def given(value: Any) -> bool:
     """Whether an argument was really given: not absent, false, blank, or a list of nothing but blanks."""
     if value is None or value is False:
         return False
     if isinstance(value, str):
-        return bool(value.strip())
+        return bool(trim(value))
     if isinstance(value, list):
         return any(given(item) for item in value)
     return True
@@ -61,7 +72,7 @@ def _in_range(args: dict, check: dict) -> bool:
 
 # Each check rule: true when the arguments pass.
 RULES = {
-    "not_blank": lambda args, check: isinstance(args.get(check["field"]), str) and bool(args[check["field"]].strip()),
+    "not_blank": lambda args, check: isinstance(args.get(check["field"]), str) and bool(trim(args[check["field"]])),
     "range": _in_range,
     "max_items": lambda args, check: not isinstance(args.get(check["field"]), list)
     or len(args[check["field"]]) <= check["max"],
@@ -85,29 +96,38 @@ def failed_check(tool: dict, args: dict) -> dict | None:
 
 def _clean(value: Any) -> Any:
     if isinstance(value, str):
-        return value.strip() or None
+        return trim(value) or None
     if isinstance(value, list):
-        items = [item.strip() if isinstance(item, str) else item for item in value]
+        items = [trim(item) if isinstance(item, str) else item for item in value]
         return [item for item in items if given(item)] or None
     if isinstance(value, dict):
         return {k: v for k, v in value.items() if v is not None} or None
     return value
 
 
-def _resolved(base: Path, path: str) -> str:
-    return str((base / Path(path).expanduser()).resolve())
+def resolved_path(base: str, path: str, home: str) -> str:
+    """``path`` as the engine gets it: a leading ``~`` (alone or before a separator) is the home folder, a relative
+    path is taken from ``base``, and ``.``, ``..`` and repeated separators are folded, without looking at the disk
+    (symbolic links stay as named)."""
+    separators = ("/", os.sep)
+    if path == "~" or (path.startswith("~") and path[1:2] in separators):
+        path = home + path[1:]
+    folded = os.path.normpath(os.path.join(base, path))
+    return "/" + folded.lstrip("/") if folded.startswith("//") else folded     # POSIX keeps a leading //
 
 
-def build_payload(tool: dict, args: dict, base: Path) -> dict:
+def build_payload(tool: dict, args: dict, base: Path | str, home: str | None = None) -> dict:
     """The engine payload: declared arguments only, strings trimmed, blanks left out, relative paths taken from
-    `base` (the server's working directory: its workspace)."""
+    `base` (the server's working directory: its workspace) and `~` from `home` (the user's home folder)."""
+    home = home if home is not None else str(Path.home())
     payload = {}
     for name in tool["input_schema"]["properties"]:
         value = _clean(args.get(name))
         if value is None:
             continue
         if name in tool["path_fields"]:
-            value = [_resolved(base, p) for p in value] if isinstance(value, list) else _resolved(base, value)
+            value = ([resolved_path(str(base), p, home) for p in value] if isinstance(value, list)
+                     else resolved_path(str(base), value, home))
         payload[name] = value
     return payload
 

@@ -138,7 +138,7 @@ def _engine_module():
 
 class EngineClient:
     def __init__(self, *, kb_root: Path | str | None = None, python: str | None = None,
-                 engine: Path | str | None = None, env: dict[str, str] | None = None):
+                 engine: Path | str | None = None, env: dict[str, str] | None = None, line_limit: int = LINE_LIMIT):
         self.kb_root, chosen = library_choice(kb_root)
         # how this server's user chose the library and opens another: sent with each request (`kb_root_from`), so
         # that an answer read from no library says it in these words
@@ -146,6 +146,7 @@ class EngineClient:
         self.python = python or os.environ.get("KB_PYTHON") or sys.executable
         self.engine = Path(engine) if engine else None
         self.base_env = dict(os.environ if env is None else env)
+        self.line_limit = line_limit                # the longest reply line read (bytes)
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task | None = None
         self._stderr_task: asyncio.Task | None = None
@@ -210,7 +211,7 @@ class EngineClient:
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         try:
-            async for line in read_lines(proc.stdout):
+            async for line in read_lines(proc.stdout, self.line_limit):
                 if isinstance(line, OversizedLine):
                     self._fail_oversized(line)
                     continue
@@ -220,7 +221,7 @@ class EngineClient:
                     continue
                 if not isinstance(msg, dict):
                     continue
-                entry = self._pending.get(msg.get("id")) if isinstance(msg.get("id"), int) else None
+                entry = self._entry_for(msg.get("id"))
                 if entry is None:
                     continue  # a reply nobody waits for (its caller was cancelled)
                 future, on_progress, _ = entry
@@ -245,6 +246,15 @@ class EngineClient:
                 if not future.done():
                     future.set_exception(EngineCrashed(reason))
 
+    def _entry_for(self, rid):
+        """The pending request a line answers: the one with its id, or, for a reply whose id the engine could not
+        read (null), the one request in flight (requests are serial). ``true`` is no id."""
+        if type(rid) is int:
+            return self._pending.get(rid)
+        if rid is None and len(self._pending) == 1:
+            return next(iter(self._pending.values()))
+        return None
+
     def _fail_oversized(self, line: OversizedLine) -> None:
         """A line too long to read fails the request it answers (all of them when its id cannot be read: the
         channel is serial, so that is the one in flight) with a clear error, instead of leaving it waiting."""
@@ -253,7 +263,7 @@ class EngineClient:
         for future, _, command in targets:
             if not future.done():
                 future.set_exception(EngineError(
-                    f"the engine's reply is longer than the {LINE_LIMIT >> 20} MiB this client reads, so it was "
+                    f"the engine's reply is longer than the {round(self.line_limit / (1 << 20))} MiB this client reads, so it was "
                     "dropped; ask for less at a time (a smaller top_k or snippet)", "reply_too_large", command))
 
     def _describe_exit(self, code: int | None) -> str:
@@ -354,7 +364,7 @@ class EngineClient:
                         raise
                 finally:
                     self._pending.pop(rid, None)
-                if reply.get("ok"):
+                if reply.get("ok") is True:
                     response = reply.get("response")
                     return response if isinstance(response, dict) else {}
                 raise EngineError(str(reply.get("error") or "the engine reported an error"), reply.get("code"), command)

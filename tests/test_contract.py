@@ -2,8 +2,9 @@
 
 host-contract.json is that table printed, and both hosts load it; these tests keep the file equal to the engine
 (``KB_UPDATE_DOCS=1`` rewrites it), hold the table to the engine's own limits and command names, keep every schema
-inside the subset both hosts enforce, and run the check rules of both hosts (plugin/src/contract.js and
-mcp-server/contract.py) on the same arguments. tests/test_mcp_server.py compares the two live hosts.
+inside the subset both hosts enforce. The check rules and payloads of both hosts (plugin/src/contract.js and
+mcp-server/contract.py) meet the shared cases of tests/fixtures/host-conformance.json (tests/test_conformance.py
+and plugin/test/conformance.test.js); tests/test_mcp_server.py compares the two live hosts.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, PLUGIN, ROOT, assert_generated, ensure_plugin_modules, run_cli
+from helpers import ENGINE, ROOT, assert_generated, run_cli
 
 CONTRACT_FILE = ROOT / "host-contract.json"
 # What both hosts enforce of JSON Schema (DSH's registry refuses anything else): constraints, then annotations.
@@ -116,80 +117,3 @@ def test_the_mcp_server_finds_the_contract_or_asks_the_engine(kb_engine, tmp_pat
     (tmp_path / "engine" / "host-contract.json").write_text(json.dumps({"contract": 99}), encoding="utf-8")
     with pytest.raises(RuntimeError, match="host contract version 99"):
         elsewhere.load_contract(lambda: engine)
-
-
-# Arguments each host checks before any engine starts: (tool, arguments, the message of the first failed check or
-# None). The same cases run through the Python interpreter of the MCP server and the JS one of the DSH plugin.
-CHECK_CASES = [
-    ("kb_search", {"query": "graphene"}, None),
-    ("kb_search", {"query": "   "}, "query must be a non-empty string of search terms"),
-    ("kb_search", {}, "query must be a non-empty string of search terms"),
-    ("kb_search", {"query": "x", "top_k": 0}, "top_k must be between 1 and 50"),
-    ("kb_rag", {"query": "x", "top_k": 51}, "top_k must be between 1 and 50"),
-    ("kb_rag", {"query": "x", "top_k": 50}, None),
-    ("kb_search", {"query": "x", "top_k": "ten"}, None),             # a type error: the schema's to report
-    ("kb_rag", {"query": "x", "queries": ["a", "b", "c", "d", "e"]}, "queries takes at most 4 renderings"),
-    ("kb_rag", {"query": "x", "queries": ["a", "b", "c", "d"]}, None),
-    ("kb_ingest", {}, "paths is required: give at least one file or folder to ingest"),
-    ("kb_ingest", {"paths": ["  ", ""]}, "paths is required: give at least one file or folder to ingest"),
-    ("kb_ingest", {"rebuild": True}, None),
-    ("kb_ingest", {"metadata_only": True, "rebuild": True}, "metadata_only and rebuild cannot be combined: choose one"),
-    ("kb_ingest", {"metadata_only": True, "rebuild": False}, None),
-    ("kb_zotero", {"limit": -1}, "limit must be 0 (all) or a positive number"),
-    ("kb_zotero", {"limit": 0}, None),
-    ("kb_clear", {}, "nothing was cleared: kb_clear needs confirm: true, and only after the user explicitly asked "
-                     "to empty the library"),
-    ("kb_clear", {"confirm": "true"}, "nothing was cleared: kb_clear needs confirm: true, and only after the user "
-                                      "explicitly asked to empty the library"),
-    ("kb_clear", {"confirm": True}, None),
-    ("kb_fetch", {"identifier": " "}, "identifier must be a DOI, an arXiv id or an http(s) URL"),
-    ("kb_fetch", {"identifier": "10.1234/abc", "dest": "papers"}, None),
-    ("kb_status", {"cancel": True}, "cancel needs the job_id of the job to stop"),
-    ("kb_status", {"cancel": True, "job_id": "  "}, "cancel needs the job_id of the job to stop"),
-    ("kb_status", {"cancel": True, "job_id": "0123456789ab"}, None),
-    ("kb_scope", {"scope": "both"}, None),
-]
-# The payloads built from arguments that pass, with the workspace "/ws".
-PAYLOAD_CASES = [
-    ("kb_search", {"query": "  graphene  ", "queries": [" 石墨烯 ", "  "], "top_k": 5,
-                   "filters": {"kind": ["pdf"], "year": None, "authors": "chen"}},
-     {"query": "graphene", "queries": ["石墨烯"], "top_k": 5, "filters": {"kind": ["pdf"], "authors": "chen"}}),
-    ("kb_search", {"query": "x", "queries": [" "], "filters": {}}, {"query": "x"}),
-    ("kb_ingest", {"paths": ["papers", "/abs/a.pdf", " "], "force": False}, {"paths": ["/ws/papers", "/abs/a.pdf"],
-                                                                             "force": False}),
-    ("kb_fetch", {"identifier": " 10.1234/abc ", "dest": "in/here"}, {"identifier": "10.1234/abc",
-                                                                      "dest": "/ws/in/here"}),
-    ("kb_status", {"job_id": "  "}, {}),
-    ("kb_clear", {"confirm": True}, {"confirm": True}),
-]
-
-
-def python_results(cases) -> list[dict]:
-    module = mcp_contract()
-    tools = {tool["name"]: tool for tool in json.loads(CONTRACT_FILE.read_text(encoding="utf-8"))["tools"]}
-    out = []
-    for tool, args, *_ in cases:
-        check = module.failed_check(tools[tool], args)
-        out.append({"failed": check["message"] if check else None,
-                    "payload": None if check else module.build_payload(tools[tool], args, Path("/ws"))})
-    return out
-
-
-def node_results(cases) -> list[dict]:
-    ensure_plugin_modules()
-    done = subprocess.run(["node", "testlib/host-report.mjs", "--checks"], cwd=PLUGIN, capture_output=True,
-                          text=True, timeout=120, input=json.dumps([{"tool": t, "args": a} for t, a, *_ in cases]))
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
-
-
-def test_the_mcp_servers_checks_and_payloads():
-    results = python_results(CHECK_CASES + PAYLOAD_CASES)
-    assert [r["failed"] for r in results[:len(CHECK_CASES)]] == [expected for _, _, expected in CHECK_CASES]
-    assert [r["payload"] for r in results[len(CHECK_CASES):]] == [expected for _, _, expected in PAYLOAD_CASES]
-
-
-@pytest.mark.node
-def test_both_hosts_check_and_build_payloads_alike():
-    cases = CHECK_CASES + PAYLOAD_CASES
-    assert node_results(cases) == python_results(cases)

@@ -4,6 +4,7 @@
 // this module only interprets it.
 
 import { existsSync, readFileSync } from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -80,14 +81,27 @@ function cleanValue(value) {
   return value ?? undefined
 }
 
-/** The engine payload: declared arguments only, strings trimmed, blanks left out, relative paths taken from `base`. */
-export function buildPayload(tool, args, base) {
+/**
+ * `p` as the engine gets it: a leading `~` (alone or before a separator) is the home folder, a relative path is
+ * taken from `base`, and `.`, `..` and repeated separators are folded, without looking at the disk.
+ */
+export function resolvedPath(base, p, home) {
+  const separators = path.sep === '/' ? ['/'] : ['/', path.sep]
+  const expanded = p === '~' || (p.startsWith('~') && separators.includes(p[1])) ? home + p.slice(1) : p
+  return path.resolve(base, expanded)
+}
+
+/**
+ * The engine payload: declared arguments only, strings trimmed, blanks left out, relative paths taken from
+ * `base` (the workspace) and `~` from `home`.
+ */
+export function buildPayload(tool, args, base, home = os.homedir()) {
   const payload = {}
   for (const name of Object.keys(tool.input_schema.properties)) {
-    let value = cleanValue(args[name])
+    let value = cleanValue(Object.hasOwn(args, name) ? args[name] : undefined)
     if (value === undefined) continue
     if (tool.path_fields.includes(name)) {
-      value = Array.isArray(value) ? value.map((p) => path.resolve(base, p)) : path.resolve(base, value)
+      value = Array.isArray(value) ? value.map((p) => resolvedPath(base, p, home)) : resolvedPath(base, value, home)
     }
     payload[name] = value
   }

@@ -7,9 +7,12 @@
 // An aborted request kills the process (its channel can no longer be trusted) and the next one starts afresh.
 
 import { spawn } from 'node:child_process'
-import { createInterface } from 'node:readline'
 
 const STDERR_TAIL = 4000
+// The longest reply line read. The engine never writes one over 48 MiB (it answers reply_too_large instead), so a
+// longer line comes from an engine of another version or a broken one: its request fails, the channel goes on.
+export const LINE_LIMIT = 64 * 1024 * 1024
+const REPLY_ID = /^\s*\{\s*"id"\s*:\s*(-?\d+)\s*[,}]/
 const KILL_WAIT_MS = 3000
 const STOP_GRACE_MS = 2000
 const posix = process.platform !== 'win32'
@@ -46,6 +49,55 @@ function describeExit(code, signal) {
   return `exited with status ${code}`
 }
 
+/**
+ * Splits a byte stream into lines, calling `onLine(text)` for each and `onOversized(head)` for one longer than
+ * `limit` bytes, whose bytes are skipped up to its newline without being kept: memory stays bounded by the limit.
+ */
+export class LineSplitter {
+  constructor(limit, onLine, onOversized) {
+    this.limit = limit
+    this.onLine = onLine
+    this.onOversized = onOversized
+    this.parts = []
+    this.size = 0
+    this.skipping = false
+  }
+
+  push(chunk) {
+    let start = 0
+    while (start < chunk.length) {
+      const end = chunk.indexOf(10, start)
+      const stop = end < 0 ? chunk.length : end + 1
+      if (this.skipping) {
+        if (end >= 0) this.skipping = false
+      } else {
+        this.parts.push(chunk.subarray(start, end < 0 ? stop : end))
+        this.size += stop - start
+        if (this.size > this.limit) {
+          this.onOversized(Buffer.concat(this.parts).subarray(0, 256).toString('utf8'))
+          this._clear()
+          this.skipping = end < 0
+        } else if (end >= 0) {
+          const line = Buffer.concat(this.parts).toString('utf8')
+          this._clear()
+          this.onLine(line)
+        }
+      }
+      start = stop
+    }
+  }
+
+  end() {
+    if (this.parts.length && !this.skipping) this.onLine(Buffer.concat(this.parts).toString('utf8'))
+    this._clear()
+  }
+
+  _clear() {
+    this.parts = []
+    this.size = 0
+  }
+}
+
 /** Resolves with `promise`, or rejects with an AbortedError as soon as `signal` aborts. */
 function untilAborted(promise, signal, command) {
   if (!signal) return promise
@@ -68,9 +120,11 @@ export class EngineDaemon {
    * @param {string} options.cwd      working directory (the workspace)
    * @param {Record<string,string>} [options.env]
    * @param {{debug: Function, warn: Function}} [options.log]
+   * @param {number} [options.lineLimit]   the longest reply line read (bytes)
    */
-  constructor({ python, engine, cwd, env, log }) {
+  constructor({ python, engine, cwd, env, log, lineLimit = LINE_LIMIT }) {
     this.python = python
+    this.lineLimit = lineLimit
     this.engine = engine
     this.cwd = cwd
     this.env = env ?? process.env
@@ -244,8 +298,23 @@ export class EngineDaemon {
     child.stderr.on('data', (chunk) => {
       this.stderrTail = (this.stderrTail + chunk).slice(-STDERR_TAIL)
     })
-    const lines = createInterface({ input: child.stdout, crlfDelay: Infinity })
-    lines.on('line', (text) => this._onLine(text))
+    const lines = new LineSplitter(this.lineLimit, (text) => this._onLine(text), (head) => this._onOversized(head))
+    child.stdout.on('data', (chunk) => lines.push(chunk))
+    child.stdout.on('end', () => lines.end())
+  }
+
+  /**
+   * A reply line too long to read fails the request it answers (every pending one when its id cannot be read: the
+   * channel is serial, so that is the one in flight) with a clear error, instead of leaving it waiting.
+   */
+  _onOversized(head) {
+    const match = REPLY_ID.exec(head)
+    const entry = match ? this.pending.get(Number(match[1])) : undefined
+    const targets = entry ? [entry] : [...this.pending.values()]
+    for (const target of targets) {
+      target.reject(new EngineError(`the engine's reply is longer than the ${Math.round(this.lineLimit / 1048576)} MiB this client reads, ` +
+        'so it was dropped; ask for less at a time (a smaller top_k or snippet)', 'reply_too_large', target.command))
+    }
   }
 
   _onLine(text) {
@@ -266,7 +335,7 @@ export class EngineDaemon {
       this.log.debug('ignoring an engine line for unknown id %o', message.id)
       return
     }
-    if (message.event !== undefined) {
+    if (message.event !== undefined && message.event !== null) {
       if (message.event === 'progress' && entry.onProgress) {
         try {
           entry.onProgress(message)
@@ -276,8 +345,9 @@ export class EngineDaemon {
       }
       return
     }
-    if (message.ok === true) entry.resolve(message.response ?? {})
-    else if (message.ok === false) entry.reject(new EngineError(String(message.error ?? 'unknown engine error'), message.code, entry.command))
+    const response = message.response !== null && typeof message.response === 'object' && !Array.isArray(message.response) ? message.response : {}
+    if (message.ok === true) entry.resolve(response)
+    else entry.reject(new EngineError(String(message.error ?? 'the engine reported an error'), message.code, entry.command))
   }
 
   /** Kill the process (and its process group) now; resolves once it has closed. */
