@@ -11677,18 +11677,26 @@ def _read_protocol_line(stream) -> tuple[bytes | None, bool]:
     return line.rstrip(b"\r\n"), False
 
 
-def parse_request(raw: bytes) -> tuple[object, str, dict]:
-    """(id, command, payload) of one protocol line; raises KBError with the id it could read."""
+def parse_json_object(raw: bytes, what: str, shape: str) -> dict:
+    """The JSON object in ``raw``, one parser for both transports: ``what`` names the input in errors (the request
+    line, stdin) and ``shape`` what it must be. Bytes that are not UTF-8, text that is not JSON (a nesting too deep
+    for the parser included) and JSON that is not an object each get their own error code."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise KBError("invalid_utf8", "the request line is not valid UTF-8") from None
+        raise KBError("invalid_utf8", f"{what} is not valid UTF-8") from None
     try:
-        message = json.loads(text)
+        value = json.loads(text)
     except (ValueError, RecursionError):
-        raise KBError("invalid_json", "the request line is not valid JSON") from None
-    if not isinstance(message, dict):
-        raise KBError("bad_request", "a request must be a JSON object {id, command, payload}")
+        raise KBError("invalid_json", f"{what} is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise KBError("bad_request", f"{shape} must be a JSON object")
+    return value
+
+
+def parse_request(raw: bytes) -> tuple[object, str, dict]:
+    """(id, command, payload) of one protocol line; raises KBError with the id it could read."""
+    message = parse_json_object(raw, "the request line", "a request {id, command, payload}")
     request_id = message.get("id")     # echoed as received (ensure_ascii escapes any surrogate)
     command, payload = message.get("command"), message.get("payload", {})
     if not isinstance(command, str) or not command:
@@ -11763,16 +11771,8 @@ def run_one_shot(command: str, engine: Engine) -> int:
 
 def _one_shot_reply(command: str, engine: Engine, raw: bytes) -> dict:
     try:
-        text = raw.decode("utf-8").strip()
-        payload = json.loads(text) if text else {}
-        if not isinstance(payload, dict):
-            raise KBError("bad_request", "the payload on stdin must be a JSON object")
-        response = engine.execute(command, payload)
-        reply = {"ok": True, **response}
-    except UnicodeDecodeError:
-        reply = {"ok": False, "error": "stdin is not valid UTF-8", "code": "invalid_utf8"}
-    except json.JSONDecodeError:
-        reply = {"ok": False, "error": "stdin is not valid JSON", "code": "invalid_json"}
+        payload = parse_json_object(raw, "stdin", "the payload on stdin") if raw.strip() else {}
+        reply = {"ok": True, **engine.execute(command, payload)}
     except Exception as exc:
         reply = error_reply(exc)
     reply.setdefault("engine", __version__)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import hostile_files
-from helpers import ENGINE, clean_env, run_cli, sp
+from helpers import ENGINE, clean_env, run_cli, serve, sp
 
 GBK_NAME = "物理论文_钙钛矿.pdf".encode("gbk")
 
@@ -351,3 +351,14 @@ def test_a_real_full_tmpfs_is_named_as_a_full_disk(tmp_path):
             if subprocess.run([umount, str(mount_point)], capture_output=True).returncode == 0:
                 break
             time.sleep(0.3)
+
+
+@pytest.mark.parametrize("raw, code", [(b"[" * 100_000 + b"]" * 100_000, "invalid_json"),
+                                       (b'{"query": ' * 50_000 + b"1" + b"}" * 50_000, "invalid_json"),
+                                       (b"\xff\xfe", "invalid_utf8"), (b"[1, 2]", "bad_request")])
+def test_both_transports_read_json_with_one_parser(tmp_path, raw, code):
+    """A nesting too deep for the parser is not JSON the engine can read, on the command line as over serve."""
+    one_shot = run_cli("stats", stdin=raw, env=clean_env(KB_ROOT=str(tmp_path / "kb")))
+    assert one_shot.rc == 1 and one_shot.json["code"] == code, one_shot.stdout[:300]
+    rc, replies, _ = serve([raw + b"\n"], env=clean_env(KB_ROOT=str(tmp_path / "kb")))
+    assert rc == 0 and [r["code"] for r in replies] == [code]
