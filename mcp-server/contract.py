@@ -3,7 +3,7 @@ annotations, the guidance text and the rendering budget, exactly as the DSH plug
 
 The contract is the engine's table (`kb_engine.py contract --json`), saved as host-contract.json beside
 kb_engine.py. This module finds and interprets it; it defines no tool itself. The check rules mirror
-plugin/src/contract.js: both interpret the same data, and tests/test_contract.py runs both on the same cases.
+plugin/src/contract.js: both interpret the same data, and both meet the cases of tests/fixtures/host-conformance.json.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def load_contract(engine_path) -> dict:
 # The whitespace JavaScript's String.prototype.trim removes (and no other): both hosts strip exactly these, so
 # that they agree on what a blank argument is (Python's str.strip would also take U+001C-U+001F and U+0085, and
 # leave U+FEFF).
-SPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+SPACE = ("\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+         "\u2028\u2029\u202f\u205f\u3000\ufeff")
 
 
 def trim(text: str) -> str:
@@ -135,5 +136,6 @@ def build_payload(tool: dict, args: dict, base: Path | str, home: str | None = N
 def guidance_text(contract: dict, tool_names) -> str:
     """The guidance for a host offering `tool_names`: lines that need a tool the host lacks are left out."""
     offered = set(tool_names)
-    lines = [line["text"] for line in contract["guidance"]["lines"] if not line.get("needs") or line["needs"] in offered]
+    lines = [line["text"] for line in contract["guidance"]["lines"]
+             if not line.get("needs") or line["needs"] in offered]
     return "\n".join([contract["guidance"]["heading"], *(f"- {text}" for text in lines)])

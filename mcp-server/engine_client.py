@@ -263,7 +263,8 @@ class EngineClient:
         for future, _, command in targets:
             if not future.done():
                 future.set_exception(EngineError(
-                    f"the engine's reply is longer than the {round(self.line_limit / (1 << 20))} MiB this client reads, so it was "
+                    f"the engine's reply is longer than the {round(self.line_limit / (1 << 20))} MiB this client "
+                    "reads, so it was "
                     "dropped; ask for less at a time (a smaller top_k or snippet)", "reply_too_large", command))
 
     def _describe_exit(self, code: int | None) -> str:
@@ -313,7 +314,8 @@ class EngineClient:
         await self._reap()
 
     async def close(self) -> None:
-        """Stop the engine: end of input first (it exits 0), then a kill if it lingers. A later request starts it again."""
+        """Stop the engine: end of input first (it exits 0), then a kill if it lingers. A later request starts it
+        again."""
         proc = self._proc
         if proc is None:
             return

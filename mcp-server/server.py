@@ -30,7 +30,6 @@ import secrets
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -41,7 +40,8 @@ def _require_mcp() -> None:
     except (ImportError, PackageNotFoundError, ValueError):
         major = 0
     if major < 2:
-        sys.exit("kb-rag MCP server: needs the MCP Python SDK 2.x (pip install 'mcp>=2.3,<3', or pip install -e '.[mcp]' "
+        sys.exit("kb-rag MCP server: needs the MCP Python SDK 2.x (pip install 'mcp>=2.3,<3', or "
+                 "pip install -e '.[mcp]' "
                  "from the kb-rag repository)")
 
 
@@ -101,7 +101,8 @@ class KBServer:
     async def call(self, name: str, args: dict, progress) -> tuple[str, dict]:
         tool = SERVED_BY_NAME.get(name)
         if tool is None:
-            raise ToolFailure(f"unknown tool {name!r}; the kb-rag tools are: {', '.join(SERVED_BY_NAME)}", "unknown_tool")
+            raise ToolFailure(f"unknown tool {name!r}; the kb-rag tools are: {', '.join(SERVED_BY_NAME)}",
+                              "unknown_tool")
         check = failed_check(tool, args)      # first, so that a refusal reads the same as in the DSH plugin
         if check is not None:
             raise ToolFailure(check["message"], check.get("code", "bad_arguments"))
@@ -290,7 +291,8 @@ def run_http(engine: EngineClient, port: int, token: str, generated: bool) -> No
             "Every request must carry this header:",
             f"    Authorization: Bearer {token}",
             "MCP client configuration:",
-            "    " + json.dumps({"mcpServers": {"kb-rag": {"url": url, "headers": {"Authorization": f"Bearer {token}"}}}}),
+            "    " + json.dumps({"mcpServers": {"kb-rag": {"url": url,
+                                                       "headers": {"Authorization": f"Bearer {token}"}}}}),
             f"To keep one token across restarts, start the server with {TOKEN_ENV} set.",
         ]
     else:

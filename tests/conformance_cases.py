@@ -2,7 +2,7 @@
 
 The DSH plugin (JavaScript) and the MCP server (Python) each have their own contract interpreter
 (plugin/src/contract.js, mcp-server/contract.py) and serve client (plugin/src/daemon.js,
-mcp-server/engine_client.py). plugin/test/conformance.test.js and tests/test_conformance.py run both on the cases
+mcp-server/engine_client.py). plugin/test/conformance.test.js and tests/static/test_conformance.py run both on the cases
 of one file:
 
 - ``payload``: tool arguments and what must come of them, the message of the first failed check or the engine

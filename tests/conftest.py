@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, sp
+from helpers import ENGINE
 
 # Markers by test file (declared in pyproject.toml). The quick subset, `-m "not slow"`, still has every command's
 # happy and error paths (test_commands, test_cli, test_serve, test_jobs, test_fetch, test_zotero, test_models).
@@ -73,6 +73,7 @@ def engine(kb_engine):
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory) -> Path:
     """Every sample file, written once per session. Do not modify: copy it."""
+    from helpers import sp
     out = tmp_path_factory.mktemp("samples")
     sp.write_all(out)
     return out

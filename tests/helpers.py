@@ -1,4 +1,7 @@
-"""Shared helpers for the kb-rag engine tests (imported by conftest and tests)."""
+"""Shared helpers for the kb-rag engine tests (imported by conftest and tests).
+
+Only the standard library and pytest are imported at the top, so that the static tests (tests/static) run without
+the engine's dependencies; PyMuPDF and the sample-paper generator (``sp``) load on first use."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +18,6 @@ import threading
 import unicodedata
 from pathlib import Path
 
-import pymupdf
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +28,14 @@ if str(EXAMPLES) not in sys.path:
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import sample_papers as sp  # noqa: E402
+
+
+def __getattr__(name: str):
+    """``sp``, the sample-paper generator (examples/sample_papers.py, which needs PyMuPDF), imported on first use."""
+    if name == "sp":
+        import sample_papers
+        return sample_papers
+    raise AttributeError(name)
 
 RESULT_KEYS = {"chunk_id", "doc_id", "path", "file", "title", "authors", "year", "journal", "doi", "kind",
                "section", "page", "page_end", "page_label", "score", "snippet"}
@@ -201,6 +210,7 @@ def _column_order_text(page) -> str:
 
 def pdf_page_texts(path, first: int, last: int) -> list[str]:
     """Several readings (stream order, sorted, column-wise) of pages first..last (1-based)."""
+    import pymupdf
     with pymupdf.open(path) as doc:
         pages = [doc[i] for i in range(first - 1, last)]
         return ["\n".join(p.get_text() for p in pages),
@@ -209,6 +219,7 @@ def pdf_page_texts(path, first: int, last: int) -> list[str]:
 
 
 def pdf_page_count(path) -> int:
+    import pymupdf
     with pymupdf.open(path) as doc:
         return doc.page_count
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-
 BODY = ("The growth rate rises with temperature as shown in Fig. 2, while the domain sizes are listed in "
         "Table 1 for every anneal we tried in this captionlinktoken study of copper foils and their oxides.")
 

@@ -348,6 +348,7 @@ def test_one_shot_and_cli(net, tmp_path):
     import os
     import subprocess
     import sys
+
     from helpers import ENGINE
     env = {**os.environ}
     kb = tmp_path / "kb"

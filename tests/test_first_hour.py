@@ -6,7 +6,6 @@ import json
 import math
 import os
 import pty
-import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -749,7 +749,7 @@ def test_11_a_file_that_never_holds_still_is_reported_and_the_old_version_kept(k
     monkeypatch.setenv("KB_EMBED_MODEL", "none")
     monkeypatch.setenv("KB_INGEST_WORKERS", "0")
     papers = tmp_path / "papers"
-    target = paper_md(papers, "log.md", "A growing log", None, "firstversiontoken")
+    paper_md(papers, "log.md", "A growing log", None, "firstversiontoken")
     engine = kb_engine.Engine()
     try:
         kb = str(tmp_path / "kb")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import err_code, assert_db_ok, assert_readable_error, assert_totals, by_name, sp
+from helpers import assert_db_ok, assert_readable_error, assert_totals, by_name, err_code, sp
 
 GOOD = ["graphene_cvd_copper.pdf", "protein_folding_2col.pdf", "battery_electrolytes.pdf",
         "photocatalysis_ligatures.pdf", "perovskite_stability_zh.pdf", "coral_heatwaves.docx",

@@ -16,6 +16,7 @@ already satisfied and nothing is downloaded.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -24,7 +25,6 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-import hashlib
 from pathlib import Path
 
 import pytest

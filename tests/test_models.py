@@ -24,8 +24,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (ENGINE, ROOT, embedder_inputs, assert_finite, clean_env, copy_samples, db_path, err_code, isolate_model_env, req,
-                     use_minilm)
+from helpers import (
+    ENGINE,
+    ROOT,
+    assert_finite,
+    clean_env,
+    copy_samples,
+    db_path,
+    embedder_inputs,
+    err_code,
+    isolate_model_env,
+    req,
+    use_minilm,
+)
 
 # a small English subset of the sample papers: 4 documents, about 20 chunks
 SMALL_SET = ("owner_password_only.pdf", "sparse_attention.md", "coral_heatwaves.docx", "battery_electrolytes.pdf")

@@ -23,10 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, assert_db_ok, embedder_inputs, assert_totals, clean_env, db_path, isolate_model_env, sp, use_minilm
-
 import crashing_reader  # noqa: E402  (worker-side read functions)
 import kb_engine  # noqa: E402  (helpers put the repository root on sys.path)
+from helpers import (
+    ROOT,
+    assert_db_ok,
+    assert_totals,
+    clean_env,
+    db_path,
+    embedder_inputs,
+    isolate_model_env,
+    sp,
+    use_minilm,
+)
 
 RealFileReader = kb_engine.FileReader
 

@@ -27,7 +27,8 @@ torch = pytest.importorskip("torch")
 st_pkg = pytest.importorskip("sentence_transformers")
 with warnings.catch_warnings():     # newer versions moved the module classes; the old path still works
     warnings.simplefilter("ignore", DeprecationWarning)
-    from sentence_transformers import SentenceTransformer, models as st_models  # noqa: E402
+    from sentence_transformers import SentenceTransformer  # noqa: E402
+    from sentence_transformers import models as st_models
 
 TOLERANCE = 1e-5
 
@@ -242,7 +243,8 @@ def _legacy_pooling(folder: Path, modes: dict[str, bool], **extra) -> None:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """{name: folder} of tiny sentence models; each differs from 'cls' in one respect."""
-    from tokenizers import Tokenizer, models as tk_models, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers import models as tk_models
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
     base = tmp_path_factory.mktemp("tiny_models")
     hf = base / "hf"

@@ -355,3 +355,13 @@ def test_page_labels(engine, tmp_path, kb_engine):
 def test_pdf_without_labels_has_null_or_numeric_label(search):
     for r in search("graphene nucleation copper", top_k=20)["results"]:
         assert r["page_label"] in (None, str(r["page"])), r["page_label"]
+
+
+def test_filters_take_the_lists_the_schema_offers(search):
+    """Every text filter and kind accept a list (any value may match), as both hosts' schemas now say."""
+    one = search("graphene", mode="keyword", filters={"kind": "pdf"})["results"]
+    both = search("graphene", mode="keyword", filters={"kind": ["pdf", "docx"]})["results"]
+    assert one and {hit["kind"] for hit in one} == {"pdf"}
+    assert {hit["kind"] for hit in both} <= {"pdf", "docx"} and len(both) >= len(one)
+    titled = search("graphene", mode="keyword", filters={"title": ["no such title", one[0]["title"][:12]]})
+    assert titled["results"] and all(hit["title"].startswith(one[0]["title"][:12]) for hit in titled["results"])

@@ -49,7 +49,7 @@ class Page:
     def paragraph(self, text: str, font: str = "tiro", size: float = 10.5, lead: tuple | None = None,
                   after: float = 6.0):
         """Wrapped lines; ``lead`` = (text, font) sets the paragraph's first words in another face."""
-        words, x, first = text.split(), self.left, True
+        words, x = text.split(), self.left
         if lead:
             lead_text, lead_font = lead
             self.text(x, lead_text, lead_font, size)

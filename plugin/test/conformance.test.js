@@ -1,7 +1,7 @@
 // The DSH plugin's twins of the MCP server's code meet the shared conformance cases (issue 30):
 // tests/fixtures/host-conformance.json (made by tests/conformance_cases.py) holds tool arguments with the check
 // message or engine payload each must give, and sessions with a scripted engine (tests/conformance_engine.py)
-// with what a serve client must make of each answer. tests/test_conformance.py runs the same file against the MCP
+// with what a serve client must make of each answer. tests/static/test_conformance.py runs the same file against the MCP
 // server's contract.py and engine_client.py.
 
 import assert from 'node:assert/strict'

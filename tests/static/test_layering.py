@@ -23,11 +23,12 @@ sections, in order.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parent.parent / "kb_engine.py"
+ENGINE = Path(__file__).resolve().parents[2] / "kb_engine.py"
 
 RULE = re.compile(r"^# =+\s*$")
 TITLE = re.compile(r"^# (\d+)\. (\S.*?)\s*$")
@@ -332,3 +333,83 @@ class Early:
         walker.visit(stmt)
     assert sorted(name for name, _ in walker.found) == sorted(
         ["LATER_DEFAULT", "later_used", "range", "lambda_ref", "class_ref", "attr"])
+
+
+# ---------------------------------------------------------------------------
+# Sections cut to what they hold, one public surface, and the index of names
+# ---------------------------------------------------------------------------
+
+SECTION_LINE_BUDGET = 950       # about 900 lines: a section that grows past it holds two things; split it
+INDEX = ENGINE.parent / "docs" / "ENGINE-INDEX.md"
+PUBLIC = re.compile(r"Public surface: (.+?)\.\s*\Z", re.S)
+
+
+def _spans(lines: list[str]) -> list[tuple[int, str, int, int]]:
+    """(number, title, first line, lines) of every section."""
+    sections = _sections(lines)
+    ends = [start for _, _, start in sections[1:]] + [len(lines) + 1]
+    return [(number, title, start, end - start) for (number, title, start), end in zip(sections, ends)]
+
+
+def test_every_section_stays_inside_its_line_budget():
+    _source, lines, _tree = _engine()
+    over = [f"{number}. {title}: {size} lines" for number, title, _, size in _spans(lines) if size > SECTION_LINE_BUDGET]
+    assert not over, f"sections over {SECTION_LINE_BUDGET} lines (split them): {over}"
+
+
+def test_no_module_level_name_is_defined_twice():
+    """A second definition silently replaces the first for every caller, the first section's included."""
+    _source, _lines, tree = _engine()
+    seen: dict[str, int] = {}
+    twice = []
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if stmt.name in seen:
+                twice.append(f"{stmt.name} (lines {seen[stmt.name]} and {stmt.lineno})")
+            seen.setdefault(stmt.name, stmt.lineno)
+    assert not twice, twice
+
+
+def test_all_is_the_documented_public_surface():
+    _source, _lines, tree = _engine()
+    surface = " ".join(PUBLIC.search(ast.get_docstring(tree) or "").group(1).split())
+    documented = re.findall(r"(?:^|, )``(\w+)", surface)      # each item's name: ``Engine`` (``execute(...)``), ...
+    declared = next(ast.literal_eval(stmt.value) for stmt in tree.body if isinstance(stmt, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets))
+    assert declared == documented, (declared, documented)
+    defined = {name for stmt in tree.body for name in _bound_at_top(stmt)}
+    assert set(declared) <= defined
+
+
+def engine_index(lines: list[str], tree: ast.Module) -> str:
+    """docs/ENGINE-INDEX.md: each section of kb_engine.py with its size and the public names it defines."""
+    spans = _spans(lines)
+    names: dict[int, list[str]] = {number: [] for number, *_ in spans}
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            continue
+        section = _section_of(stmt.lineno, [(n, t, start) for n, t, start, _ in spans])
+        for name in _bound_at_top(stmt):
+            if not name.startswith("_") and section in names and name not in names[section]:
+                names[section].append(name)
+    out = ["# kb_engine.py, section by section",
+           "",
+           "Generated from the engine by tests/static/test_layering.py (`KB_UPDATE_DOCS=1` rewrites it): every",
+           "numbered section and the module-level names it defines that do not start with `_`. A section uses",
+           "only names of the sections above it, and stays under about 900 lines. The public surface is `__all__`:",
+           "`Engine`, `KBError`, `page_texts`, `main`; everything else may change between releases.",
+           ""]
+    for number, title, _start, _size in spans:
+        listed = ", ".join(f"`{name}`" for name in names[number]) or "(none)"
+        out += [f"## {number}. {title}", "", listed, ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def test_the_index_of_sections_and_names_is_generated():
+    _source, lines, tree = _engine()
+    wanted = engine_index(lines, tree)
+    current = INDEX.read_text(encoding="utf-8") if INDEX.exists() else None
+    if os.environ.get("KB_UPDATE_DOCS") == "1" and current != wanted:
+        INDEX.write_text(wanted, encoding="utf-8")
+        current = wanted
+    assert current == wanted, "docs/ENGINE-INDEX.md differs from the engine: run the tests with KB_UPDATE_DOCS=1"
