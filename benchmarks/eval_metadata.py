@@ -38,9 +38,8 @@ import time
 import unicodedata
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import default_corpus, engine, record  # noqa: E402
 
 DEFAULT_TRUTH = Path(__file__).resolve().parent / "metadata_truth.tsv"
 LENIENT_RATIO = 0.8
@@ -410,13 +409,15 @@ def print_report(result: dict, cites: dict | None) -> None:
 
 
 def main(argv=None) -> int:
-    default_dir = os.environ.get("KB_CORPUS_DIR") or str(REPO_ROOT.parent / "shared" / "corpus")
+    default_dir = default_corpus()
     ap = argparse.ArgumentParser(description="Metadata accuracy (DOI, title, year) against a hand-checked table.")
     ap.add_argument("--corpus", default=default_dir, help=f"corpus folder (default {default_dir})")
     ap.add_argument("--truth", default=str(DEFAULT_TRUTH), help="truth TSV (default benchmarks/metadata_truth.tsv)")
     ap.add_argument("--kb-root", default=None, help="use this existing library instead of ingesting into a temp one")
     ap.add_argument("--keep", action="store_true", help="keep the temporary kb_root and print where it is")
     ap.add_argument("--out", default=None, help="write the figures and mismatches as JSON here")
+    ap.add_argument("--no-record", action="store_true",
+                    help="record nothing (by default the figures go to benchmarks/results/metadata.json)")
     args = ap.parse_args(argv)
 
     corpus = Path(args.corpus)
@@ -430,7 +431,7 @@ def main(argv=None) -> int:
     truth = load_truth(truth_path)
 
     os.environ["KB_EMBED_MODEL"] = "none"       # metadata only: never load an embedding model
-    import kb_engine
+    kb_engine = engine()
 
     tmp = None
     if args.kb_root:
@@ -472,6 +473,9 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
+    if rc == 0 and not args.no_record and not args.kb_root:
+        figures = {"documents": report["truth_rows"], "fields": report["fields"], "false_dois": report["false_dois"]}
+        print(f"recorded {record('metadata', figures, model=None, argv=sys.argv)}")
     return rc
 
 

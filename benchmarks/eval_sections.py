@@ -44,9 +44,9 @@ import time
 import unicodedata
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import default_corpus, record  # noqa: E402
+from common import engine as repo_engine  # noqa: E402
 
 DEFAULT_HEADINGS = Path(__file__).resolve().parent / "section_headings.jsonl"
 HEADING_KEYS = ("page", "text", "level", "run_in", "indexed")
@@ -110,7 +110,7 @@ def load_headings(path: Path) -> list[dict]:
 # -- the library -----------------------------------------------------------------------------------------
 
 def build_library(docs: list[dict], corpus: Path, work: Path) -> Path:
-    import kb_engine
+    kb_engine = repo_engine()
     kb = work / "kb"
     if work.exists():
         shutil.rmtree(work)
@@ -212,12 +212,14 @@ def print_report(rows: list[dict], misses: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=os.environ.get("KB_CORPUS_DIR")
-                        or str(REPO_ROOT.parent / "shared" / "corpus"))
+    parser.add_argument("--corpus", default=default_corpus())
     parser.add_argument("--headings", default=str(DEFAULT_HEADINGS))
     parser.add_argument("--work", default="/tmp/kb-sections", help="scratch folder, emptied first")
     parser.add_argument("--misses", action="store_true", help="list missed headings, false labels, wrong levels")
     parser.add_argument("--out", help="write the figures and per-document details as JSON")
+    parser.add_argument("--record", default=None, metavar="NAME",
+                        help="record the totals as benchmarks/results/NAME.json (default: the headings file's name)")
+    parser.add_argument("--no-record", action="store_true", help="record nothing")
     args = parser.parse_args(argv)
     corpus = Path(args.corpus)
     try:
@@ -235,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     print_report(rows, args.misses)
     if args.out:
         Path(args.out).write_text(json.dumps({"totals": totals(rows), "documents": rows}, ensure_ascii=False, indent=1))
+    if not args.no_record:
+        figures = {"documents": len(rows), **totals(rows)}
+        path = record(args.record or Path(args.headings).stem, figures, model=None, argv=sys.argv)
+        print(f"recorded {path}")
     return 0
 
 

