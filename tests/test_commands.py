@@ -171,6 +171,7 @@ def test_version(kb_engine):
     assert isinstance(kb_engine.__version__, str) and kb_engine.__version__.strip()
 
 
+@pytest.mark.internals
 def test_the_command_table_drives_the_dispatcher_and_the_cli(kb_engine):
     """One table entry per command: the protocol knows exactly the table's commands, the write set is derived
     from it, and the human CLI offers every command but the protocol-only reload, with the table's help line."""
@@ -195,6 +196,7 @@ def test_the_command_table_drives_the_dispatcher_and_the_cli(kb_engine):
         engine.close()
 
 
+@pytest.mark.internals
 def test_the_human_command_line_is_made_from_the_command_table(kb_engine):
     """Every argument of `kb-engine COMMAND` is a Flag of a request field (or of the command itself), and the
     parsed arguments become the request the protocol would take."""
@@ -232,6 +234,7 @@ WRONG_VALUE = {"boolean": "yes", "integer": "ten", "string": 5, "object": [1], "
                "list of strings": [1], "array of strings, or one string": 5}
 
 
+@pytest.mark.internals
 def test_every_field_is_refused_with_the_wrong_type_before_anything_runs(kb_engine, tmp_path):
     """The dispatcher checks each request against its command's declared fields: a value of the wrong type is a
     bad_request naming the field, and no library is created for it."""

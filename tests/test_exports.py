@@ -192,6 +192,7 @@ def test_a_portuguese_thesis_is_tagged_portuguese(exported):
     assert docs["acl-paper.pdf"]["lang"] == "en"
 
 
+@pytest.mark.internals
 def test_journals_named_proceedings_stay_articles(kb_engine):
     proceedings = kb_engine.venue_is_proceedings
     assert proceedings(VENUE) and proceedings("2010 International Conference on Data Storage and Data Engineering")
@@ -201,6 +202,7 @@ def test_journals_named_proceedings_stay_articles(kb_engine):
         assert not proceedings(journal), journal
 
 
+@pytest.mark.internals
 def test_dois_with_brackets_and_semicolons_are_read_whole_and_html_is_not(kb_engine):
     assert kb_engine.find_doi(f"see doi:{SICI}.") == SICI.lower()
     assert kb_engine.find_doi('<a href="x">10.1000/abc.123</a>') == "10.1000/abc.123"

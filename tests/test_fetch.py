@@ -158,6 +158,7 @@ def _doc_doi(kb_root, path):
 
 # -- identifier parsing ------------------------------------------------------------------------------------------
 
+@pytest.mark.internals
 @pytest.mark.parametrize("text,expected", [
     ("10.1234/ABC.def", ("doi", "10.1234/abc.def")),
     ("doi:10.1234/xyz", ("doi", "10.1234/xyz")),

@@ -139,6 +139,7 @@ def project(tmp_path):
     return {"home": home, "root": root, "inside": inside, "elsewhere": elsewhere, "paper": paper}
 
 
+@pytest.mark.internals
 def test_the_library_rule_named_then_env_then_nearest_dot_kb_then_the_user_library(kb_engine, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("KB_ROOT", raising=False)
@@ -299,6 +300,7 @@ def test_a_question_in_one_script_still_finds_its_own_documents(mixed_library):
     assert keyword_files(mixed_library, "how many open access papers does the corpus contain")[0] == "corpus.md"
 
 
+@pytest.mark.internals
 def test_cjk_idf_is_judged_among_cjk_passages_only_in_a_question_mixing_scripts(kb_engine, mixed_library):
     lib = kb_engine.Library.open(mixed_library, False)
     try:
@@ -339,6 +341,7 @@ def test_the_language_hint_names_the_flag_on_the_command_line(mixed_library):
     assert rc == 0 and "Chinese rendering of the question with `--also`" in out, out
 
 
+@pytest.mark.internals
 def test_document_languages_are_told_apart_by_script_and_function_words(kb_engine):
     portuguese = ("Neste trabalho estudamos a dupla difração no LHC. Os eventos são selecionados pelo detector e "
                   "também comparados com a simulação, para que a análise seja feita com uma amostra limpa. ") * 5
@@ -364,6 +367,7 @@ def test_rag_on_the_terminal_lists_the_works_a_passage_cites(library):
 
 # -- 8. what the tools tell the calling model about renderings ------------------------------------------------
 
+@pytest.mark.internals
 def test_the_contract_asks_for_a_sentence_stating_the_answer_not_a_keyword_list(kb_engine):
     contract = kb_engine.host_contract()
     guidance = " ".join(line["text"] for line in contract["guidance"]["lines"])
@@ -384,6 +388,7 @@ def test_the_contract_asks_for_a_sentence_stating_the_answer_not_a_keyword_list(
         mcp_contract.guidance_text(shipped, [tool["name"] for tool in shipped["tools"]])
 
 
+@pytest.mark.internals
 def test_renderings_in_one_script_add_up_and_across_scripts_each_passage_keeps_its_best(kb_engine):
     question = [(1, 6.0), (2, 5.0), (3, 1.0)]          # BM25 lists, each with its ceiling
     statement = [(2, 7.0), (4, 6.5), (1, 1.0)]

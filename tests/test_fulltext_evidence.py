@@ -152,6 +152,7 @@ def test_real_reference_list_feeds_citations_and_stays_out_of_search(library):
     assert hit["citations"][1]["text"].startswith("Okafor N, Brandt K")
 
 
+@pytest.mark.internals
 def test_appendix_ranks_below_an_equal_body_passage(kb_engine):
     # the appendix weight is a prior below 1: it only loses a near-tie
     ranked = kb_engine.with_section_prior([(1, 10.0), (2, 10.0)], {1: kb_engine.SECTION_WEIGHTS["appendix"], 2: 1.0},
@@ -177,6 +178,7 @@ def test_chinese_reference_heading_closes_the_body_and_feeds_citations(tmp_path,
 
 # -- the same rules on Markdown (no typography: the content decides) -------------------------------------
 
+@pytest.mark.internals
 def test_markdown_references_heading_followed_by_prose_is_not_a_reference_list(kb_engine, tmp_path):
     note = tmp_path / "note.md"
     note.write_text("# Field notes\n\n## Methods\n\nWe sampled twelve plots.\n\n## References\n\n"
@@ -187,6 +189,7 @@ def test_markdown_references_heading_followed_by_prose_is_not_a_reference_list(k
     assert any("drone imagery" in c.text for c in chunks), [c.section for c in chunks]
 
 
+@pytest.mark.internals
 def test_markdown_references_heading_followed_by_entries_stays_out(kb_engine, tmp_path):
     note = tmp_path / "paper.md"
     note.write_text("# A paper\n\n## Results\n\nThe effect was large [1].\n\n## References\n\n"
@@ -200,6 +203,7 @@ def test_markdown_references_heading_followed_by_entries_stays_out(kb_engine, tm
 
 # -- section weights are a prior ---------------------------------------------------------------------------
 
+@pytest.mark.internals
 @pytest.mark.parametrize("long_docs", [False, True], ids=["short-documents", "long-document"])
 def test_hybrid_keeps_the_chunk_both_halves_rank_first_over_an_abstract_ranked_third(kb_engine, long_docs):
     answer, other, abstract = 11, 12, 13
@@ -211,6 +215,7 @@ def test_hybrid_keeps_the_chunk_both_halves_rank_first_over_an_abstract_ranked_t
     assert [cid for cid, _ in fused].index(abstract) >= 1     # it may pass its neighbour, never the answer
 
 
+@pytest.mark.internals
 def test_section_prior_breaks_a_near_tie_but_never_a_clear_lead(kb_engine):
     weights = {1: 1.0, 2: 1.0, 3: kb_engine.SECTION_WEIGHTS["abstract"]}
     tail = [(10 + i, 5.0 - i / 2) for i in range(8)]
@@ -220,6 +225,7 @@ def test_section_prior_breaks_a_near_tie_but_never_a_clear_lead(kb_engine):
     assert clear[0][0] == 1
 
 
+@pytest.mark.internals
 @pytest.mark.parametrize("spread", [0.002, 0.05])
 def test_vector_only_prior_scales_with_the_models_cosines(kb_engine, spread):
     # bunched cosines (a model like e5: 0.80, 0.798, ...) or spread ones: the abstract ranked third by the
@@ -266,6 +272,7 @@ OTHER_TOPICS = ["coral reef bleaching under marine heatwaves", "graphene growth 
                 "arctic tern migration routes"]
 
 
+@pytest.mark.internals
 def test_topic_words_find_the_paper_and_specific_words_the_page(kb_engine, engine, tmp_path, monkeypatch):
     monkeypatch.setenv("KB_EMBED_MODEL", "none")
     papers = tmp_path / "papers"
@@ -392,6 +399,7 @@ def test_a_bibliography_without_heading_still_feeds_citations(numbered_lists):
 CORPUS = os.environ.get("KB_CORPUS_DIR")
 
 
+@pytest.mark.internals
 @pytest.mark.skipif(not CORPUS, reason="set KB_CORPUS_DIR to the shared corpus folder")
 @pytest.mark.parametrize("name,entries", [
     ("docling/redp5110_sampled.pdf", 0),                 # numbered procedure steps in chapter 3
@@ -430,6 +438,7 @@ def test_prose_between_the_entries_of_a_headingless_list_stays_searchable(kb_eng
         assert keyword(engine, kb, "apsentrymarker") == []
 
 
+@pytest.mark.internals
 @pytest.mark.skipif(not CORPUS, reason="set KB_CORPUS_DIR to the shared corpus folder")
 @pytest.mark.parametrize("name,paragraph,entries", [
     ("refextract/1508.05632v2.pdf", "The sgoldstino production cross-section, which originates", 53),
@@ -443,6 +452,7 @@ def test_conclusions_set_beside_a_headingless_list_stay_body(kb_engine, name, pa
 
 # -- headings are phrases of words ----------------------------------------------------------------------
 
+@pytest.mark.internals
 @pytest.mark.parametrize("text,heading", [
     ("T = 500 MeV", False), ("Ia = 2", False), ("VGS,1 = VGS,2 + VDS,9", False), ("ΨW = Ψ ◦W (14)", False),
     ("TABLEFORMER: 5:02", False), ("Screwed Up 5:02", False), ("Nf", False), ("OF", False), ("QW0", False),
@@ -498,6 +508,7 @@ def test_a_notes_file_ending_in_numbered_steps_keeps_them(engine, tmp_path, monk
     assert db_rows(kb, "SELECT COUNT(*) FROM refs") == [(0,)]
 
 
+@pytest.mark.internals
 @pytest.mark.parametrize("text,size,heading", [
     ("RNN params", 5.2, False), ("ATLAS 0.11) GeV", 7.2, False), ("CPP Conference", 7.5, False),
     ("Protocol Operation", 7.4 * 1.1, True),        # small capitals: about 0.8 of the body size
@@ -553,6 +564,7 @@ def make_thesis_with_low_running_heads(path: Path) -> None:
     doc.save(path)
 
 
+@pytest.mark.internals
 def test_low_running_heads_are_dropped_and_numbered_headings_kept(kb_engine, tmp_path):
     paper = tmp_path / "thesis.pdf"
     make_thesis_with_low_running_heads(paper)
@@ -578,6 +590,7 @@ def test_low_running_heads_are_dropped_and_numbered_headings_kept(kb_engine, tmp
         engine.close()
 
 
+@pytest.mark.internals
 def test_lettered_parts_after_the_references_are_appendices_with_their_own_names(kb_engine, tmp_path):
     """Prose left under the References heading hands back to the last body section; the lettered parts that
     follow are still appendices, named after themselves, not subsections of the Conclusion."""

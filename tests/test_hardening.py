@@ -156,6 +156,7 @@ def test_the_fetch_deadline_bounds_a_slow_drip_download(engine, tmp_path, monkey
 
 # 5. the disk fills up mid-ingest ---------------------------------------------------------------------------
 
+@pytest.mark.internals
 def test_a_full_disk_names_itself_keeps_what_was_stored_and_resumes(engine, kb_engine, tmp_path, offline):
     folder = tmp_path / "in"
     for i in range(5):

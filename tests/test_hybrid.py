@@ -179,6 +179,7 @@ def is_cjk_text(text: str) -> bool:
 # ---------------------------------------------------------------------------
 # vector and hybrid retrieval
 
+@pytest.mark.internals
 def test_vector_search_finds_a_paraphrase_keyword_search_misses(eng, full_lib, kb_engine):
     # the paraphrase really shares no content word with the tern paper
     tern_text = " ".join(t for (t,) in db_rows(full_lib, "SELECT c.text FROM chunks c JOIN docs d ON d.id = c.doc_id "
@@ -200,6 +201,7 @@ def test_vector_search_finds_a_paraphrase_keyword_search_misses(eng, full_lib, k
     assert "notes" not in hybrid, hybrid.get("note")
 
 
+@pytest.mark.internals
 @pytest.mark.parametrize("query,top_file", [
     ("arctic tern migration tracked with light-level geolocators", TERNS),
     ("graphene nucleation density on copper foils", "graphene_cvd_copper.pdf"),
@@ -650,6 +652,7 @@ def test_blank_and_repeated_renderings_are_dropped(eng, english_lib):
     assert search(eng, english_lib, EN_TERNS, queries=None)["results"]
 
 
+@pytest.mark.internals
 def test_a_weak_keyword_half_loses_its_say_in_fusion(kb_engine):
     """A query whose best keyword match reaches a few percent of its BM25 ceiling (a Chinese question's stray
     match on a model name in an English library) must not outvote the vector half; from 15% up nothing changes."""
@@ -663,6 +666,7 @@ def test_a_weak_keyword_half_loses_its_say_in_fusion(kb_engine):
     assert fuse(kb_engine.keyword_trust(0.04))[:2] == [3, 4]        # weak evidence: the vector half decides
 
 
+@pytest.mark.internals
 def test_vector_half_tells_a_papers_pages_apart_by_what_is_not_its_topic(eng, kb_engine, tmp_path, monkeypatch):
     """Inside a long paper every passage embedding leans towards the paper's topic, and a passage that restates
     the topic (here the Conclusion) beats the page that answers. With the document's own direction discounted,

@@ -12,6 +12,9 @@ import pytest
 
 import kb_engine as kb
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 COMMON = ["sample", "measured", "signal", "analysis"]          # in most chunks
 MIDDLE = ["graphene", "copper", "protein", "lattice", "enzyme", "plasma", "neuron", "coral"]
 RARE = ["perovskite", "ribosome", "exciton", "salinity", "chaperone", "diffraction", "bleaching", "phonon"]

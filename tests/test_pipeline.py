@@ -37,6 +37,9 @@ from helpers import (
     use_minilm,
 )
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 RealFileReader = kb_engine.FileReader
 
 

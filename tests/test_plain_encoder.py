@@ -22,6 +22,9 @@ import pytest
 
 from helpers import ROOT, clean_env, isolate_model_env, use_minilm
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 st_pkg = pytest.importorskip("sentence_transformers")

@@ -155,6 +155,7 @@ def test_junk_pdf_metadata_title_is_never_used(lib, name):
         assert title == sp.JUNK_PAGE_TITLE
 
 
+@pytest.mark.internals
 def test_section_heading_is_not_taken_as_title(lib, kb_engine):
     """Page 1 without a typographic title (and junk PDF metadata): the first section heading
     ('Abstract') is not the document's title either."""
@@ -344,6 +345,7 @@ def test_author_year_citation_not_resolved_when_two_entries_match(lib):
 # ---------------------------------------------------------------------------
 # reference entry fields
 
+@pytest.mark.internals
 @pytest.mark.parametrize("raw, fields", [
     ("B. Okafor and L. Santos, \u201cReference Parsing for Scholarly Sample Libraries,\u201d J. Test. Libr. 5, 10 "
      "(2023), https://doi.org/10.5555/kbrag.2023.042.",
@@ -415,6 +417,7 @@ def test_metadata_only_and_rebuild_exclude_each_other(local_env, kb_engine, tmp_
         engine.close()
 
 
+@pytest.mark.internals
 def test_stale_docs_counted_and_not_reparsed_by_a_normal_ingest(local_env, kb_engine, tmp_path):
     papers, root = tmp_path / "papers", tmp_path / "kb"
     sp.make_cited_paper(papers)

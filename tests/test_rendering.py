@@ -15,6 +15,9 @@ import pytest
 
 from helpers import ROOT, run_cli
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 CASES_FILE = ROOT / "tests" / "fixtures" / "markdown-cases.json"
 CASES = json.loads(CASES_FILE.read_text(encoding="utf-8"))
 COMMAND = {"kb_search": "search", "kb_rag": "rag", "kb_ingest": "ingest", "kb_zotero": "zotero", "kb_stats": "stats",

@@ -65,6 +65,7 @@ def test_other_kinds_and_plain_text(engine, library):
         {"Results", "结果", *{f"{h} > Sample preparation" for h in METHODS_HEADINGS}}
 
 
+@pytest.mark.internals
 def test_the_kind_filter_applies_to_the_vector_side_too(kb_engine, library, engine):
     """filtered_chunk_ids (the vector side's candidate set) uses the same conditions."""
     lib = kb_engine.Library.open(library, writable=False)
@@ -77,6 +78,7 @@ def test_the_kind_filter_applies_to_the_vector_side_too(kb_engine, library, engi
     assert {label.split(" > ")[0] for label in labels} == {*METHODS_HEADINGS, "方法"}
 
 
+@pytest.mark.internals
 def test_section_kinds_of_a_label(kb_engine):
     assert kb_engine.section_kinds("Methodology > Data") == {"methods"}
     assert kb_engine.section_kinds("3 Results and Discussion > 3.1 Strain") == {"results"}

@@ -10,6 +10,9 @@ import pytest
 
 import kb_engine as kb
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 DIM = 32
 
 

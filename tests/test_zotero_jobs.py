@@ -272,6 +272,7 @@ def test_second_writer_is_refused_while_a_zotero_job_runs(kb_engine, home, tmp_p
 # ---------------------------------------------------------------------------
 # one source of progress: the fold, the bar, the CLI
 
+@pytest.mark.internals
 def test_fold_progress_counts_items_monotonically(kb_engine):
     state = {"done": 0, "total": 4, "errors": []}
     events = [{"phase": "zotero", "done": 1, "total": 4, "path": "/z/a.pdf", "status": "added"},
@@ -288,6 +289,7 @@ def test_fold_progress_counts_items_monotonically(kb_engine):
     assert state["total"] == 4 and state["phase_done"] == 300
 
 
+@pytest.mark.internals
 def test_progress_bar_draws_the_folded_state(kb_engine):
     stream = io.StringIO()
     bar = kb_engine.ProgressBar(stream, width=10, min_interval_s=0)
@@ -316,6 +318,7 @@ def test_progress_bar_draws_the_folded_state(kb_engine):
     assert stream.getvalue() == "\r" + drawn + " " * (60 - len(drawn)), repr(stream.getvalue())
 
 
+@pytest.mark.internals
 def test_progress_bar_draws_a_job_file_state(kb_engine):
     quiet = io.StringIO()
     follower = kb_engine.ProgressBar(quiet, width=10, min_interval_s=0)
@@ -329,6 +332,7 @@ def test_progress_bar_draws_a_job_file_state(kb_engine):
     assert quiet.getvalue().endswith("\rattachments [##########] 4/4" + " " * len("  x.md") + "\n"), repr(quiet.getvalue())
 
 
+@pytest.mark.internals
 def test_progress_bar_throttles_redraws_but_close_draws_the_end(kb_engine):
     stream = io.StringIO()
     bar = kb_engine.ProgressBar(stream, width=10, min_interval_s=3600)

@@ -19,6 +19,9 @@ import pytest
 
 from helpers import ENGINE, ROOT, assert_generated, run_cli
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 CONTRACT_FILE = ROOT / "host-contract.json"
 # What both hosts enforce of JSON Schema (DSH's registry refuses anything else): constraints, then annotations.
 SCHEMA_KEYWORDS = {"type", "oneOf", "properties", "required", "additionalProperties", "items", "enum", "const",

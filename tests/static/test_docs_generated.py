@@ -15,6 +15,9 @@ import pytest
 
 from helpers import ENGINE, ROOT
 
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
 PROTOCOL = ROOT / "docs" / "PROTOCOL.md"
 REQUEST_BLOCK = re.compile(r"(<!-- request: (\w+) -->\n)(.*?)(<!-- /request -->)", re.S)
 HOST_BLOCK = re.compile(r"(<!-- host fields -->\n).*?(<!-- /host fields -->)", re.S)
