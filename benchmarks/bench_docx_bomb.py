@@ -71,10 +71,12 @@ def main(argv=None) -> int:
             figures = measure(folder, Path(work) / f"kb{n}")
             entries = {Path(e["path"]).name: e for e in figures["reply"]["files"]}
             rows.append({"case": f"{shape}, {mb} MB", "file_kb": round(bomb.stat().st_size / 1024),
-                         "expands_mb": mb, "verdict": f"{entries[bomb.name]['status']}/{entries[bomb.name].get('reason')}",
+                         "expands_mb": mb,
+                         "verdict": f"{entries[bomb.name]['status']}/{entries[bomb.name].get('reason')}",
                          "paper_beside": entries[paper.name]["status"], "seconds": round(figures["seconds"], 2),
                          "peak_mb": round(figures["peak_mb"]), "build_s": round(built_s, 1)})
-    print(f"{'case':<20} {'file':>8} {'expands':>8}  {'verdict':<16} {'paper beside':<13} {'seconds':>8} {'peak MB':>8}")
+    print(f"{'case':<20} {'file':>8} {'expands':>8}  {'verdict':<16} {'paper beside':<13} "
+          f"{'seconds':>8} {'peak MB':>8}")
     for r in rows:
         print(f"{r['case']:<20} {r['file_kb']:>6}KB {r['expands_mb']:>6}MB  {r['verdict']:<16} {r['paper_beside']:<13} "
               f"{r['seconds']:>8.2f} {r['peak_mb']:>8}")

@@ -153,7 +153,8 @@ def main(argv=None) -> int:
                 floor = embedding_floor(kb_engine, kb_root)
                 if floor:
                     n, seconds, load = floor
-                    report["embedding_only"] = {"chunks": n, "seconds": round(seconds, 3), "model_load_s": round(load, 3),
+                    report["embedding_only"] = {"chunks": n, "seconds": round(seconds, 3),
+                                                "model_load_s": round(load, 3),
                                                 "ingest_over_embedding": round(t_first / seconds, 3),
                                                 "ingest_over_embedding_and_load": round(t_first / (seconds + load), 3)}
                     print(f"embedding alone: {seconds:8.2f} s for {n} chunks (+ {load:.1f} s model load); first "
@@ -171,7 +172,8 @@ def main(argv=None) -> int:
                     print(f"  {f.get('status')}/{f.get('reason')}: {f.get('path')}")
             print("slowest 5 files (first ingest):")
             for f in slowest:
-                print(f"  {f.get('ms') or 0:8.0f} ms  {f.get('status'):<9} {f.get('chunks') or 0:5} chunks  {f.get('path')}")
+                print(f"  {f.get('ms') or 0:8.0f} ms  {f.get('status'):<9} {f.get('chunks') or 0:5} chunks  "
+                      f"{f.get('path')}")
     finally:
         if args.keep:
             print(f"kept kb_root: {kb_root}")

@@ -450,7 +450,8 @@ def main(argv=None) -> int:
         print(fmt_row("unchanged re-ingest (one process)", o["reingest_s"], p["reingest_s"], "s", TARGETS["reingest"]))
         print(fmt_row("warm hybrid query, median", o["warm_p50_ms"], p["warm_p50_ms"], "ms", TARGETS["warm_query_p50"]))
         print(fmt_row("warm hybrid query, p95", o["warm_p95_ms"], p["warm_p95_ms"], "ms", None))
-        print(fmt_row("first query in serve (model + index load)", o["first_query_ms"], p["first_query_ms"], "ms", None))
+        print(fmt_row("first query in serve (model + index load)", o["first_query_ms"], p["first_query_ms"], "ms",
+                      None))
         print(fmt_row("model load alone, fresh process (engine's own loader)", o["model_load_s"], p["model_load_s"],
                       "s", None))
         print(fmt_row("ingest without embeddings (KB_EMBED_MODEL=none)", o["no_model_ingest_s"],

@@ -186,7 +186,8 @@ def print_size(figures: dict, dim: int) -> None:
     print(f"  {figures['chunks']:,} chunks in {figures['files']:,} files; built in {figures['ingest_s']} s "
           f"(engine ingest, no model); vectors: RANDOM unit vectors, dim {dim} (latency and memory only)")
     print(f"  kb.sqlite {figures['db_mb']:.0f} MiB; cold daemon to first keyword answer "
-          f"{figures['cold_first_keyword_ms']:.0f} ms (median of 5 fresh daemons: {figures['cold_first_keyword_ms_all']}); "
+          f"{figures['cold_first_keyword_ms']:.0f} ms "
+          f"(median of 5 fresh daemons: {figures['cold_first_keyword_ms_all']}); "
           f"first vector query {figures['first_vector_ms']:.0f} ms")
     print(f"  {'mode':<8} {'p50 ms':>8} {'p95 ms':>8}")
     for mode, row in figures["modes"].items():

@@ -259,7 +259,8 @@ def evaluate(truth: list[dict], records: dict[str, dict]) -> dict:
             if e_year == t_year:
                 fields["year"]["correct"] += 1
             else:
-                mismatches["year"].append({"path": row["path"], "truth": t_year, "engine": e_year or status_note or None})
+                mismatches["year"].append({"path": row["path"], "truth": t_year,
+                                           "engine": e_year or status_note or None})
         elif e_year:
             extra_years += 1
 

@@ -155,7 +155,8 @@ def coverage(eng, kb_root: Path, corpus: Path, questions: list[dict]) -> dict:
     gold_missing = [f"{q['id']} {q['doc']} p{q['pages']}" for q in questions
                     if not set(q["pages"]) & chunked.get(q["doc"], set())]
     return {"text_pages": text_pages, "closing_pages": closing, "body_pages": body_pages,
-            "body_pages_with_chunks": with_chunks, "body_coverage": round(with_chunks / body_pages, 4) if body_pages else None,
+            "body_pages_with_chunks": with_chunks,
+            "body_coverage": round(with_chunks / body_pages, 4) if body_pages else None,
             "pages_without_chunks_by_reason": kept_out, "body_pages_lost": lost,
             "gold_pages_without_passage": gold_missing}
 

@@ -991,7 +991,8 @@ _FILLER_SUBJECTS = ["The measured rate", "Our model", "The control group", "Each
 _FILLER_VERBS = ["increased with", "depended weakly on", "was insensitive to", "scaled linearly with",
                  "decreased sharply with", "remained stable under", "was dominated by", "responded quickly to"]
 _FILLER_OBJECTS = ["temperature", "the sampling depth", "seasonal forcing", "the applied load", "moisture content",
-                   "the grain size", "light intensity", "the initial concentration", "wind speed", "the pH of the medium"]
+                   "the grain size", "light intensity", "the initial concentration", "wind speed",
+                   "the pH of the medium"]
 _FILLER_TAILS = ["in all replicates", "within the measurement uncertainty", "at the northern sites",
                  "after the first week", "for the larger specimens", "during the night-time measurements",
                  "across the whole range studied", "in agreement with earlier reports"]
@@ -1029,7 +1030,8 @@ def make_filler_paper(outdir, index: int, pages: int = 3, name: str | None = Non
             f.paragraph(para())
     f.heading("References")
     for i in range(1, 4):
-        f.paragraph(f"[{i}] {rng.choice(authors)}, Earlier notes on {topic}, Sample Lett. {i} ({year - i}) {i}-{i + 9}.",
+        f.paragraph(f"[{i}] {rng.choice(authors)}, Earlier notes on {topic}, Sample Lett. {i} ({year - i}) "
+                    f"{i}-{i + 9}.",
                     size=9.5, after=2)
     return f.save(Path(outdir) / (name or f"filler_{index:03d}.pdf"), _meta(title, authors, year))
 
@@ -1135,7 +1137,8 @@ CITING_REFERENCES = [
     "[3] R. Ito and J. Park, \u201cCritical nodes of citation networks,\u201d Phys. Chem. Notes 12, 301 (2017), "
     "doi:10.5555/notinlibrary.2017.301.",
     f"[4] D. Novak and M. Tanaka, \u201c{ARXIV_TITLE},\u201d arXiv preprint (2023).",
-    f"[5] K. Svensson, \u201cThe {CITING_REF_TOKEN.capitalize()} of library catalogues,\u201d Libr. Hist. 19, 144 (2018).",
+    f"[5] K. Svensson, \u201cThe {CITING_REF_TOKEN.capitalize()} of library catalogues,\u201d "
+    "Libr. Hist. 19, 144 (2018).",
     f"[6] {BANNER_INITIALS[0]} and {BANNER_INITIALS[1]}, Metrologia Notes 59, 12 (2022).",
 ]
 
@@ -1294,7 +1297,8 @@ def make_chinese_meta_paper(outdir, name="citation_tracing_zh.pdf") -> Path:
                  "在个人文献库中自动识别引用标注并标记库中已有的被引文献。"),
         ("一、引言", "个人文献库通常只保存孤立的文件，论文之间的引用关系没有被记录[1]。"
                     "当研究人员需要核对某个结论的来源时，只能手工查找参考文献。"),
-        ("二、方法", "我们首先解析参考文献表，得到每个条目的编号、作者、题名和年份，然后在正文中识别方括号形式的引用标注，"
+        ("二、方法", "我们首先解析参考文献表，得到每个条目的编号、作者、题名和年份，"
+                    "然后在正文中识别方括号形式的引用标注，"
                     "并把标注与条目相连[2]。"),
     ]
     for head, text in sections:
@@ -1402,10 +1406,12 @@ AUTHOR_YEAR_REFERENCES = [
     "Adams, R. (2008). Catalogues in transition. Library Quarterly, 12, 45\u201360.",
     "Brown, A., & Clark, D. (2015). Shelf order and browsing. Journal of Reading Studies, 4, 1\u20139.",
     "Brown, C., & Davis, E. (2015). Browsing without shelves. Information Review, 9, 88\u201397.",
-    "Smith, J. A., Jones, B., & Lee, C. (2010). Reading habits of library users. Library Science Review, 7, 10\u201325.",
+    "Smith, J. A., Jones, B., & Lee, C. (2010). Reading habits of library users. "
+    "Library Science Review, 7, 10\u201325.",
 ]
 AUTHOR_YEAR_SMITH = 4      # position of the Smith 2010 entry in the list
-AUTHOR_YEAR_SECOND_SMITH = "Smith, K., & Young, T. (2010). Quiet rooms and loud shelves. Reading Research, 2, 5\u201319."
+AUTHOR_YEAR_SECOND_SMITH = ("Smith, K., & Young, T. (2010). Quiet rooms and loud shelves. "
+                            "Reading Research, 2, 5\u201319.")
 
 
 def make_author_year_paper(outdir, name="author_year.pdf", ambiguous: bool = False) -> Path:

@@ -67,7 +67,8 @@ class CliResult:
     @property
     def json(self) -> dict:
         """The single JSON line a one-shot command must print."""
-        assert len(self.lines) == 1, f"expected exactly one stdout line, got {len(self.lines)}:\n{self.stdout[:2000]}\n" \
+        assert len(self.lines) == 1, f"expected exactly one stdout line, got {len(self.lines)}:\n" \
+                                     f"{self.stdout[:2000]}\n" \
                                      f"stderr:\n{self.stderr[-2000:]}"
         return json.loads(self.lines[0])
 

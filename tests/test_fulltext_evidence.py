@@ -250,7 +250,8 @@ BAS_SECTIONS = {
     "Sample growth": "The boron arsenide growth ran for two weeks at 800 degrees with iodine as the transport agent. "
                      "Boron arsenide boules were cleaved along the cubic faces before measurement.",
     "Thermal transport": "Thermal conductivity of boron arsenide was extracted from the thermoreflectance phase. The "
-                         "boron arsenide lattice carried heat mainly through acoustic phonon modes at room temperature.",
+                         "boron arsenide lattice carried heat mainly through acoustic phonon modes at room "
+                         "temperature.",
     "Results": "Below one kelvin the boron arsenide samples were cooled in a dilution refrigerator, which reached a "
                "base temperature of 40 millikelvin during the boron arsenide runs.",
     "Phonon scattering": "Four-phonon scattering in boron arsenide limits the conductivity at high temperature. The "
@@ -287,10 +288,12 @@ def test_topic_words_find_the_paper_and_specific_words_the_page(kb_engine, engin
             "in temperature and a weak effect of site.\n", encoding="utf-8")
     kb = str(tmp_path / ".kb")
     engine.execute("ingest", {"paths": [str(papers)], "kb_root": kb})
-    question = "what millikelvin base temperature was reached in the boron arsenide lattice thermal conductivity phonon measurements"
+    question = ("what millikelvin base temperature was reached in the boron arsenide lattice thermal conductivity "
+                "phonon measurements")
 
     def ranking():
-        hits = engine.execute("search", {"query": question, "kb_root": kb, "mode": "keyword", "cache": False})["results"]
+        hits = engine.execute("search", {"query": question, "kb_root": kb, "mode": "keyword",
+                                         "cache": False})["results"]
         return [(h["section"], h["score"]) for h in hits[:3]]
 
     share = kb_engine.TOPIC_WORD_SHARE
@@ -379,7 +382,8 @@ def test_numbered_steps_late_in_a_document_stay_body_text(numbered_lists):
     engine, kb = numbered_lists
     doc = next(d for d in engine.execute("docs", {"kb_root": str(kb)})["docs"] if d["path"].endswith("manual.pdf"))
     assert doc["page_coverage"]["without_chunks"] == [], doc["page_coverage"]
-    assert [(h["page"], h["section"]) for h in keyword(engine, kb, "stepsmarker")][:1] == [(4, "Implementing the rules")]
+    top = [(h["page"], h["section"]) for h in keyword(engine, kb, "stepsmarker")][:1]
+    assert top == [(4, "Implementing the rules")]
     assert keyword(engine, kb, "closingmarker")[0]["page"] == 5
     refs = db_rows(kb, "SELECT COUNT(*) FROM refs r JOIN docs d ON d.id = r.doc_id WHERE d.path LIKE '%manual.pdf'")
     assert refs == [(0,)]

@@ -109,7 +109,8 @@ class Fuzzer:
             full = json.dumps({"id": r.randint(0, 99), "command": "search", "payload": {"query": self.text()}})
             return full[:r.randint(1, len(full) - 1)].encode(), "NULL", True
         if kind < 0.32:  # JSON that is not an object
-            return json.dumps(self.value(), ensure_ascii=r.random() < 0.5).encode("utf-8", "surrogatepass"), "NULL", True
+            text = json.dumps(self.value(), ensure_ascii=r.random() < 0.5)
+            return text.encode("utf-8", "surrogatepass"), "NULL", True
         if kind < 0.34:  # deep nesting and huge lines
             depth = r.choice([50, 5000, 100000])
             if r.random() < 0.5:

@@ -30,7 +30,7 @@ import pytest
 from helpers import ENGINE, ROOT, clean_env, crossref_service, isolate_model_env
 
 pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="symbolic links and process groups are POSIX here"),
-              pytest.mark.internals]      # reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py)
+              pytest.mark.internals]      # names outside kb_engine.__all__ (tests/static/test_public_surface.py)
 
 
 def paper_md(folder: Path, name: str, title: str, doi: str | None, token: str) -> Path:

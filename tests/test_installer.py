@@ -434,7 +434,8 @@ def test_powershell_translation_table():
     assert argv["ps"][4].endswith("install.ps1")
     assert argv["ps"][5:] == ["-Profile", "web", "-Mirror", "https://m.example/simple", "-Models", "-NoModels",
                               "-OfflineModel", "-WithDocx", "-WithMcp", "-Python", "C:\\Py\\python.exe", "-Venv",
-                              "D:\\kb venv", "-NoVenv", "-Torch", "cpu", "-Plugin", "dsh-kb-rag@0.1.0", "-DryRun", "-Yes",
+                              "D:\\kb venv", "-NoVenv", "-Torch", "cpu", "-Plugin", "dsh-kb-rag@0.1.0",
+                              "-DryRun", "-Yes",
                               "-Help"]
     assert argv["sh"][0].endswith("install.sh")
     assert argv["sh"][1:] == ["--profile", "web", "--mirror", "https://m.example/simple", "--models", "--no-models",

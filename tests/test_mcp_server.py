@@ -187,7 +187,8 @@ def test_dsh_and_mcp_show_the_same_markdown(tmp_path, quick_papers):
     workspace.mkdir()
     calls = [("kb_ingest", {"paths": [str(quick_papers)]}),
              ("kb_search", {"query": "graphene nucleation copper", "top_k": 3}),
-             ("kb_search", {"query": "石墨烯在铜上的成核", "mode": "keyword", "queries": ["graphene nucleation copper"]}),
+             ("kb_search", {"query": "石墨烯在铜上的成核", "mode": "keyword",
+                            "queries": ["graphene nucleation copper"]}),
              ("kb_search", {"query": "zzyzx quasiperiodic frobnication"}),
              ("kb_rag", {"query": "graphene domains nucleate on copper"}),
              ("kb_stats", {}), ("kb_dedup", {}), ("kb_status", {})]
@@ -218,10 +219,12 @@ def test_ingest_search_rag_stats(tmp_path, quick_papers):
         progress.append((p, total, message))
 
     async def body(session):
-        out = {"ingest": await call(session, "kb_ingest", {"paths": [str(quick_papers)]}, progress_callback=on_progress)}
+        out = {"ingest": await call(session, "kb_ingest", {"paths": [str(quick_papers)]},
+                                   progress_callback=on_progress)}
         out["search"] = await call(session, "kb_search", {"query": "graphene nucleation copper", "top_k": 3})
         out["filtered"] = await call(session, "kb_search", {"query": "graphene", "filters": {"kind": "docx"}})
-        out["rendered"] = await call(session, "kb_search", {"query": "石墨烯在铜上的成核", "top_k": 3, "mode": "keyword",
+        out["rendered"] = await call(session, "kb_search", {"query": "石墨烯在铜上的成核", "top_k": 3,
+                                                            "mode": "keyword",
                                                             "queries": ["graphene nucleation copper"]})
         out["rag"] = await call(session, "kb_rag", {"query": "graphene domains nucleate on copper"})
         out["stats"] = await call(session, "kb_stats")
@@ -249,7 +252,8 @@ def test_ingest_search_rag_stats(tmp_path, quick_papers):
     assert text.startswith("**Knowledge base:") and "graphene" in text.lower()
     assert all(hit["kind"] == "docx" for hit in r["filtered"].structured_content["results"])
     rendered = r["rendered"].structured_content      # the English rendering finds what the Chinese words cannot
-    assert rendered["queries"] == ["graphene nucleation copper"] and "graphene" in rendered["results"][0]["title"].lower()
+    assert rendered["queries"] == ["graphene nucleation copper"]
+    assert "graphene" in rendered["results"][0]["title"].lower()
 
     rag = r["rag"].structured_content
     assert rag["evidence"] and len(rag["evidence"]) <= 3
@@ -349,7 +353,8 @@ def test_fetch_downloads_saves_and_indexes_a_paper(tmp_path, paper_server):
         return out
 
     r = run_session(kb_root, body, KB_ARXIV_URL=base, KB_DOI_RESOLVER=base + "/doi",
-                    KB_UNPAYWALL_URL=base + "/unpaywall", no_proxy="127.0.0.1,localhost", NO_PROXY="127.0.0.1,localhost")
+                    KB_UNPAYWALL_URL=base + "/unpaywall", no_proxy="127.0.0.1,localhost",
+                    NO_PROXY="127.0.0.1,localhost")
     fetch = r["fetch"]
     assert not fetch.is_error, text_of(fetch)
     got = fetch.structured_content["fetched"]
@@ -460,7 +465,8 @@ def test_engine_crash_during_a_call_is_a_tool_error_then_recovers(tmp_path):
 
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-              "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "t", "version": "1"}}}
 
 
 @contextmanager
@@ -568,7 +574,8 @@ def test_streamable_http_takes_the_token_from_env_or_option(tmp_path, how):
 
 def test_unusable_tokens_are_refused(tmp_path):
     def run(*args, **env):
-        return subprocess.run([sys.executable, str(SERVER), *args], cwd=str(ROOT), env=server_env(tmp_path / "kb", **env),
+        return subprocess.run([sys.executable, str(SERVER), *args], cwd=str(ROOT),
+                              env=server_env(tmp_path / "kb", **env),
                               capture_output=True, text=True, timeout=CALL_TIMEOUT)
 
     short = run("--http", "--token", "too-short")

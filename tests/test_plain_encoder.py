@@ -177,7 +177,8 @@ def test_cpu_bfloat16_setting(kb_engine, monkeypatch, setting, expected):
 def test_cpu_bfloat16_auto_follows_amx(kb_engine, monkeypatch):
     monkeypatch.delenv("KB_CPU_BF16", raising=False)
     amx = bool(torch.cpu._is_amx_tile_supported())
-    assert kb_engine.cpu_bf16_wanted() == (amx, "the CPU has AMX (bfloat16 matrix tiles)" if amx else "the CPU has no AMX")
+    why = "the CPU has AMX (bfloat16 matrix tiles)" if amx else "the CPU has no AMX"
+    assert kb_engine.cpu_bf16_wanted() == (amx, why)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert kb_engine.cpu_bf16_wanted() == (False, "the CPU has no AMX")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
@@ -318,7 +319,8 @@ def tiny(tmp_path_factory):
     ("max", "max_tokens", False, 14, False),
     ("mean_sqrt", "mean_sqrt_len_tokens", False, 16, True),
 ])
-def test_tiny_model_matches_sentence_transformers(kb_engine, tiny, module_env, name, pooling, normalize, max_seq, lower):
+def test_tiny_model_matches_sentence_transformers(kb_engine, tiny, module_env, name, pooling, normalize, max_seq,
+                                                  lower):
     folder = tiny[name]
     assert kb_engine.plain_sentence_layout(str(folder)) == {
         "pooling": pooling, "normalize": normalize, "max_seq_length": max_seq, "lower_case": lower}

@@ -51,7 +51,8 @@ def stored(root: Path) -> tuple[dict, dict[int, np.ndarray]]:
     db = sqlite3.connect(root / "kb.sqlite")
     try:
         meta = dict(db.execute("SELECT key, value FROM meta"))
-        vectors = {cid: np.frombuffer(blob, dtype=np.float32) for cid, blob in db.execute("SELECT chunk_id, vec FROM vecs")}
+        rows = db.execute("SELECT chunk_id, vec FROM vecs")
+        vectors = {cid: np.frombuffer(blob, dtype=np.float32) for cid, blob in rows}
     finally:
         db.close()
     return meta, vectors
@@ -104,7 +105,8 @@ def test_declared_prompts_reach_stored_vectors_and_queries_exactly_once(kb_engin
         assert np.abs(got - unprompted).max() > 1e-3 and np.abs(got - twice).max() > 1e-3
         embedder = engine.models.embedder()
         question = "graphene growth on copper"
-        assert np.abs(embedder.encode_query(question) - reference_vectors(prompted_model, [question], "query: ")[0]).max() < 1e-4
+        reference = reference_vectors(prompted_model, [question], "query: ")[0]
+        assert np.abs(embedder.encode_query(question) - reference).max() < 1e-4
         stats = engine.execute("stats", {"kb_root": str(root)})
         assert stats["embedding_passage_prompt"] == "passage: "
         assert stats["embedding_prompts"] == {"query": "query: ", "passage": "passage: ", "source": "model folder"}

@@ -353,7 +353,8 @@ def test_author_year_citation_not_resolved_when_two_entries_match(lib):
       "first_author": "okafor", "year": 2023}),
     ("A. Mahler and B. Roth, Phys. Rev. B 61, 3456 (2000).",
      {"doi": None, "title": None, "first_author": "mahler", "year": 2000}),
-    ("Smith, J. A., Jones, B., & Lee, C. (2010). Reading habits of library users. Library Science Review, 7, 10\u201325.",
+    ("Smith, J. A., Jones, B., & Lee, C. (2010). Reading habits of library users. "
+     "Library Science Review, 7, 10\u201325.",
      {"doi": None, "title": "Reading habits of library users", "first_author": "smith", "year": 2010}),
     ("Lindgren, P. & Okoro, T. Scaling of graphene production. Carbon Rev. 3, 1\u201322 (2015).",
      {"doi": None, "title": "Scaling of graphene production", "first_author": "lindgren", "year": 2015}),

@@ -28,7 +28,8 @@ def library(kb_engine, tmp_path_factory):
     papers.mkdir()
     for i, heading in enumerate(METHODS_HEADINGS):
         _paper(papers, f"paper{i}.md", heading)
-    (papers / "zh.md").write_text("# 石墨烯应变研究\n\n## 引言\n\n石墨烯薄膜的晶格应变问题。\n\n## 方法\n\n我们用拉曼光谱"
+    (papers / "zh.md").write_text("# 石墨烯应变研究\n\n## 引言\n\n石墨烯薄膜的晶格应变问题。\n\n"
+                                  "## 方法\n\n我们用拉曼光谱"
                                   "测量石墨烯薄膜的晶格应变。\n\n## 结果\n\n石墨烯薄膜的晶格应变小于百分之一。\n",
                                   encoding="utf-8")
     engine = kb_engine.Engine()
@@ -59,7 +60,8 @@ def test_other_kinds_and_plain_text(engine, library):
     assert sections(engine, library, "introduction") == {"Introduction", "引言"}
     # a value that names no kind matches by text only
     assert sections(engine, library, "Sample preparation") == {f"{h} > Sample preparation" for h in METHODS_HEADINGS}
-    assert sections(engine, library, "Patients") == {"Patients and methods", "Patients and methods > Sample preparation"}
+    assert sections(engine, library, "Patients") == {"Patients and methods",
+                                                     "Patients and methods > Sample preparation"}
     # a list matches any of its values, kinds and texts mixed
     assert sections(engine, library, ["results", "Sample preparation"]) == \
         {"Results", "结果", *{f"{h} > Sample preparation" for h in METHODS_HEADINGS}}

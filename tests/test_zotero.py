@@ -774,7 +774,8 @@ def test_import_with_read_ahead_workers_and_vectors_matches_in_process(kb_engine
         with sqlite3.connect(root / "kb.sqlite") as conn:
             docs = conn.execute("SELECT title, zotero_key, zotero_attachment_key, chunk_count, collections, tags "
                                 "FROM docs ORDER BY path").fetchall()
-            chunks, vectors = conn.execute("SELECT (SELECT COUNT(*) FROM chunks), (SELECT COUNT(*) FROM vecs)").fetchone()
+            chunks, vectors = conn.execute("SELECT (SELECT COUNT(*) FROM chunks), "
+                                           "(SELECT COUNT(*) FROM vecs)").fetchone()
         assert chunks > 0 and vectors == chunks, (chunks, vectors)
         assert resp["totals"]["vectors_missing"] == 0 and resp["totals"]["vectors_written"] == chunks
         results[workers] = ([(i["attachment_key"], i["status"], i["chunks"], i["annotations"]) for i in resp["items"]],

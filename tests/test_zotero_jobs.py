@@ -329,7 +329,8 @@ def test_progress_bar_draws_a_job_file_state(kb_engine):
     assert quiet.getvalue() == "\rattachments [#####.....] 2/4  x.md"
     follower.draw({**job, "state": "done", "done": 4, "phase_done": 4, "current": None})
     follower.close()
-    assert quiet.getvalue().endswith("\rattachments [##########] 4/4" + " " * len("  x.md") + "\n"), repr(quiet.getvalue())
+    bar = "\rattachments [##########] 4/4" + " " * len("  x.md") + "\n"
+    assert quiet.getvalue().endswith(bar), repr(quiet.getvalue())
 
 
 @pytest.mark.internals

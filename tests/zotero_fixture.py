@@ -257,7 +257,8 @@ class ZoteroWriter:
         return coll_id
 
     def add_to_collection(self, coll_id: int, item_id: int) -> None:
-        order = self.con.execute("SELECT COUNT(*) FROM collectionItems WHERE collectionID = ?", (coll_id,)).fetchone()[0]
+        order = self.con.execute("SELECT COUNT(*) FROM collectionItems WHERE collectionID = ?",
+                                 (coll_id,)).fetchone()[0]
         self.con.execute("INSERT INTO collectionItems VALUES (?, ?, ?)", (coll_id, item_id, order))
 
     def tag(self, item_id: int, name: str, tag_type: int = 0) -> None:

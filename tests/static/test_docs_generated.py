@@ -142,7 +142,8 @@ def handler_entries(tree: ast.Module) -> dict[str, ast.AST]:
     """Each command's handler, as the command table calls it (its `run` lambda, whose callees are followed)."""
     entries = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMAND_TABLE" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMAND_TABLE"
+                                               for t in node.targets):
             for call in node.value.elts:
                 name = _string(call.args[0])
                 entries[name] = call.args[2]

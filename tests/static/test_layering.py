@@ -353,7 +353,8 @@ def _spans(lines: list[str]) -> list[tuple[int, str, int, int]]:
 
 def test_every_section_stays_inside_its_line_budget():
     _source, lines, _tree = _engine()
-    over = [f"{number}. {title}: {size} lines" for number, title, _, size in _spans(lines) if size > SECTION_LINE_BUDGET]
+    over = [f"{number}. {title}: {size} lines" for number, title, _, size in _spans(lines)
+            if size > SECTION_LINE_BUDGET]
     assert not over, f"sections over {SECTION_LINE_BUDGET} lines (split them): {over}"
 
 
