@@ -8,6 +8,9 @@ verdict for it, whether the paper beside it was indexed, the seconds the whole i
 memory of the engine process.
 
     python benchmarks/bench_docx_bomb.py [--sizes 50,200,500] [--run-mb 100] [--out figures.json]
+
+A run records its rows as ``benchmarks/results/docx_bomb.json`` (``--no-record`` not), which docs/PERFORMANCE.md
+quotes.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO_ROOT, record  # noqa: E402
+
 for folder in (REPO_ROOT / "tests", REPO_ROOT / "examples", REPO_ROOT):
     sys.path.insert(0, str(folder))
 
@@ -51,6 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="50,200,500", help="expansions in MB of the many-paragraph DOCX cases")
     ap.add_argument("--run-mb", type=int, default=100, help="size in MB of the one-text-run case (0: skip)")
     ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument("--no-record", action="store_true", help="record nothing in benchmarks/results/")
     args = ap.parse_args(argv)
     cases = [("paragraphs", int(s)) for s in args.sizes.split(",") if s.strip()]
     if args.run_mb:
@@ -84,6 +90,8 @@ def main(argv=None) -> int:
           f"KB_DOCX_MAX_RATIO={os.environ.get('KB_DOCX_MAX_RATIO', 100)} (defaults unless set)")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
+    if not args.no_record:
+        print(f"recorded {record('docx_bomb', {'cases': rows}, model=None, argv=sys.argv)}")
     return 0
 
 

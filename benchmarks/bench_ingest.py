@@ -6,7 +6,10 @@ fresh temporary kb_root; then the same folder is ingested again with a new Engin
 CLI process would), which should only compare (path, size, mtime) and skip. The goal is a re-ingest
 that costs under 5% of the first one.
 
-    python benchmarks/bench_ingest.py [DIR] [--keep] [--out bench.json]
+    python benchmarks/bench_ingest.py [DIR] [--keep] [--out bench.json] [--record NAME | --no-record]
+
+A run over the shared corpus records its figures as ``benchmarks/results/ingest_corpus.json`` (``--record NAME``
+records another folder's run under NAME), which the README and docs/PERFORMANCE.md tables quote.
 
 Exit status: 0 when both runs completed, 1 when the engine raised an error, 2 when the folder is missing.
 """
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -22,9 +24,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO_ROOT, default_corpus, engine, model_name, record  # noqa: E402
 
 SUPPORTED = {".pdf", ".docx", ".txt", ".md", ".markdown"}
 GOAL_PCT = 5.0
@@ -92,13 +93,17 @@ def embedding_floor(kb_engine, kb_root: Path) -> tuple[int, float, float] | None
 
 
 def main(argv=None) -> int:
-    default_dir = os.environ.get("KB_CORPUS_DIR") or str(REPO_ROOT.parent / "shared" / "corpus")
+    default_dir = default_corpus()
     ap = argparse.ArgumentParser(description="First ingest vs unchanged re-ingest of a folder.")
     ap.add_argument("folder", nargs="?", default=default_dir, help=f"folder to ingest (default {default_dir})")
     ap.add_argument("--keep", action="store_true", help="keep the temporary kb_root and print where it is")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--via", choices=("cli", "api"), default="cli",
                     help="cli: each ingest is a fresh kb_engine.py process (default); api: in this process")
+    ap.add_argument("--record", default=None, metavar="NAME",
+                    help="record the figures as benchmarks/results/NAME.json (default: ingest_corpus for the "
+                         "shared corpus, nothing for another folder)")
+    ap.add_argument("--no-record", action="store_true", help="record nothing")
     args = ap.parse_args(argv)
 
     folder = Path(args.folder)
@@ -106,7 +111,7 @@ def main(argv=None) -> int:
         print(f"error: folder not found: {folder} (set KB_CORPUS_DIR or pass a folder)", file=sys.stderr)
         return 2
 
-    import kb_engine
+    kb_engine = engine()
 
     tmp = Path(tempfile.mkdtemp(prefix="kb-bench-ingest-"))
     kb_root = tmp / ".kb"
@@ -183,7 +188,25 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
+    name = args.record or ("ingest_corpus" if folder.resolve() == Path(default_dir).resolve() else None)
+    if rc == 0 and name and not args.no_record:
+        vectors = report["first"]["totals"].get("vectors_written")
+        figures = recorded_figures(report, args.via)
+        print(f"recorded {record(name, figures, model=model_name() if vectors else None, argv=sys.argv)}")
     return rc
+
+
+def recorded_figures(report: dict, via: str) -> dict:
+    """What the record keeps: the folder's files by outcome, both ingests' times, and the embedding floor."""
+    by_status = Counter()
+    for key, count in report["first"]["by_status"].items():
+        by_status[key.split("/")[0]] += count
+    totals = report["first"]["totals"]
+    return {"via": via, "files": report["files"], "supported_files_on_disk": report["supported_files_on_disk"],
+            "outcomes": dict(sorted(by_status.items())), "by_status": report["first"]["by_status"],
+            "chunks": totals.get("chunks_written", 0), "vectors": totals.get("vectors_written", 0),
+            "first_seconds": report["first"]["seconds"], "reingest_seconds": report["reingest"]["seconds"],
+            "reingest_pct": report["reingest_pct"], "embedding_only": report.get("embedding_only")}
 
 
 if __name__ == "__main__":

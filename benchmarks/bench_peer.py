@@ -31,6 +31,9 @@ The peer is not part of this repository and is never copied into it. Get it with
     git clone https://github.com/Breeze136/dsh-kb-rag /tmp/peer
     python benchmarks/bench_peer.py --peer /tmp/peer [--papers 20] [--queries 40] [--rounds 3] [--out peer.json]
 
+A completed run records its figures as ``benchmarks/results/peer.json`` (``--record NAME`` for another name,
+``--no-record`` for none), which the README and docs/PERFORMANCE.md tables quote.
+
 Exit status: 0 when both engines completed, 1 when an engine call failed, 2 when the peer or the model is missing.
 """
 from __future__ import annotations
@@ -47,7 +50,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO_ROOT, model_name, record  # noqa: E402
+
 OURS = REPO_ROOT / "kb_engine.py"
 PEER_URL = "https://github.com/Breeze136/dsh-kb-rag"
 TARGETS = {"first_ingest": 0.6, "reingest": 0.2, "warm_query_p50": 1.0}
@@ -364,6 +369,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true",
                     help="keep the temporary folder (the generated papers) and print where it is")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--record", default="peer", metavar="NAME",
+                    help="record the figures as benchmarks/results/NAME.json (default peer)")
+    ap.add_argument("--no-record", action="store_true", help="record nothing")
     args = ap.parse_args(argv)
 
     peer = find_peer(args.peer) if args.peer else None
@@ -487,7 +495,24 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
+    if rc == 0 and not args.no_record:
+        path = record(args.record, recorded_figures(report), model=model_name(args.model), argv=sys.argv)
+        print(f"recorded {path}")
     return rc
+
+
+RECORDED = ("first_ingest_s", "first_ingest_s_min", "first_ingest_s_all", "reingest_s", "warm_p50_ms", "warm_p95_ms",
+            "first_query_ms", "model_load_s", "no_model_ingest_s", "embed_floor_s", "chunks", "vectors",
+            "chunk_chars", "queries", "rounds")
+
+
+def recorded_figures(report: dict) -> dict:
+    """What the record keeps: the set-up, each engine's medians and the ratios."""
+    return {"peer_url": PEER_URL, "peer_commit": report["peer_commit"], "papers": report["papers"],
+            "files": report["files"], "top_k": report["top_k"], "cpus": report["cpus"],
+            "load_average": [round(report["load_average_before"][0], 2), round(report["load_average_after"][0], 2)],
+            **{name: {key: report[name][key] for key in RECORDED} for name in ("ours", "peer")},
+            "ratios": {key: round(value, 3) for key, value in report["ratios"].items()}}
 
 
 if __name__ == "__main__":

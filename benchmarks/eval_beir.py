@@ -17,6 +17,9 @@ and the client-side query latency p50/p95. Run from the repository root:
     python benchmarks/eval_beir.py [--datasets scifact,csl] [--modes keyword] [--limit-queries N]
                                    [--work /tmp/kb-eval] [--out results.json]
 
+A complete run (every judged query, no engine error) records each dataset's figures as
+``benchmarks/results/beir_<dataset>.json``, which the README and docs/PERFORMANCE.md tables quote.
+
 Exit status: 0 when everything ran, 1 when the engine answered an error (ingest or search),
 2 on bad input (missing dataset files, bad options).
 """
@@ -33,9 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO_ROOT, engine, model_name, record, use_offline_model  # noqa: E402
 
 DOCS_CUTOFF = 100          # documents kept per query after collapsing chunks
 CHUNK_FACTOR = 3           # ask the engine for this many chunks per wanted document
@@ -312,6 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="/tmp/kb-eval", help="cache for the Markdown files and the kb_root")
     ap.add_argument("--rebuild", action="store_true", help="delete the cached kb_root first (full ingest)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--no-record", action="store_true",
+                    help="record nothing in benchmarks/results/ (a run with --limit-queries never records)")
     args = ap.parse_args(argv)
 
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
@@ -327,7 +331,9 @@ def main(argv=None) -> int:
             print(f"error: dataset {name}: missing file(s): {', '.join(missing)}", file=sys.stderr)
             return 2
 
-    import kb_engine  # imported here so the metric functions can be imported without the engine
+    if set(modes) - {"keyword"}:
+        use_offline_model()
+    kb_engine = engine()  # imported here so the metric functions can be imported without the engine
 
     work = Path(args.work)
     report = {"engine": getattr(kb_engine, "__version__", None), "work": str(work),
@@ -343,9 +349,13 @@ def main(argv=None) -> int:
             kb_root = work / name / ".kb"
             if args.rebuild and kb_root.exists():
                 shutil.rmtree(kb_root)
+            fresh = not kb_root.exists()
             stems = write_corpus(plan["corpus"], docs_dir)
             qrels = read_qrels(plan["qrels"])
-            entry = {"corpus_docs": len(stems), "ingest": ingest(eng, docs_dir, kb_root), "results": []}
+            entry = {"corpus_docs": len(stems), "ingest": {**ingest(eng, docs_dir, kb_root), "fresh": fresh},
+                     "results": []}
+            library = eng.execute("stats", {"kb_root": str(kb_root)})
+            entry["library"] = {"chunks": library["chunks"], "vectors": library["vectors"]}
             if entry["ingest"]["error_files"]:
                 engine_failed = True
             report["datasets"][name] = entry
@@ -390,7 +400,25 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
+    if not (args.no_record or engine_failed or args.limit_queries):
+        model = model_name() if set(modes) - {"keyword"} else None
+        for name, entry in report["datasets"].items():
+            print(f"recorded {record(f'beir_{name}', recorded_figures(entry), model=model, argv=sys.argv)}")
     return 1 if engine_failed else 0
+
+
+def recorded_figures(entry: dict) -> dict:
+    """What a dataset's record keeps: the library, its ingest, and each query set's metrics per mode."""
+    ingest_run = entry["ingest"]
+    sets: dict[str, dict] = {}
+    for res in entry["results"]:
+        if "skipped" in res:
+            continue
+        mode_figures = {key: res[key] for key in ("ndcg@10", "recall@10", "recall@100", "mrr@10", "latency_ms_p50",
+                                                  "latency_ms_p95", "queries_with_note")}
+        sets.setdefault(res["set"], {"queries": res["queries"], "modes": {}})["modes"][res["mode"]] = mode_figures
+    return {"documents": entry["corpus_docs"], **entry["library"],
+            "ingest_seconds": ingest_run["seconds"] if ingest_run["fresh"] else None, "sets": sets}
 
 
 if __name__ == "__main__":
