@@ -7537,7 +7537,7 @@ def _search_request(payload: dict, rag: bool) -> dict:
             "filters": filters or None,
             "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
             "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
-            "cache": _opt_bool(payload, "cache", True)}
+            "cache": _opt_bool(payload, "cache", True), "boxes": _opt_bool(payload, "boxes", False)}
 
 
 MAX_RENDERINGS = 4      # further renderings of one question a search accepts in ``queries``
@@ -7774,7 +7774,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         cached = state.cached(key, generation)
         if cached is not None:
             cached["cached"] = True
-            return cached, None
+            return _with_boxes_if_asked(lib, request, cached), None
     hits, kind, notes, query_vec, keyword_strength = retrieve(lib, request, models, state)
     degraded = bool(notes)
     response["results"] = hit_records(lib, hits, terms, request["snippet"],
@@ -7796,7 +7796,14 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         response["note"] = "; ".join(notes)
     if request["cache"] and not degraded:
         state.remember(key, generation, response)     # a degraded answer may improve once a model arrives
-    return response, query_vec
+    return _with_boxes_if_asked(lib, request, response), query_vec
+
+
+def _with_boxes_if_asked(lib: Library, request: dict, response: dict) -> dict:
+    """The response with snippet boxes when the request asks for them (a copy: the cached answer stays bare)."""
+    if not request["boxes"] or not response["results"]:
+        return response
+    return {**response, "results": with_boxes(lib, response["results"])}
 
 
 def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:
@@ -7861,6 +7868,240 @@ def _surname(name: str) -> str:
     if "," in name:
         return name.split(",")[0].strip().lower()
     return name.split()[-1].lower() if name.split() else ""
+
+
+# -- snippet boxes ----------------------------------------------------------------------------------------------
+# With ``boxes: true`` a PDF hit carries the rectangles of its snippet's glyphs. They are found again among the
+# page's own glyphs (PyMuPDF's structured text, as the reader used) by letters and digits alone: the page text
+# joins hyphenated line ends, prints superscript citations as [n], unfolds ligatures and leaves out running heads,
+# and none of that changes the passage's letters and digits. The passage is placed piece by piece (the longest
+# stretch found at once, then the rest), each piece only where it occurs once or where it continues the piece
+# before it. Anything else leaves the hit without boxes and a note: a box is never drawn on the wrong lines.
+# Boxes are computed after the query cache, from the file as it is now, and only when asked for.
+
+BOX_MIN_PIECE = 4            # letters and digits a piece of a passage needs to be placed on its own
+BOX_MAX_STARTS = 20          # occurrences of a passage's first piece tried before it counts as ambiguous
+
+
+INK_ABOVE, INK_BELOW = 0.72, 0.05     # the ink band: these shares of the font size above and below the baseline
+
+
+def _ink_rect(glyph: dict, direction, size: float) -> tuple[float, float, float, float]:
+    """A glyph's box along its line, cut across the line to the ink band (see ``PageGlyphs``)."""
+    x0, y0, x1, y1 = glyph["bbox"]
+    ox, oy = glyph.get("origin") or (x0, y1)
+    dx, dy = direction
+    up_x, up_y = dy, -dx          # towards the top of the glyphs (top-left origin: upright text has up = (0, -1))
+    ends = ((ox + up_x * INK_ABOVE * size, oy + up_y * INK_ABOVE * size),
+            (ox - up_x * INK_BELOW * size, oy - up_y * INK_BELOW * size))
+    if abs(dx) >= abs(dy):        # a horizontal line: the band is vertical
+        return x0, min(e[1] for e in ends), x1, max(e[1] for e in ends)
+    return min(e[0] for e in ends), y0, max(e[0] for e in ends), y1
+
+
+def _box_key(text: str) -> str:
+    """``text``'s letters and digits, case-folded, ligatures unfolded, accents dropped."""
+    return "".join(c for ch in text for c in unicodedata.normalize("NFKD", ch).casefold() if c.isalnum())
+
+
+class PageGlyphs:
+    """One PDF page's glyphs as a key string (``_box_key`` of each glyph) and, per key character, its line and its
+    ink rectangle: the glyph's advance along the line, and across it the band from just under the baseline to
+    about cap height. (PyMuPDF's glyph boxes span the font's whole ascent and descent, so they overlap the lines
+    above and below; the band does not, so a rectangle holds its own line's glyphs and no others.)"""
+
+    def __init__(self, page):
+        import pymupdf
+        flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # as the reader extracts the page
+        keys: list[str] = []
+        self.owners: list[tuple[int, tuple[float, float, float, float]]] = []
+        line_no = 0
+        for block in page.get_text("rawdict", flags=flags).get("blocks", []):
+            for line in block.get("lines", []) if block.get("type") == 0 else []:
+                line_no += 1
+                direction = line.get("dir") or (1.0, 0.0)
+                for span in line.get("spans", []):
+                    for glyph in span.get("chars", []):
+                        rect = _ink_rect(glyph, direction, span.get("size") or 0.0)
+                        for c in _box_key(glyph.get("c", "")):
+                            keys.append(c)
+                            self.owners.append((line_no, rect))
+        self.key = "".join(keys)
+
+    def occurrences(self, piece: str, limit: int = BOX_MAX_STARTS + 1) -> list[int]:
+        found: list[int] = []
+        at = self.key.find(piece)
+        while at >= 0 and len(found) < limit:
+            found.append(at)
+            at = self.key.find(piece, at + 1)
+        return found
+
+    def longest_prefix(self, key: str) -> int:
+        """Length of the longest prefix of ``key`` found somewhere on the page (0: none)."""
+        lo, hi = 0, len(key)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if key[:mid] in self.key:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def rects(self, start: int, end: int) -> list[list[float]]:
+        """One rectangle per line fragment of key characters ``[start, end)``."""
+        rects: list[list[float]] = []
+        last_line = None
+        for line_no, (x0, y0, x1, y1) in self.owners[start:end]:
+            if line_no != last_line:
+                rects.append([x0, y0, x1, y1])
+                last_line = line_no
+            else:
+                r = rects[-1]
+                r[0], r[1], r[2], r[3] = min(r[0], x0), min(r[1], y0), max(r[2], x1), max(r[3], y1)
+        return [[round(r[0] + 0.01, 2), round(r[1], 2), round(r[2] - 0.01, 2), round(r[3], 2)] for r in rects]
+
+
+def _place_pieces(glyphs: PageGlyphs, key: str, after: int) -> list[tuple[int, int]] | None:
+    """Spans of the page's key that spell ``key`` piece by piece after a piece ending at ``after``: each piece where
+    it continues the one before (its next occurrence), else where it occurs once (a column whose glyphs come
+    earlier on the page). None when some piece is missing, too short or ambiguous."""
+    spans: list[tuple[int, int]] = []
+    while key:
+        size = glyphs.longest_prefix(key)
+        if size < min(BOX_MIN_PIECE, len(key)):
+            return None
+        found = glyphs.occurrences(key[:size])
+        later = [at for at in found if at >= after]
+        if later:
+            at = later[0]
+        elif len(found) == 1 and not any(lo < found[0] + size and found[0] < hi for lo, hi in spans):
+            at = found[0]
+        else:
+            return None
+        spans.append((at, at + size))
+        after, key = at + size, key[size:]
+    return spans
+
+
+def place_passage(glyphs: PageGlyphs, key: str) -> list[tuple[int, int]] | str:
+    """Where the passage ``key`` lies on the page, or why it cannot be placed."""
+    if not key:
+        return "the snippet has no letters or digits to place"
+    first = glyphs.longest_prefix(key)
+    if first < min(BOX_MIN_PIECE, len(key)):
+        return "the snippet's text is not among the page's glyphs"
+    starts = glyphs.occurrences(key[:first])
+    if len(starts) > BOX_MAX_STARTS:
+        return "the snippet's text occurs more than once on the page"
+    placements = [[(at, at + first), *rest] for at in starts
+                  for rest in [_place_pieces(glyphs, key[first:], at + first)] if rest is not None]
+    if len(placements) > 1:
+        return "the snippet's text occurs more than once on the page"
+    if not placements:
+        return "the snippet's text is not in one reading order among the page's glyphs"
+    return placements[0]
+
+
+def _chunk_offset(page_map: list, page: int, page_offset: int, at_end: bool) -> int | None:
+    """The chunk offset of a page-text offset (the inverse of ``page_offsets_of_span``)."""
+    for offset, entry_page, entry_offset, length, *_ in page_map:
+        if entry_page != page or entry_offset is None:
+            continue
+        inside = entry_offset < page_offset <= entry_offset + length if at_end else \
+            entry_offset <= page_offset < entry_offset + length
+        if inside:
+            return offset + page_offset - entry_offset
+    return None
+
+
+def snippet_pieces(text: str, page_map: list, hit: dict) -> list[tuple[int, str]] | None:
+    """The hit's snippet as (page, text) pieces, one per page it touches, from the chunk text."""
+    if hit.get("char_start") is None or hit.get("char_end") is None or not hit.get("page"):
+        return None
+    start = _chunk_offset(page_map, hit["page"], hit["char_start"], at_end=False)
+    end = _chunk_offset(page_map, hit.get("page_end") or hit["page"], hit["char_end"], at_end=True)
+    if start is None or end is None or end <= start:
+        return None
+    pieces: dict[int, list[str]] = {}
+    for offset, page, _, length, *_ in page_map:
+        lo, hi = max(start, offset), min(end, offset + length)
+        if page is not None and hi > lo:
+            pieces.setdefault(page, []).append(text[lo:hi])
+    return [(page, " ".join(parts)) for page, parts in sorted(pieces.items())]
+
+
+class BoxPlacer:
+    """Places the snippets of one answer's hits, opening each file and reading each page once."""
+
+    def __init__(self, lib: Library):
+        self.lib = lib
+        self.documents: dict[int, Any] = {}      # an open PDF, or why the document cannot be used
+        self.pages: dict[tuple[int, int], PageGlyphs | None] = {}
+
+    def close(self) -> None:
+        for doc in self.documents.values():
+            if not isinstance(doc, str):
+                doc.close()
+
+    def _document(self, doc_id: int):
+        """The open PDF of a document, or the reason it cannot be used as indexed."""
+        if doc_id in self.documents:
+            return self.documents[doc_id]
+        import pymupdf
+        row = self.lib.conn.execute("SELECT path, size, mtime_ns FROM docs WHERE id = ?", (doc_id,)).fetchone()
+        try:
+            st = os.stat(row["path"])
+        except (OSError, TypeError):
+            self.documents[doc_id] = "the file is no longer at its indexed path"
+            return self.documents[doc_id]
+        if (st.st_size, st.st_mtime_ns) != (row["size"], row["mtime_ns"]):
+            self.documents[doc_id] = "the file changed since it was indexed; ingest it again to place boxes"
+            return self.documents[doc_id]
+        try:
+            self.documents[doc_id] = pymupdf.open(row["path"], filetype="pdf")
+        except Exception as exc:     # PyMuPDF raises its own types for damaged files
+            self.documents[doc_id] = f"the file cannot be opened ({type(exc).__name__})"
+        return self.documents[doc_id]
+
+    def _glyphs(self, doc, doc_id: int, page: int) -> PageGlyphs | None:
+        if (doc_id, page) not in self.pages:
+            self.pages[doc_id, page] = PageGlyphs(doc[page - 1]) if 0 < page <= doc.page_count else None
+        return self.pages[doc_id, page]
+
+    def boxes(self, hit: dict, text: str, page_map: list) -> dict:
+        """``{"boxes": [...]}`` for a placed snippet, else ``{"boxes_note": why}``."""
+        pieces = snippet_pieces(text, page_map, hit)
+        if not pieces:
+            return {"boxes_note": "the snippet has no page offsets to place"}
+        doc = self._document(hit["doc_id"])
+        if isinstance(doc, str):
+            return {"boxes_note": doc}
+        boxes = []
+        for page, piece in pieces:
+            glyphs = self._glyphs(doc, hit["doc_id"], page)
+            if glyphs is None:
+                return {"boxes_note": f"page {page} is not in the file"}
+            placed = place_passage(glyphs, _box_key(piece))
+            if isinstance(placed, str):
+                return {"boxes_note": f"{placed} (p. {page})"}
+            boxes.append({"page": page, "rects": [r for lo, hi in placed for r in glyphs.rects(lo, hi)]})
+        return {"boxes": boxes}
+
+
+def with_boxes(lib: Library, hits: list[dict]) -> list[dict]:
+    """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none)."""
+    chunk_ids = [h["chunk_id"] for h in hits if h.get("kind") == "pdf"]
+    rows = {row["id"]: row for row in lib.conn.execute(
+        f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
+    placer = BoxPlacer(lib)
+    try:
+        out = []
+        for hit in hits:
+            row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
+            out.append({**hit, **placer.boxes(hit, row["text"], json.loads(row["page_map"]))} if row else dict(hit))
+        return out
+    finally:
+        placer.close()
 
 
 # =============================================================================
@@ -10525,6 +10766,11 @@ SEARCH_FIELDS = (
     Field("cache", "boolean", "`true`",
           "answer from the engine's in-memory query cache when it holds this request; `false` always computes the "
           "answer (and does not store it)"),
+    Field("boxes", "boolean", "`false`",
+          "`true`: every PDF hit also carries `boxes`, the rectangles of its snippet's glyphs on each page it "
+          "touches, or `boxes_note` saying why it has none (see [Snippet boxes](#snippet-boxes)); read from the "
+          "file as it is now, after the query cache",
+          cli=(Flag(("--boxes",), "add the page rectangles of each PDF snippet", SWITCH),)),
     Field("filters", "object", "none",
           "restricts the candidates (see the filter table under [search](#search)); applied before top-k on both the "
           "keyword and the vector side",
