@@ -10770,7 +10770,8 @@ SEARCH_FIELDS = (
           "`true`: every PDF hit also carries `boxes`, the rectangles of its snippet's glyphs on each page it "
           "touches, or `boxes_note` saying why it has none (see [Snippet boxes](#snippet-boxes)); read from the "
           "file as it is now, after the query cache",
-          cli=(Flag(("--boxes",), "add the page rectangles of each PDF snippet", SWITCH),)),
+          cli=(Flag(("--boxes",), "add the page rectangles of each PDF snippet",
+                    {"action": "store_true", "default": None}),)),
     Field("filters", "object", "none",
           "restricts the candidates (see the filter table under [search](#search)); applied before top-k on both the "
           "keyword and the vector side",

@@ -7,6 +7,7 @@ end, ligatures, superscript citation markers, Chinese text, a page break inside 
 paper with a rotated page and with a cropbox offset."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -184,3 +185,14 @@ def test_boxes_must_be_a_boolean(library, kb_engine):
     with pytest.raises(kb_engine.KBError) as raised:
         library["engine"].execute("search", {"query": "graphene", "kb_root": str(library["kb_root"]), "boxes": "yes"})
     assert raised.value.code == "bad_request"
+
+
+def test_the_command_line_asks_for_boxes_with_a_switch(library):
+    from helpers import run_cli
+    plain = run_cli("search", None, "electrolyte viscosity", "--mode", "keyword", "--kb-root", str(library["kb_root"]),
+                    "--json")
+    boxed = run_cli("search", None, "electrolyte viscosity", "--mode", "keyword", "--boxes", "--kb-root",
+                    str(library["kb_root"]), "--json")
+    assert plain.rc == 0 and boxed.rc == 0, (plain.stderr, boxed.stderr)
+    assert not any("boxes" in h for h in json.loads(plain.stdout)["results"])
+    assert placed_hits(json.loads(boxed.stdout)["results"])
