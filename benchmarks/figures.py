@@ -345,6 +345,22 @@ def performance_docx_bomb(results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(rows) + f"\n\nRecorded {_source(result)}.\n"
 
 
+def performance_boxes(results_dir: Path = RESULTS_DIR) -> str:
+    rows = ["| papers | questions | PDF hits | placed | box text differs | `show` highlight outside its boxes | "
+            "boxes for 10 hits, p50 / p90 | one `show`, p50 / p90 |", "|---|---|---|---|---|---|---|---|"]
+    sources = []
+    for name, label in (("boxes_heldout", "held-out papers"), ("boxes_dev", "development papers")):
+        result = _need(name, results_dir)
+        f = result["figures"]
+        rows.append(f"| {label}: {f['papers']} | {f['questions']} | {f['pdf_hits']} | **{f['placed_share']:.1%}** "
+                    f"({f['placed']}) | {f['box_text_differs']} | {f['highlight_outside_boxes']} of {f['shows']} | "
+                    f"{f['boxes_10_hits_ms_p50']} / {f['boxes_10_hits_ms_p90']} ms | {f['show_ms_p50']} / "
+                    f"{f['show_ms_p90']} ms |")
+        unplaced = ", ".join(f"{count} {why}" for why, count in sorted(f["unplaced"].items(), key=lambda kv: -kv[1]))
+        sources.append(f"{label}: unplaced {unplaced or 'none'}; recorded {_source(result)}")
+    return "\n".join(rows) + "\n\n" + ". ".join(sources) + ".\n"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-quality": readme_quality,
     "performance-fulltext": performance_fulltext,
@@ -359,6 +375,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "performance-faiss": performance_faiss,
     "performance-peer": performance_peer,
     "performance-docx-bomb": performance_docx_bomb,
+    "performance-boxes": performance_boxes,
 }
 
 

@@ -98,7 +98,7 @@ class KBServer:
     def __init__(self, engine: EngineClient):
         self.engine = engine
 
-    async def call(self, name: str, args: dict, progress) -> tuple[str, dict]:
+    async def call(self, name: str, args: dict, progress) -> tuple[str, dict, list[dict]]:
         tool = SERVED_BY_NAME.get(name)
         if tool is None:
             raise ToolFailure(f"unknown tool {name!r}; the kb-rag tools are: {', '.join(SERVED_BY_NAME)}",
@@ -111,13 +111,13 @@ class KBServer:
         except jsonschema.ValidationError as exc:
             where = ".".join(str(p) for p in exc.absolute_path)
             raise ToolFailure(f"invalid arguments for {name}: {(where + ': ') if where else ''}{exc.message}") from None
-        payload = build_payload(tool, args, Path.cwd())
+        payload = {**build_payload(tool, args, Path.cwd()), **tool.get("fixed", {})}
         # the engine renders the answer (the same Markdown every host shows) and words the library choice as
         # this server's user made it
         payload.update(render="markdown", kb_root_from=self.engine.kb_root_from)
         value = await self._engine(tool["command"], payload, progress)
         value.pop("view", None)             # a card's data: an MCP client reads the Markdown and the answer
-        return value.pop("markdown"), value
+        return value.pop("markdown"), value, take_pictures(value)
 
     async def _engine(self, command: str, payload: dict, progress=None) -> dict:
         try:
@@ -126,6 +126,19 @@ class KBServer:
             raise ToolFailure(f"the kb engine refused {command}: {exc}", exc.code) from None
         except EngineCrashed as exc:
             raise ToolFailure(str(exc), "engine_crashed") from None
+
+
+def take_pictures(value: dict) -> list[dict]:
+    """The PNGs an answer carries inline (kb_show's images, the pictures kb_search / kb_rag were asked for),
+    taken out of the answer: they travel as MCP image content, and the structured answer keeps the rest."""
+    found = []
+    holders = [*value.get("images", []), *(hit.get("picture") for key in ("results", "evidence")
+                                           for hit in value.get(key) or [])]
+    for holder in holders:
+        if isinstance(holder, dict) and isinstance(holder.get("data"), str):
+            found.append({"data": holder.pop("data"), "mime": holder.get("media_type", "image/png")})
+            holder["content_index"] = len(found)      # the image's place in the content list (after the text)
+    return found
 
 
 def _file_name(path) -> str:
@@ -161,9 +174,10 @@ class ProgressRelay:
         await self.ctx.session.report_progress(progress, grand, message)
 
 
-def _text_result(text: str, value: dict, is_error: bool = False) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                structured_content=value, is_error=is_error)
+def _text_result(text: str, value: dict, is_error: bool = False, images: list[dict] = ()) -> types.CallToolResult:
+    content: list = [types.TextContent(type="text", text=text)]
+    content += [types.ImageContent(type="image", data=image["data"], mimeType=image["mime"]) for image in images]
+    return types.CallToolResult(content=content, structured_content=value, is_error=is_error)
 
 
 def build_server(engine: EngineClient) -> Server:
@@ -175,14 +189,14 @@ def build_server(engine: EngineClient) -> Server:
     async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         args = dict(params.arguments or {})
         try:
-            text, value = await kb.call(params.name, args, ProgressRelay(ctx))
+            text, value, images = await kb.call(params.name, args, ProgressRelay(ctx))
         except ToolFailure as exc:
             return _text_result(f"{params.name} failed: {exc}", {"error": str(exc), "code": exc.code}, is_error=True)
         except Exception as exc:  # never let one call take the server down
             log.exception("tool %s failed", params.name)
             return _text_result(f"{params.name} failed: {type(exc).__name__}: {exc}",
                                 {"error": f"{type(exc).__name__}: {exc}", "code": "internal"}, is_error=True)
-        return _text_result(text, value)
+        return _text_result(text, value, images=images)
 
     @asynccontextmanager
     async def lifespan(_server):

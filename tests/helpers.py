@@ -37,6 +37,22 @@ def __getattr__(name: str):
         return sample_papers
     raise AttributeError(name)
 
+def rotated_and_cropped_copies(papers: dict, folder: Path) -> tuple[Path, Path]:
+    """Copies of two generated papers for the page-coordinate tests: the hyphenated paper with its first page
+    rotated by 90 degrees, and the ligature paper with every page's cropbox moved in from the mediabox."""
+    import pymupdf
+    rotated, cropped = folder / "rotated.pdf", folder / "cropped.pdf"
+    with pymupdf.open(papers["make_hyphenated_paper"]) as doc:
+        doc[0].set_rotation(90)
+        doc.save(rotated)
+    with pymupdf.open(papers["make_ligature_paper"]) as doc:
+        for page in doc:
+            r = page.rect
+            page.set_cropbox(pymupdf.Rect(r.x0 + 25, r.y0 + 40, r.x1 - 15, r.y1 - 20))
+        doc.save(cropped)
+    return rotated, cropped
+
+
 RESULT_KEYS = {"chunk_id", "doc_id", "path", "file", "title", "authors", "year", "journal", "doi", "kind",
                "section", "page", "page_end", "page_label", "score", "snippet"}
 FILE_STATUSES = {"added", "updated", "skipped", "duplicate", "moved", "error"}

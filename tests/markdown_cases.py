@@ -53,6 +53,7 @@ def _engine_answers(work: Path) -> list[tuple[str, str, dict]]:
         ("rag, several citations", "kb_rag", run("rag", query="citations superscript references", top_k=5)),
         ("rag, more citations than shown", "kb_rag",
          run("rag", query=f"{sp.MANY_TOKEN} reference managers formats", top_k=12)),
+        *_show(run),
         ("stats", "kb_stats", run("stats")),
         ("dedup", "kb_dedup", run("dedup")),
         ("dedup applied", "kb_dedup", run("dedup", apply=True)),
@@ -72,6 +73,16 @@ def _engine_answers(work: Path) -> list[tuple[str, str, dict]]:
     cases += _zotero(kb_engine, work)
     cases.append(("clear", "kb_clear", run("clear", confirm=True)))
     return cases
+
+
+def _show(run) -> list[tuple[str, str, dict]]:
+    """show's answers: a placed passage, a page drawn without offsets, a figure."""
+    hit = next(h for h in run("search", query="graphene nucleation on copper foils", mode="keyword",
+                              boxes=True)["results"] if "boxes" in h and h["file"] == "graphene_cvd_copper.pdf")
+    span = {k: hit[k] for k in ("doc_id", "page", "char_start", "page_end", "char_end")}
+    return [("show a passage", "kb_show", run("show", **span)),
+            ("show a page without offsets", "kb_show", run("show", doc_id=hit["doc_id"], page=hit["page"])),
+            ("show a figure", "kb_show", run("show", doc_id=hit["doc_id"], figure="Figure 1"))]
 
 
 def _fetch(run, sp, work: Path) -> dict:

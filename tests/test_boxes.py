@@ -17,7 +17,7 @@ import pytest
 
 pymupdf = pytest.importorskip("pymupdf")
 
-from helpers import sp  # noqa: E402
+from helpers import rotated_and_cropped_copies, sp  # noqa: E402
 
 MAKERS = ("make_twocolumn_paper", "make_hyphenated_paper", "make_ligature_paper", "make_chinese_paper",
           "make_superscript_paper", "make_onecolumn_paper", "make_citing_paper", "make_markdown")
@@ -38,16 +38,7 @@ def text_in_boxes(hit: dict) -> str:
 def library(tmp_path_factory, kb_engine):
     folder = tmp_path_factory.mktemp("boxes")
     papers = {name: getattr(sp, name)(folder) for name in MAKERS}
-    rotated = folder / "rotated.pdf"
-    with pymupdf.open(papers["make_hyphenated_paper"]) as doc:
-        doc[0].set_rotation(90)
-        doc.save(rotated)
-    cropped = folder / "cropped.pdf"
-    with pymupdf.open(papers["make_ligature_paper"]) as doc:
-        for page in doc:
-            r = page.rect
-            page.set_cropbox(pymupdf.Rect(r.x0 + 25, r.y0 + 40, r.x1 - 15, r.y1 - 20))
-        doc.save(cropped)
+    rotated, cropped = rotated_and_cropped_copies(papers, folder)
     engine = kb_engine.Engine()
     kb_root = folder / ".kb"
     engine.execute("ingest", {"paths": [str(folder)], "kb_root": str(kb_root)})

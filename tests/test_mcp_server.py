@@ -37,8 +37,8 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 from helpers import PLUGIN, ROOT, ensure_plugin_modules, sp  # noqa: E402
 
 SERVER = ROOT / "mcp-server" / "server.py"
-TOOL_NAMES = {"kb_ingest", "kb_zotero", "kb_search", "kb_rag", "kb_dedup", "kb_clear", "kb_stats", "kb_fetch",
-              "kb_status"}
+TOOL_NAMES = {"kb_ingest", "kb_zotero", "kb_search", "kb_rag", "kb_show", "kb_dedup", "kb_clear", "kb_stats",
+              "kb_fetch", "kb_status"}
 CALL_TIMEOUT = 60
 
 
@@ -103,6 +103,7 @@ def quick_papers(tmp_path) -> Path:
 TOOL_HINTS = {
     "kb_search": (True, False, True, False),
     "kb_rag": (True, False, True, False),
+    "kb_show": (True, False, True, False),
     "kb_stats": (True, False, True, False),
     "kb_status": (True, False, True, False),
     "kb_ingest": (False, False, True, False),
@@ -113,7 +114,7 @@ TOOL_HINTS = {
 }
 
 
-def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
+def test_lists_ten_tools_with_schemas_and_annotations(tmp_path):
     async def body(session):
         return (await session.list_tools()).tools
 
@@ -124,7 +125,8 @@ def test_lists_nine_tools_with_schemas_and_annotations(tmp_path):
         assert tool.annotations is not None and tool.annotations.title
     assert tools["kb_search"].input_schema["required"] == ["query"]
     assert set(tools["kb_search"].input_schema["properties"]) == {"query", "queries", "top_k", "mode", "depth",
-                                                                   "filters"}
+                                                                   "filters", "pictures"}
+    assert tools["kb_show"].input_schema["required"] == ["doc_id"]
     assert tools["kb_clear"].input_schema["required"] == ["confirm"]
     assert tools["kb_fetch"].input_schema["required"] == ["identifier"]
     assert set(tools["kb_fetch"].input_schema["properties"]) == {"identifier", "dest"}
@@ -609,3 +611,32 @@ def test_cancelled_call_stops_the_engine_and_the_next_call_gets_a_fresh_one(tmp_
     while Path(f"/proc/{hung_pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{hung_pid}").exists(), "the engine of the cancelled call is still running"
+
+
+def test_kb_show_and_pictures_reach_the_client_as_image_content(tmp_path, quick_papers):
+    """kb_show answers with a PNG as MCP image content beside one text line; kb_search with pictures attaches the
+    highlighted passages as images too, and the structured answer keeps everything but the base64."""
+    import base64
+
+    async def body(session):
+        await call(session, "kb_ingest", {"paths": [str(quick_papers)]})
+        found = await call(session, "kb_search", {"query": "graphene nucleation copper", "top_k": 3,
+                                                  "mode": "keyword", "pictures": 1})
+        pdf = next(h for h in found.structured_content["results"] if h["kind"] == "pdf")
+        shown = await call(session, "kb_show", {k: pdf[k] for k in ("doc_id", "page", "char_start", "char_end",
+                                                                    "page_end")})
+        refused = await call(session, "kb_show", {"doc_id": pdf["doc_id"], "char_start": 3})
+        return found, pdf, shown, refused
+
+    found, pdf, shown, refused = run_session(tmp_path / "kb", body)
+    assert not shown.is_error, text_of(shown)
+    images = [c for c in shown.content if c.type == "image"]
+    assert len(images) == len(shown.structured_content["images"]) >= 1
+    assert images[0].mime_type == "image/png" and base64.b64decode(images[0].data)[:8] == b"\x89PNG\r\n\x1a\n"
+    line = text_of(shown)
+    assert f"p. {pdf['page']}" in line and pdf["title"][:20] in line and '"' in line
+    assert "data" not in shown.structured_content["images"][0] and shown.structured_content["highlighted"] is True
+    search_images = [c for c in found.content if c.type == "image"]
+    pictured = [h for h in found.structured_content["results"] if "picture" in h]
+    assert len(search_images) == len(pictured) == 1 and "data" not in pictured[0]["picture"]
+    assert refused.is_error and "char_end" in text_of(refused)

@@ -1,4 +1,5 @@
-// kb-rag client half for the DSH web UI: source cards for kb_search and kb_rag results.
+// kb-rag client half for the DSH web UI: source cards for kb_search and kb_rag results (with a thumbnail of the
+// passage highlighted on its page, opened on click), and the picture kb_show draws.
 //
 // A classic script in the DSH client-bundle format: executing it only registers a factory with the page's
 // module loader; the factory receives `require` (react and the other shared modules) when the UI first needs
@@ -56,11 +57,24 @@
       )
     }
 
+    /** A highlighted-passage picture: a thumbnail that opens, on click, to the picture at its own size (a
+     *  <details> element, so the card needs no state of its own). */
+    function Picture({ picture, alt }) {
+      if (!picture || typeof picture.data !== 'string') return null
+      const src = `data:${picture.media_type || 'image/png'};base64,${picture.data}`
+      const label = `${alt} (p. ${picture.page})`
+      return h('details', { className: 'kb-card-picture' },
+        h('summary', { title: 'Show the passage on its page' },
+          h('img', { className: 'kb-card-thumb', src, alt: label, style: { maxWidth: '220px', maxHeight: '110px', objectFit: 'cover', objectPosition: 'top', cursor: 'zoom-in' } })),
+        h('img', { className: 'kb-card-picture-full', src, alt: label, width: picture.width, height: picture.height, style: { maxWidth: '100%', height: 'auto' } }))
+    }
+
     function Card({ source, openFile }) {
       return h('li', { className: 'kb-card' },
         h(Title, { source, openFile }),
         h('div', { className: 'kb-card-byline' }, byline(source)),
         source.snippet ? h('blockquote', { className: 'kb-card-snippet' }, source.snippet) : null,
+        source.picture ? h(Picture, { picture: source.picture, alt: `${source.title}: the passage highlighted` }) : null,
         h(Citations, { source }),
         source.zotero_link ? h('a', { className: 'kb-card-zotero', href: source.zotero_link }, 'Open in Zotero') : null,
       )
@@ -91,14 +105,35 @@
       )
     }
 
+    /** The toolview for kb_show: the passage (or figure) on its page, each page one picture. */
+    function PictureView(props) {
+      const block = props.block
+      const meta = block && 'kind' in block && !block.isError ? block.meta : null
+      if (!meta || meta.kind !== 'kb-picture' || !Array.isArray(meta.images)) {
+        const text = contentText(block)
+        return h('div', { className: 'kb-picture kb-sources-fallback', style: { whiteSpace: 'pre-wrap' } },
+          text || `${props.toolName || 'kb_show'}: drawing the page…`)
+      }
+      const where = meta.images.map((i) => i.page).filter((p, i, all) => all.indexOf(p) === i).join(', ')
+      return h('div', { className: 'kb-picture' },
+        h('div', { className: 'kb-sources-head' }, h('strong', null, meta.title || meta.file || 'Untitled'),
+          meta.figure ? ` · ${meta.figure}` : '', where ? ` · p. ${where}` : ''),
+        meta.snippet ? h('blockquote', { className: 'kb-card-snippet' }, meta.snippet) : null,
+        meta.note ? h('div', { className: 'kb-sources-notes' }, meta.note) : null,
+        meta.images.map((image, i) => h(Picture, { key: i, picture: image, alt: `${meta.title || meta.file}` })),
+      )
+    }
+
     const TOOLS = ['kb_search', 'kb_rag']
     return {
       name: 'kb-rag-client',
       inject: ['slots'],
       apply(ctx) {
         for (const key of TOOLS) ctx.slots.register({ name: 'tool.call.toolview', key }, SourcesView)
+        ctx.slots.register({ name: 'tool.call.toolview', key: 'kb_show' }, PictureView)
       },
       SourcesView,
+      PictureView,
       sourcesOf,
     }
   }

@@ -12,6 +12,10 @@ import { sessionKey } from './scope.js'
 const OBJECT = { type: 'object', additionalProperties: true }
 const MINUTE = 60_000
 const RETRIEVAL_TOOLS = new Set(['kb_search', 'kb_rag'])
+const CARD_TOOLS = new Set([...RETRIEVAL_TOOLS, 'kb_show'])
+// Source cards show a thumbnail of the first passages highlighted on their page (the engine draws them; each is a
+// PNG of at most 640 pixels wide, kept with the card, not shown to the model).
+export const CARD_PICTURES = 3
 
 /**
  * @param {object} kb
@@ -52,13 +56,14 @@ export function createTools(kb) {
     await kb.ready(exec) // a missing dependency is reported before the user is asked anything
     const session = await sessionInfo(exec, sessionKey(exec, kb.workspace(exec)))
     const budget = engineBudget(sessionLines(session)) // the session's lines share the result's budget
-    return { ...(await kb.call(exec, tool.command, { ...payload, render: 'markdown', render_budget: budget })), session }
+    const pictures = Math.max(payload.pictures ?? 0, CARD_PICTURES)
+    return { ...(await kb.call(exec, tool.command, { ...payload, pictures, render: 'markdown', render_budget: budget })), session }
   }
 
   function output(tool) {
     if (tool.command === null) return { schema: OBJECT, render: (_args, value) => [{ type: 'text', text: renderScope(value) }] }
     const render = (_args, value) => [{ type: 'text', text: renderResult(value) }]
-    if (RETRIEVAL_TOOLS.has(tool.name)) return { schema: OBJECT, render, presentationMeta: (_args, value) => cardView(value) }
+    if (CARD_TOOLS.has(tool.name)) return { schema: OBJECT, render, presentationMeta: (_args, value) => cardView(value) }
     return { schema: OBJECT, render }
   }
 
@@ -71,7 +76,7 @@ export function createTools(kb) {
     async execute(args, exec) {
       checkArguments(tool, args)
       if (tool.command === null) return clean(await runScope(args, exec))
-      const payload = buildPayload(tool, args, kb.workspace(exec))
+      const payload = { ...buildPayload(tool, args, kb.workspace(exec)), ...(tool.fixed ?? {}) }
       if (RETRIEVAL_TOOLS.has(tool.name)) return clean(await runRetrieval(tool, payload, exec))
       return clean(await kb.call(exec, tool.command, { ...payload, render: 'markdown' }))
     },

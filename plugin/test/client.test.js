@@ -61,8 +61,37 @@ test('the bundle registers a factory that needs only react, and a plugin that fi
   assert.deepEqual([...exports.inject], ['slots']) // (the bundle runs in its own realm: compare by value)
   const slots = []
   exports.apply({ slots: { register: (seat, view) => slots.push([seat, view]) } })
-  assert.deepEqual(slots.map(([seat]) => ({ ...seat })), [{ name: 'tool.call.toolview', key: 'kb_search' }, { name: 'tool.call.toolview', key: 'kb_rag' }])
+  assert.deepEqual(slots.map(([seat]) => ({ ...seat })), [{ name: 'tool.call.toolview', key: 'kb_search' }, { name: 'tool.call.toolview', key: 'kb_rag' }, { name: 'tool.call.toolview', key: 'kb_show' }])
   assert.equal(slots[0][1], exports.SourcesView)
+  assert.equal(slots[2][1], exports.PictureView)
+})
+
+// a 1x1 PNG stands in for the engine's picture: the card only carries it through
+const PNG = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC'
+const picture = { page: 4, width: 640, height: 180, dpi: 150, clip: [50, 100, 300, 170], marks: [[10, 20, 600, 40]], media_type: 'image/png', data: PNG }
+
+test('a source with a picture shows its thumbnail, which opens to the full picture on click', () => {
+  const { exports } = load()
+  const pictured = cardView({ ...engineRendered('rag', { ...value, evidence: [{ ...value.evidence[0], picture }, value.evidence[1]] }), session: {} })
+  const tree = exports.SourcesView({ block: { kind: 'tool-result', call: {}, content: [], isError: false, meta: pictured } })
+  const cards = find(tree, (n) => n.props.className === 'kb-card')
+  const images = find(cards[0], (n) => n.type === 'img')
+  assert.equal(images.length, 2)
+  assert.equal(images[0].props.className, 'kb-card-thumb')
+  assert.equal(images[0].props.src, `data:image/png;base64,${PNG}`)
+  assert.match(images[0].props.alt, /Graphene on copper: the passage highlighted \(p\. 4\)/)
+  assert.equal(find(cards[0], (n) => n.type === 'details').length, 1, 'a click on the summary opens the full picture')
+  assert.equal(find(cards[1], (n) => n.type === 'img').length, 0)
+})
+
+test('kb_show draws its pictures with the title, pages and snippet', () => {
+  const { exports } = load()
+  const shown = { doc_id: 1, title: 'Graphene on copper', file: 'a.pdf', path: '/lib/a.pdf', snippet: 'domains nucleate', highlighted: true, images: [{ ...picture }] }
+  const tree = exports.PictureView({ block: { kind: 'tool-result', call: {}, content: [], isError: false, meta: cardView(engineRendered('show', shown)) } })
+  assert.match(text(tree), /Graphene on copper · p\. 4domains nucleate/)
+  assert.equal(find(tree, (n) => n.type === 'img')[0].props.src, `data:image/png;base64,${PNG}`)
+  const fallback = exports.PictureView({ block: { kind: 'tool-result', call: {}, content: [{ type: 'text', text: 'kb_show failed' }], isError: true } })
+  assert.equal(text(fallback), 'kb_show failed')
 })
 
 test('a settled result renders one card per source from block.meta', () => {
