@@ -7844,7 +7844,7 @@ class BoxPlacer:
         return {"boxes": boxes}
 
 
-def with_boxes(lib: Library, hits: list[dict], cache: PageCache | None = None, boxes: bool = True,
+def with_evidence(lib: Library, hits: list[dict], cache: PageCache | None = None, boxes: bool = True,
                pictures: int = 0) -> list[dict]:
     """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none) when ``boxes``, and
     with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
@@ -8015,36 +8015,64 @@ def hit_picture(placer: "BoxPlacer", doc_id: int, placed: dict) -> dict:
                         "data": base64.b64encode(picture["png"]).decode("ascii")}}
 
 
-FIGURE_GAP_PT = 14.0           # graphics this close to each other (or to the caption) make one figure
+FIGURE_GAP_PT = 14.0           # graphics (or short text between them) this close make one figure or table
+FIGURE_BODY_LINES = 3          # a text block this many lines tall and nearly the column's width is body text
+
+
+def _union(a, b) -> tuple[float, float, float, float]:
+    return min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])
 
 
 def figure_region(page, caption: tuple[float, float, float, float], label: str) -> tuple | None:
-    """The region (display coordinates) of the figure or table a caption (text coordinates) belongs to: the page's
-    images and vector drawings that line up
-    with the caption's column, grown outward from the caption on the side such a caption usually sits (figures
-    above their caption, tables below), together with the caption. None when no graphics touch it."""
+    """The region (display coordinates) of the figure or table a caption (text coordinates) belongs to. The
+    caption is taken whole (its text block); from it the region grows on the side such a caption usually sits
+    (figures above their caption, tables below; the other side when that one has nothing) over the page's images
+    and vector drawings in the caption's column, and over short text between them (axis labels, table rows),
+    never over body paragraphs or another caption. It ends at the last graphic reached. None when no graphics
+    touch the caption."""
     area = page.rect
     caption = on_display(page, caption)
+    blocks = [(on_display(page, b[:4]), b[4]) for b in page.get_text("blocks") if b[6] == 0]
+    for rect, _ in blocks:                               # the caption's whole block (a caption chunk may be a part)
+        if _overlaps(rect, caption):
+            caption = _union(caption, rect)
     graphics = [on_display(page, info["bbox"]) for info in page.get_image_info()]
     for drawing in page.get_drawings():
         r = drawing.get("rect")
         if r is not None and (r.width > 2 or r.height > 2) and r.width * r.height < 0.9 * area.width * area.height:
             graphics.append(on_display(page, r))
-    graphics = [g for g in graphics if g[0] < caption[2] and caption[0] < g[2]]      # the caption's column
+    in_column = lambda r: r[0] < caption[2] and caption[0] < r[2]      # noqa: E731
+    width = caption[2] - caption[0]
+    texts = []
+    for rect, text in blocks:
+        lines = max(1, text.count("\n"))
+        # a paragraph: several long lines across the column (a table's block has many short ones)
+        body = lines >= FIGURE_BODY_LINES and rect[2] - rect[0] >= 0.8 * width and len(text) / lines >= 40
+        if in_column(rect) and not body and not _FIGURE_MENTION.match(text.lstrip()) and not _overlaps(rect, caption):
+            texts.append(rect)
+    graphics = [g for g in graphics if in_column(g)]
     above_first = not label.lower().startswith("table")
     for above in (above_first, not above_first):
-        region = tuple(caption)
-        side = [g for g in graphics if (g[3] <= caption[1] + 2 if above else g[1] >= caption[3] - 2)]
+        beyond = (lambda r: r[3] <= caption[1] + 2) if above else (lambda r: r[1] >= caption[3] - 2)
+        elements = [(g, True) for g in graphics if beyond(g)] + [(t, False) for t in texts if beyond(t)]
+        reach, found = tuple(caption), None
         grew = True
         while grew:
             grew = False
-            for g in side:
-                gap = max(region[1] - g[3], g[1] - region[3], 0.0)
-                if gap <= FIGURE_GAP_PT and not (region[0] <= g[0] and region[1] <= g[1] and
-                                                 g[2] <= region[2] and g[3] <= region[3]):
-                    region = (min(region[0], g[0]), min(region[1], g[1]), max(region[2], g[2]), max(region[3], g[3]))
-                    grew = True
-        if region != tuple(caption):
+            for rect, graphic in elements:
+                if max(reach[1] - rect[3], rect[1] - reach[3], 0.0) > FIGURE_GAP_PT:
+                    continue
+                if graphic:            # reached, whether or not it widens the reach (a rule under a table row)
+                    found = rect if found is None else _union(found, rect)
+                if _union(reach, rect) != reach:
+                    reach, grew = _union(reach, rect), True
+        if found is not None:
+            # from the caption to the farthest graphic reached, with the text inside that span
+            span = _union(caption, found)
+            region = span
+            for rect, _ in elements:
+                if span[1] - 1 <= rect[1] and rect[3] <= span[3] + 1:
+                    region = _union(region, rect)
             return (max(area.x0, region[0] - SHOW_MARGIN_PT), max(area.y0, region[1] - SHOW_MARGIN_PT),
                     min(area.x1, region[2] + SHOW_MARGIN_PT), min(area.y1, region[3] + SHOW_MARGIN_PT))
     return None
@@ -8071,7 +8099,8 @@ SHOW_FIELDS = (
           cli=(Flag(("--page-end",), "the hit's page_end", {"type": int}),)),
     Field("figure", "string", "none",
           "a label from a hit's `captions` (`\"Figure 3\"`, `\"Table 2\"`): the picture is that figure's or table's "
-          "region (the page's images and drawings next to its caption) instead of a passage",
+          "region (the page's images and drawings next to its caption, with the text between them) instead of a "
+          "passage; with `page`, a caption on that page is taken first (a label can recur in another chapter)",
           cli=(Flag(("--figure",), "draw this figure or table (a label from the hit's captions)"),)),
     Field("crop", "boolean", "`true`",
           "`true`: the passage's column with a few lines of context; `false`: the whole page",
@@ -8095,10 +8124,11 @@ SHOW_FIELDS = (
 def _show_request(payload: dict) -> dict:
     if not _is_integer(payload.get("doc_id")):
         raise KBError("bad_request", "show needs `doc_id`: the document of the hit to draw")
-    request: dict[str, Any] = {"doc_id": int(payload["doc_id"]), "figure": _opt_str(payload, "figure"),
-               "crop": _opt_bool(payload, "crop", True), "inline": _opt_bool(payload, "inline"),
-               "dest": _opt_str(payload, "dest"),
-               "dpi": None if payload.get("dpi") is None else _opt_int(payload, "dpi", 0, *SHOW_DPI_RANGE)}
+    request: dict[str, Any] = {
+        "doc_id": _opt_int(payload, "doc_id", 0, 1, 2**63 - 1), "figure": _opt_str(payload, "figure"),
+        "crop": _opt_bool(payload, "crop", True), "inline": _opt_bool(payload, "inline"),
+        "dest": _opt_str(payload, "dest"),
+        "dpi": None if payload.get("dpi") is None else _opt_int(payload, "dpi", 0, *SHOW_DPI_RANGE)}
     has_start, has_end = payload.get("char_start") is not None, payload.get("char_end") is not None
     if has_start != has_end:
         raise KBError("bad_request", "give both `char_start` and `char_end` (as the hit carries them), or neither")
@@ -8110,6 +8140,8 @@ def _show_request(payload: dict) -> dict:
     request.setdefault("page_end", request.get("page"))
     if request.get("page") and request["page_end"] < request["page"]:
         raise KBError("bad_request", "`page_end` comes before `page`")
+    if has_start and request["page_end"] == request.get("page") and request["char_end"] <= request["char_start"]:
+        raise KBError("bad_request", "`char_end` must come after `char_start` on one page")
     return request
 
 
@@ -8145,8 +8177,10 @@ def _figure_boxes(lib: Library, placer: BoxPlacer, request: dict) -> tuple[int, 
     wanted = request["figure"].strip()
     head = _FIGURE_MENTION.match(wanted)
     label = figure_label(head.group(1), head.group(2)) if head else None
-    for row in lib.conn.execute("SELECT text, page FROM chunks WHERE doc_id = ? AND block = 'caption' ORDER BY id",
-                                (request["doc_id"],)):
+    rows = lib.conn.execute("SELECT text, page FROM chunks WHERE doc_id = ? AND block = 'caption' ORDER BY id",
+                            (request["doc_id"],)).fetchall()
+    # a label may come back in another chapter: the caption on the asked page first (a hit's captions carry it)
+    for row in sorted(rows, key=lambda r: r["page"] != request.get("page")):
         found = _FIGURE_MENTION.match(row["text"].lstrip())
         if label and found and figure_label(found.group(1), found.group(2)) == label and row["page"]:
             opened = placer.document(request["doc_id"])
@@ -8587,7 +8621,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         cached = state.cached(key, generation)
         if cached is not None:
             cached["cached"] = True
-            return _with_boxes_if_asked(lib, state, request, cached), None
+            return _with_evidence_if_asked(lib, state, request, cached), None
     hits, kind, notes, query_vec, keyword_strength = retrieve(lib, request, models, state)
     degraded = bool(notes)
     response["results"] = hit_records(lib, hits, terms, request["snippet"],
@@ -8609,16 +8643,16 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         response["note"] = "; ".join(notes)
     if request["cache"] and not degraded:
         state.remember(key, generation, response)     # a degraded answer may improve once a model arrives
-    return _with_boxes_if_asked(lib, state, request, response), query_vec
+    return _with_evidence_if_asked(lib, state, request, response), query_vec
 
 
-def _with_boxes_if_asked(lib: Library, state: LibraryState, request: dict, response: dict) -> dict:
+def _with_evidence_if_asked(lib: Library, state: LibraryState, request: dict, response: dict) -> dict:
     """The response with snippet boxes and pictures when the request asks for them (a copy: the cached answer
     stays bare)."""
     if not (request["boxes"] or request["pictures"]) or not response["results"]:
         return response
-    return {**response, "results": with_boxes(lib, response["results"], state.pages, boxes=request["boxes"],
-                                              pictures=request["pictures"])}
+    return {**response, "results": with_evidence(lib, response["results"], state.pages, boxes=request["boxes"],
+                                                 pictures=request["pictures"])}
 
 
 def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:

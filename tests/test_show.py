@@ -230,6 +230,8 @@ def test_a_changed_or_missing_file_is_refused_never_drawn(library, kb_engine, tm
     ({"doc_id": 1, "page": 1, "dpi": 5000}, "dpi"),
     ({"doc_id": 1, "page": 2, "page_end": 1}, "page_end"),
     ({"doc_id": 424242, "page": 1}, "no document"),
+    ({"doc_id": 10**30, "page": 1}, "doc_id"),
+    ({"doc_id": 1, "page": 1, "char_start": 50, "char_end": 10}, "char_end"),
 ])
 def test_bad_show_requests_get_a_clear_error(library, kb_engine, payload, words):
     with pytest.raises(kb_engine.KBError) as refused:
@@ -254,3 +256,43 @@ def test_cli_show_writes_the_png_and_prints_its_path(library, tmp_path):
     assert rag.returncode == 0, rag.stderr
     pictures = [line.split("picture: ")[1].split(" · ")[0] for line in rag.stdout.splitlines() if "picture: /" in line]
     assert pictures and all(os.path.isfile(p) for p in pictures)
+
+
+def test_a_table_is_cropped_from_its_caption_down_to_its_last_rule(kb_engine, tmp_path):
+    """A booktabs-style table: caption above, three rules, rows of short cells; the paragraph below stays out."""
+    folder = tmp_path / "papers"
+    folder.mkdir()
+    doc = pymupdf.open()
+    page = doc.new_page(width=595, height=842)
+    page.insert_text((72, 72), "Sorption isotherms of zeolite membranes", fontsize=16)
+    body = ("The membranes were calcined before every measurement so that the pores were free of template. "
+            "Uptake was measured gravimetrically at five pressures for each gas, and each point was repeated.")
+    page.insert_textbox(pymupdf.Rect(72, 100, 523, 160), body, fontsize=10)
+    page.insert_text((72, 190), "Table 1. Uptake of three gases on the calcined membranes at 298 K.", fontsize=10)
+    shape = page.new_shape()
+    for y in (200, 222, 300):
+        shape.draw_line((72, y), (523, y))
+    shape.finish(color=(0, 0, 0), width=0.8)
+    shape.commit()
+    for x, head in ((80, "Gas"), (220, "Uptake (mmol/g)"), (400, "Selectivity")):
+        page.insert_text((x, 215), head, fontsize=9)
+    for i, (gas, uptake, sel) in enumerate((("CO2", "2.41", "18.2"), ("CH4", "0.37", "2.8"), ("N2", "0.13", "1.0"))):
+        for x, cell in ((80, gas), (220, uptake), (400, sel)):
+            page.insert_text((x, 240 + 20 * i), cell, fontsize=9)
+    below = ("Carbon dioxide is taken up far more strongly than methane or nitrogen, which is what makes these "
+             "membranes selective; the following section discusses the permeation measurements in detail.")
+    page.insert_textbox(pymupdf.Rect(72, 330, 523, 400), below, fontsize=10)
+    path = folder / "zeolite_table.pdf"
+    doc.save(path)
+    engine = kb_engine.Engine()
+    kb_root = str(tmp_path / ".kb")
+    engine.execute("ingest", {"paths": [str(folder)], "kb_root": kb_root})
+    doc_id = engine.execute("docs", {"kb_root": kb_root})["docs"][0]["doc_id"]
+    shown = engine.execute("show", {"doc_id": doc_id, "figure": "Table 1", "page": 1, "kb_root": kb_root,
+                                    "inline": True})
+    assert "note" not in shown, shown
+    x0, y0, x1, y1 = shown["images"][0]["clip"]
+    assert y0 <= 181 and y1 >= 300, "from the caption to the bottom rule, every row inside"
+    assert y1 < 320, "the paragraph under the table stays out"
+    assert x0 <= 72 and x1 >= 523
+    engine.close()

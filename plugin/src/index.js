@@ -32,6 +32,8 @@ export const Config = Schema.object({
     .description('Stop a workspace engine after this many idle minutes (0: keep it running).'),
   engine: Schema.string().default('')
     .description('Path of kb_engine.py; empty: the copy shipped with the plugin or the repository.'),
+  modelImages: Schema.union(['off', 'auto']).default('off')
+    .description('"auto": kb_show pictures, and the pictures a model asks kb_search / kb_rag for, also go to the model as images when the active model reads images. Off by default: DSH 0.1.0-rc.8 keeps images in the session history and fails later requests if the session switches to a text-only model.'),
 })
 
 /** kb_engine.py: the configured path, else one next to the package, else the repository root above it. */
@@ -138,7 +140,8 @@ export function apply(ctx, config) {
   }
 
   ctx.systemPrompt.section({ name: 'tool:kb', order: 160, text: GUIDANCE_SECTION })
-  for (const tool of createTools({ call, ready, workspace, scope, log })) ctx.tools.register(tool)
+  const images = config.modelImages === 'auto' ? { attachments: () => ctx.get('attachments'), llm: () => ctx.get('llm') } : null
+  for (const tool of createTools({ call, ready, workspace, scope, log, images })) ctx.tools.register(tool)
 
   ctx.effect(() => () => pool.closeAll())
 }

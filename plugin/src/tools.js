@@ -17,6 +17,27 @@ const CARD_TOOLS = new Set([...RETRIEVAL_TOOLS, 'kb_show'])
 // PNG of at most 640 pixels wide, kept with the card, not shown to the model).
 export const CARD_PICTURES = 3
 
+/** Whether the model this call runs on reads images, asked as DSH's own read_image tool asks it. */
+async function modelReadsImages(llm, exec) {
+  if (typeof llm?.resolveModelInfo !== 'function') return false
+  const routed = exec?.agent?.session?.requestHeader?.()?.config
+  const provider = routed?.provider ?? exec?.agent?.options?.provider
+  const model = routed?.model ?? exec?.agent?.options?.model
+  try {
+    const info = await llm.resolveModelInfo(provider, model, exec?.signal)
+    return Array.isArray(info?.inputModalities) && info.inputModalities.includes('image')
+  } catch {
+    return false
+  }
+}
+
+/** The pictures of an answer the model is to see: kb_show's images, or the first `wanted` hits' pictures. */
+function picturesFor(tool, value, wanted) {
+  if (tool.name === 'kb_show') return (value.images ?? []).filter((i) => typeof i?.data === 'string')
+  const hits = value.results ?? value.evidence ?? []
+  return hits.map((h) => h?.picture).filter((p) => typeof p?.data === 'string').slice(0, wanted)
+}
+
 /**
  * @param {object} kb
  * @param {(exec: object, command: string, payload: object) => Promise<object>} kb.call  run an engine command
@@ -24,6 +45,8 @@ export const CARD_PICTURES = 3
  * @param {(exec: object) => string} kb.workspace  the call's workspace
  * @param {import('./scope.js').ScopeStore} kb.scope
  * @param {{debug: Function}} kb.log
+ * @param {{attachments: () => any, llm: () => any} | null} [kb.images]  where pictures go to the model as images
+ *   (`modelImages: 'auto'`); null keeps them on the cards
  */
 export function createTools(kb) {
   async function sessionInfo(exec, key) {
@@ -60,9 +83,25 @@ export function createTools(kb) {
     return { ...(await kb.call(exec, tool.command, { ...payload, pictures, render: 'markdown', render_budget: budget })), session }
   }
 
+  /** The answer's pictures saved as DSH image attachments when the model reads images; [] otherwise. */
+  async function modelImages(tool, value, args, exec) {
+    const wanted = tool.name === 'kb_show' ? Infinity : (args.pictures ?? 0)
+    const attachments = kb.images?.attachments?.()
+    if (!wanted || typeof attachments?.saveImage !== 'function') return []
+    const pictures = picturesFor(tool, value, wanted)
+    if (!pictures.length || !(await modelReadsImages(kb.images.llm?.(), exec))) return []
+    const refs = []
+    for (const picture of pictures) {
+      refs.push(await attachments.saveImage({ data: Buffer.from(picture.data, 'base64'), mediaType: picture.media_type || 'image/png', name: `kb-passage-p${picture.page}.png` }))
+    }
+    return refs
+  }
+
   function output(tool) {
     if (tool.command === null) return { schema: OBJECT, render: (_args, value) => [{ type: 'text', text: renderScope(value) }] }
-    const render = (_args, value) => [{ type: 'text', text: renderResult(value) }]
+    // after the text, the pictures the model was given (image attachments; none for a text-only model)
+    const render = (_args, value) => [{ type: 'text', text: renderResult(value) },
+      ...(Array.isArray(value?.model_images) ? value.model_images : []).map((attachment) => ({ type: 'image', attachment }))]
     if (CARD_TOOLS.has(tool.name)) return { schema: OBJECT, render, presentationMeta: (_args, value) => cardView(value) }
     return { schema: OBJECT, render }
   }
@@ -77,8 +116,14 @@ export function createTools(kb) {
       checkArguments(tool, args)
       if (tool.command === null) return clean(await runScope(args, exec))
       const payload = { ...buildPayload(tool, args, kb.workspace(exec)), ...(tool.fixed ?? {}) }
-      if (RETRIEVAL_TOOLS.has(tool.name)) return clean(await runRetrieval(tool, payload, exec))
-      return clean(await kb.call(exec, tool.command, { ...payload, render: 'markdown' }))
+      const value = RETRIEVAL_TOOLS.has(tool.name)
+        ? await runRetrieval(tool, payload, exec)
+        : await kb.call(exec, tool.command, { ...payload, render: 'markdown' })
+      if (CARD_TOOLS.has(tool.name)) {
+        const images = await modelImages(tool, value, args, exec)
+        if (images.length) value.model_images = images
+      }
+      return clean(value)
     },
   }))
 }

@@ -41,7 +41,9 @@ test('Config fills the documented defaults and rejects wrong types', () => {
     autoPip: false,
     idleMinutes: 30,
     engine: '',
+    modelImages: 'off',
   })
+  assert.throws(() => plugin.Config({ modelImages: 'always' }))
   assert.throws(() => plugin.Config({ idleMinutes: 'soon' }))
   assert.throws(() => plugin.Config({ idleMinutes: -1 }))
   assert.throws(() => plugin.Config({ autoPip: 'yes' }))
