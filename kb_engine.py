@@ -7441,11 +7441,13 @@ def _article(word: str) -> str:
 # (PyMuPDF's structured text, with the reader's flags) by letters and digits alone. The page text joins hyphenated
 # line ends, prints superscript citations as [n], unfolds ligatures and leaves out running heads; none of that
 # changes the passage's letters and digits. It is placed piece by piece (the longest stretch found at once, then
-# the rest): a piece continues the one before when it follows within a few skipped characters (a dropped footnote
-# mark, a subscript); any other piece (a column or page part elsewhere on the page) must be long and occur once.
-# Each line's rectangle is then cleared of every other glyph it touches, so that the text inside the rectangles is
-# the passage's and nothing else. Anything less certain leaves the hit without boxes and a note: a box is never
-# drawn on the wrong lines. Boxes are computed after the query cache, from the file as it is now.
+# the rest): a piece continues the one before when it comes next in glyph order, past a few skipped characters (a
+# dropped footnote mark, a subscript) or, for a longer piece, past a figure's labels; a piece elsewhere (a column
+# stored out of order) counts only when it makes the one placement the whole passage has. Each line's rectangle is
+# then cleared of every other glyph it touches, and a last check counts what the rectangles touch, so that the
+# text inside them is the passage's, each glyph once, and nothing else. Anything less certain leaves the hit
+# without boxes and a note: a box is never drawn on the wrong lines. Boxes are computed after the query cache,
+# from the file as it is now.
 #
 # Pictures (``show``): the page, or the passage with some context, rendered as PNG with a translucent marker
 # multiplied over the boxes and no other pixel changed.
