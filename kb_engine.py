@@ -7930,12 +7930,12 @@ def passage_clip(page, rects: list[list[float]], crop: bool) -> tuple[float, flo
             min(area.x1, x1 + SHOW_MARGIN_PT), min(area.y1, y1 + 2))
 
 
-def picture_dpi(clip: tuple[float, float, float, float], asked: int | None) -> int:
-    """The asked resolution, or one that draws the clip ``SHOW_WIDTH_PX`` wide (within the default's range)."""
+def picture_dpi(clip: tuple[float, float, float, float], asked: int | None, width_px: int = SHOW_WIDTH_PX) -> int:
+    """The asked resolution, or one that draws the clip ``width_px`` wide (within the default's range)."""
     if asked is not None:
         return asked
     width = max(clip[2] - clip[0], 1.0)
-    return max(SHOW_DPI_RANGE[0], min(SHOW_DEFAULT_DPI_MAX, int(SHOW_WIDTH_PX * 72 / width)))
+    return max(SHOW_DPI_RANGE[0], min(SHOW_DEFAULT_DPI_MAX, int(width_px * 72 / width)))
 
 
 def render_passage(page, rects: list[list[float]], clip: tuple[float, float, float, float], dpi: int) -> dict:
@@ -8011,8 +8011,7 @@ def hit_picture(placer: "BoxPlacer", doc_id: int, placed: dict) -> dict:
     first = placed["boxes"][0]
     page = opened[0][first["page"] - 1]
     clip = passage_clip(page, first["rects"], crop=True)
-    dpi = max(SHOW_DPI_RANGE[0], min(SHOW_DEFAULT_DPI_MAX, int(PICTURE_WIDTH_PX * 72 / max(clip[2] - clip[0], 1.0))))
-    picture = render_passage(page, first["rects"], clip, dpi)
+    picture = render_passage(page, first["rects"], clip, picture_dpi(clip, None, PICTURE_WIDTH_PX))
     return {"picture": {**picture_record(picture, first["page"]),
                         "data": base64.b64encode(picture["png"]).decode("ascii")}}
 
@@ -8147,14 +8146,14 @@ def _show_request(payload: dict) -> dict:
     return request
 
 
-def _show_document(lib: Library, doc_id: int) -> sqlite3.Row:
+def _show_document(lib: Library, doc_id: int, known: dict) -> sqlite3.Row:
     row = lib.conn.execute("SELECT id, path, kind, title, pages, size, mtime_ns, sha256 FROM docs WHERE id = ?",
                            (doc_id,)).fetchone()
     if row is None:
         raise KBError("not_found", f"no document has doc_id {doc_id} (see `docs`)")
     if row["kind"] != "pdf":
         raise KBError("bad_request", f"document {doc_id} is a {row['kind']} file; show draws PDF pages")
-    why = indexed_file_state(row)
+    why = indexed_file_state(row, known)
     if why:
         code = "not_found" if "no longer" in why else "stale"
         raise KBError(code, f"document {doc_id} ({os.path.basename(row['path'])}): {why}; nothing is drawn from a file "
@@ -8219,8 +8218,8 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
     request = _show_request(payload)
     if lib is None:
         raise KBError("not_found", f"no document has doc_id {request['doc_id']}: the library is empty")
-    row = _show_document(lib, request["doc_id"])
     placer = BoxPlacer(lib, state.pages)
+    row = _show_document(lib, request["doc_id"], placer.cache.files)
     answer: dict = {"doc_id": row["id"], "title": row["title"], "file": os.path.basename(row["path"]),
                     "path": row["path"]}
     try:
@@ -12455,6 +12454,11 @@ class Command:
                 + (HOST_FIELDS if self.name in RENDERERS else ()))
 
 
+# search --show, rag --show: each PDF passage drawn highlighted on its page (``_attach_pictures``)
+SHOW_FLAG = Flag(("--show",), "also draw each PDF passage highlighted on its page (PNG files in the library's "
+                              "picture cache) and print the paths", SWITCH)
+
+
 RELOAD_FIELDS = (
     Field("drop_models", "boolean", "`false`",
           "also release the loaded embedder and reranker (and free the GPU's cached memory), so that the next use "
@@ -12481,11 +12485,10 @@ COMMAND_TABLE = (
             cli_flags=(Flag(("--follow",), "wait until the job (default: the running one) ends, with a progress bar "
                                            "on a terminal", SWITCH),)),
     Command("search", "find passages", lambda c: cmd_search(c.lib, c.payload, c.models, c.state),
-            fields=SEARCH_FIELDS),
+            fields=SEARCH_FIELDS, cli_flags=(SHOW_FLAG,)),
     Command("rag", "evidence, answering guidance and related work",
             lambda c: cmd_rag(c.lib, c.payload, c.models, c.state), fields=RAG_FIELDS,
-            cli_flags=(Flag(("--show",), "also draw each PDF evidence passage highlighted on its page (PNG files in "
-                                         "the library's picture cache) and print the paths", SWITCH),)),
+            cli_flags=(SHOW_FLAG,)),
     Command("show", "draw a hit's passage highlighted on its PDF page (PNG)",
             lambda c: cmd_show(c.lib, c.payload, c.state), fields=SHOW_FIELDS),
     Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state),
@@ -13101,8 +13104,8 @@ def _missing_one_of(command: Command, payload: dict) -> str | None:
 
 
 def _attach_pictures(engine: Engine, response: dict, library: dict) -> None:
-    """``rag --show``: each PDF evidence item gets ``picture`` (the PNG's path) or ``picture_note``."""
-    for item in response.get("evidence") or []:
+    """``search --show`` / ``rag --show``: each PDF hit gets ``picture`` (the PNG's path) or ``picture_note``."""
+    for item in response.get("evidence") or response.get("results") or []:
         if item.get("kind") != "pdf" or item.get("char_start") is None:
             continue
         span = {key: item.get(key) for key in ("doc_id", "page", "char_start", "page_end", "char_end")}
@@ -13204,7 +13207,7 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     finally:
         if progress is not None:
             progress.close()
-    if command.name == "rag" and getattr(args, "show", False):
+    if getattr(args, "show", False):            # search --show, rag --show
         _attach_pictures(engine, response, library)
     if args.json and command.name == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
         sys.stdout.write(host_contract_text())     # refreshes the file

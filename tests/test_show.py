@@ -256,6 +256,13 @@ def test_cli_show_writes_the_png_and_prints_its_path(library, tmp_path):
     assert rag.returncode == 0, rag.stderr
     pictures = [line.split("picture: ")[1].split(" · ")[0] for line in rag.stdout.splitlines() if "picture: /" in line]
     assert pictures and all(os.path.isfile(p) for p in pictures)
+    search = subprocess.run([sys.executable, str(ENGINE), "--kb-root", str(library["kb_root"]), "search",
+                             "photocatalyst quantum efficiency", "--mode", "keyword", "-k", "3", "--show"],
+                            capture_output=True, text=True, timeout=120, env=clean_env())
+    assert search.returncode == 0, search.stderr
+    drawn = [line for line in search.stdout.splitlines() if line.strip().startswith("picture: ")]
+    assert drawn and all(os.path.isfile(line.split("picture: ")[1].split(" · ")[0]) for line in drawn
+                         if "picture: /" in line)
 
 
 def test_a_table_is_cropped_from_its_caption_down_to_its_last_rule(kb_engine, tmp_path):
