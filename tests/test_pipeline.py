@@ -493,7 +493,8 @@ def test_feeder_writes_a_vector_for_every_chunk(tmp_path, monkeypatch, st_minilm
     expected = st_minilm.encode([texts[i] for i in ids], normalize_embeddings=True, convert_to_numpy=True,
                                 show_progress_bar=False)
     cosines = (stored * expected).sum(axis=1) / (np.linalg.norm(stored, axis=1) * np.linalg.norm(expected, axis=1))
-    assert cosines.min() > 0.999, sorted(zip(cosines, ids))[:3]
+    # the stated int8 bound of the default CPU backend (float32 is held to 0.9999 in tests/test_onnx_backend.py)
+    assert cosines.min() > 0.97 and cosines.mean() > 0.985, sorted(zip(cosines, ids))[:3]
 
     # a second ingest encodes only the new file's chunks, and leaves the others' vectors alone
     new = sp.make_cited_paper(papers)

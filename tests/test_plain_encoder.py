@@ -91,7 +91,7 @@ def st_minilm(minilm):
 
 @pytest.fixture(scope="module")
 def plain_minilm(kb_engine, minilm):
-    return kb_engine.load_sentence_encoder(str(minilm), "cpu")
+    return kb_engine.load_sentence_encoder(str(minilm), "cpu", backend="torch")[0]
 
 
 def test_minilm_layout_is_recognised(kb_engine, minilm, plain_minilm):
@@ -130,6 +130,7 @@ def test_minilm_empty_batch(plain_minilm):
 
 def test_models_embedder_uses_plain_encoder(kb_engine, minilm, st_minilm, monkeypatch):
     monkeypatch.setenv("KB_CPU_BF16", "0")      # float32 throughout: the vectors must match to 1e-5
+    monkeypatch.setenv("KB_EMBED_BACKEND", "torch")
     models = kb_engine.Models()
     embedder = models.embedder()
     assert isinstance(embedder.model, kb_engine.PlainSentenceEncoder)
@@ -156,6 +157,7 @@ def test_cpu_bfloat16_stays_within_cosine_0_9995_of_float32(kb_engine, minilm, s
     pointing where the float32 one does, and the device report says so."""
     expected = _st_vectors(st_minilm, TEXTS)
     monkeypatch.setenv("KB_CPU_BF16", "1")
+    monkeypatch.setenv("KB_EMBED_BACKEND", "torch")
     models = kb_engine.Models()
     embedder = models.embedder()
     assert embedder.model.cpu_bf16 is True
@@ -187,7 +189,7 @@ def test_cpu_bfloat16_auto_follows_amx(kb_engine, monkeypatch):
 
 def test_switch_forces_sentence_transformers(kb_engine, minilm, st_minilm, monkeypatch):
     monkeypatch.setenv("KB_PLAIN_ENCODER", "0")
-    model = kb_engine.load_sentence_encoder(str(minilm), "cpu")
+    model = kb_engine.load_sentence_encoder(str(minilm), "cpu", backend="torch")[0]
     assert isinstance(model, SentenceTransformer)
     embedder = kb_engine.Models().embedder()
     assert isinstance(embedder.model, SentenceTransformer)
@@ -220,7 +222,7 @@ def test_engine_never_imports_sentence_transformers(minilm, tmp_path):
                           capture_output=True, text=True, cwd=str(ROOT), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["model"] == out["engine_model"] == "PlainSentenceEncoder", out
+    assert out["model"] == out["engine_model"] in ("PlainSentenceEncoder", "OnnxSentenceEncoder"), out
     assert out["rows"] == 3 and out["vectors"] >= 1 and out["hits"] >= 1, out
     assert out["st"] is False, "sentence_transformers was imported although the plain encoder covers MiniLM"
 
@@ -326,7 +328,7 @@ def test_tiny_model_matches_sentence_transformers(kb_engine, tiny, module_env, n
         "pooling": pooling, "normalize": normalize, "max_seq_length": max_seq, "lower_case": lower}
     reference = _st(folder)
     assert reference.max_seq_length == max_seq       # sentence-transformers reads the same settings
-    plain = kb_engine.load_sentence_encoder(str(folder), "cpu")
+    plain = kb_engine.load_sentence_encoder(str(folder), "cpu", backend="torch")[0]
     assert isinstance(plain, kb_engine.PlainSentenceEncoder)
     assert plain.runtime == "native"
     assert plain.get_sentence_embedding_dimension() == DIM
@@ -355,7 +357,7 @@ def test_bert_the_native_runner_does_not_reproduce_runs_on_transformers(kb_engin
     vectors; the native runner gives the same vectors where it applies."""
     folder = tmp_path / case
     shutil.copytree(tiny["cls"], folder)
-    native = kb_engine.load_sentence_encoder(str(folder), "cpu")
+    native = kb_engine.load_sentence_encoder(str(folder), "cpu", backend="torch")[0]
     assert native.runtime == "native"
     if case == "switched_off":
         monkeypatch.setenv("KB_NATIVE_BERT", "0")
@@ -371,7 +373,7 @@ def test_bert_the_native_runner_does_not_reproduce_runs_on_transformers(kb_engin
         t.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
         (folder / "model.safetensors").unlink()
     assert kb_engine.native_bert_setup(str(folder)) is None
-    model = kb_engine.load_sentence_encoder(str(folder), "cpu")
+    model = kb_engine.load_sentence_encoder(str(folder), "cpu", backend="torch")[0]
     assert isinstance(model, kb_engine.PlainSentenceEncoder) and model.runtime == "transformers"
     if case in ("switched_off", "no_safetensors"):      # the same model, another runtime
         assert _max_diff(model.encode(TINY_TEXTS), native.encode(TINY_TEXTS)) < TOLERANCE
@@ -393,7 +395,7 @@ def test_native_loading_imports_neither_transformers_nor_sentence_transformers(m
               "assert e.model.runtime == 'native' and v.shape == (2, 384)\n"
               "print(sorted(m for m in ('transformers', 'sentence_transformers') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=clean_env(KB_EMBED_MODEL=str(minilm), HF_HUB_OFFLINE="1"))
+                          env=clean_env(KB_EMBED_MODEL=str(minilm), HF_HUB_OFFLINE="1", KB_EMBED_BACKEND="torch"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
 
@@ -405,7 +407,7 @@ def test_other_layouts_fall_back_to_sentence_transformers(kb_engine, tiny, modul
     assert kb_engine.plain_sentence_layout(str(folder)) is None
     if name == "nested_transformer":       # a made-up layout sentence-transformers need not load either
         return
-    model = kb_engine.load_sentence_encoder(str(folder), "cpu")
+    model = kb_engine.load_sentence_encoder(str(folder), "cpu", backend="torch")[0]
     assert isinstance(model, SentenceTransformer)
     embedder = kb_engine.Embedder(str(folder), kb_engine.DeviceManager(), model, "cpu")
     reference = _st(folder)
@@ -428,7 +430,7 @@ def test_declared_prompts_are_applied_once_by_either_loader(kb_engine, tiny, mod
     assert _max_diff(expected_queries, expected_passages) > 1e-3      # the prompt changes the vectors
     for plain in ("1", "0"):
         monkeypatch.setenv("KB_PLAIN_ENCODER", plain)
-        model = kb_engine.load_sentence_encoder(str(folder), "cpu")
+        model = kb_engine.load_sentence_encoder(str(folder), "cpu", backend="torch")[0]
         assert isinstance(model, kb_engine.PlainSentenceEncoder) == (plain == "1")
         prompts = kb_engine.model_prompts(str(folder), str(folder))
         assert (prompts.query, prompts.passage, prompts.source) == ("query: ", "", "model folder")
@@ -440,15 +442,16 @@ def test_declared_prompts_are_applied_once_by_either_loader(kb_engine, tiny, mod
 def test_switch_off_with_tiny_model(kb_engine, tiny, monkeypatch):
     monkeypatch.setenv("KB_PLAIN_ENCODER", "0")
     assert kb_engine.plain_sentence_layout(str(tiny["cls"])) is not None
-    assert isinstance(kb_engine.load_sentence_encoder(str(tiny["cls"]), "cpu"), SentenceTransformer)
+    assert isinstance(kb_engine.load_sentence_encoder(str(tiny["cls"]), "cpu", backend="torch")[0], SentenceTransformer)
     monkeypatch.setenv("KB_PLAIN_ENCODER", "1")
-    assert isinstance(kb_engine.load_sentence_encoder(str(tiny["cls"]), "cpu"), kb_engine.PlainSentenceEncoder)
+    plain, _ = kb_engine.load_sentence_encoder(str(tiny["cls"]), "cpu", backend="torch")
+    assert isinstance(plain, kb_engine.PlainSentenceEncoder)
 
 
 def test_native_save_format_gives_same_vectors(kb_engine, tiny, module_env):
     """A folder as the installed sentence-transformers saves it: whichever loader is chosen, same vectors."""
     folder = tiny["native"]
-    model = kb_engine.load_sentence_encoder(str(folder), "cpu")
+    model = kb_engine.load_sentence_encoder(str(folder), "cpu", backend="torch")[0]
     embedder = kb_engine.Embedder(str(folder), kb_engine.DeviceManager(), model, "cpu")
     assert _max_diff(embedder.encode_passages(TINY_TEXTS), _st_vectors(_st(folder), TINY_TEXTS)) < TOLERANCE
 
