@@ -6071,8 +6071,10 @@ class OnnxSentenceEncoder:
         if words is None or words.ndim != 2 or words.shape[1] != self.hidden_size:
             raise ValueError(f"not a BERT checkpoint: {WORD_TABLE} missing or misshapen")
         self.words = words
+        self.session: Any = None         # the measurement leaves the chosen one loaded
         self.precision, self.choice = self._choose(setup, precision or onnx_precision_setting())
-        self.session = _onnx_session(str(self._graph_path(setup, self.precision)))
+        if self.session is None:
+            self.session = _onnx_session(str(self._graph_path(setup, self.precision)))
 
     # -- the cached graphs and the precision measured for them -----------------------------------------------
     @staticmethod
@@ -6127,6 +6129,7 @@ class OnnxSentenceEncoder:
         speedup = best["fp32"] / max(best["int8"], 1e-9)
         agrees = mean >= INT8_MIN_MEAN_AGREEMENT and low >= INT8_MIN_AGREEMENT
         precision = "int8" if agrees and speedup >= INT8_MIN_SPEEDUP else "fp32"
+        self.session = sessions[precision]
         measured = f"agreement {mean:.4f}, lowest {low:.4f}, on the model's scale"
         reason = (f"int8 agrees with float32 ({measured}) and runs {speedup:.2f}x as fast here"
                   if precision == "int8" else
@@ -8803,9 +8806,7 @@ def _picture_file(folder: Path, row: sqlite3.Row, page: int, picture: dict) -> s
                                         hashlib.sha256(picture["png"]).hexdigest()]).encode()).hexdigest()[:16]
     path = folder / f"doc{row['id']}-p{page}-{digest}.png"
     if not path.exists():
-        temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
-        temporary.write_bytes(picture["png"])
-        os.replace(temporary, path)
+        _write_atomically(path, picture["png"])
     return str(path)
 
 
@@ -9721,10 +9722,8 @@ class JobStore:
 
     def write(self, job: dict) -> None:
         job["updated"] = time.time()
-        path = self.path_of(job["job_id"])
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(job, ensure_ascii=False, allow_nan=False), encoding="utf-8")
-        os.replace(temporary, path)
+        _write_atomically(self.path_of(job["job_id"]),
+                          json.dumps(job, ensure_ascii=False, allow_nan=False).encode("utf-8"))
 
     def checked(self, job: dict) -> dict:
         """The job, marked failed when its process died without saying so."""
