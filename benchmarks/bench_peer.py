@@ -55,7 +55,8 @@ from common import REPO_ROOT, model_name, record  # noqa: E402
 
 OURS = REPO_ROOT / "kb_engine.py"
 PEER_URL = "https://github.com/Breeze136/dsh-kb-rag"
-TARGETS = {"first_ingest": 0.6, "reingest": 0.2, "warm_query_p50": 1.0}
+# ours/peer ratios asked for (issue 32: first ingest at most 0.4x; re-ingest and warm queries no slower)
+TARGETS = {"first_ingest": 0.4, "reingest": 0.2, "warm_query_p50": 1.0}
 CALL_TIMEOUT_S = 3600
 
 # Runs in a fresh process: argv[1] engine folder, argv[2] "ours" or "peer". Prints import and load seconds.

