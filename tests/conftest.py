@@ -33,6 +33,7 @@ FILE_MARKS = {
     "test_plain_encoder.py": ("model",),
     "test_prompts.py": ("model",),
     "test_model_import.py": ("slow", "model"),      # builds and loads multilingual-e5 (about 20 s)
+    "test_ocr.py": ("slow",),                       # OCR of five generated scan pages (about a minute)
 }
 
 
@@ -46,6 +47,8 @@ def pytest_configure(config):
     # Nor does a test get the embedded default model on its own: importing multilingual-e5-small would give every
     # library vectors, and tests of it turn this back on (tests/test_model_import.py).
     os.environ["KB_AUTO_IMPORT"] = "0"
+    # OCR takes seconds a page: the sample scans stay skipped unless a test of OCR asks for it (tests/test_ocr.py)
+    os.environ["KB_OCR"] = "off"
 
 
 def pytest_unconfigure(config):

@@ -24,14 +24,14 @@ import kb_engine  # noqa: E402
 CRASH_EXIT_CODE = 3
 
 
-def read(path: str):
+def read(path: str, options=None):
     name = os.path.basename(path)
     if "crash" in name:
         os._exit(CRASH_EXIT_CODE)
     if "slow" in name:
         time.sleep(0.5)
-    return kb_engine.prepare_file(path)
+    return kb_engine.prepare_file(path, options)
 
 
-def pid(_path: str) -> int:
+def pid(_path: str, _options=None) -> int:
     return os.getpid()

@@ -69,6 +69,7 @@ def clean_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["KB_AUTO_IMPORT"] = "0"          # no embedded default on its own (tests of it pass KB_AUTO_IMPORT="1")
+    env["KB_OCR"] = "off"                # the sample scans stay skipped (tests of OCR pass KB_OCR="auto")
     env["PYTHONIOENCODING"] = "utf-8"
     env.update({k: str(v) for k, v in extra.items() if v is not None})
     return env

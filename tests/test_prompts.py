@@ -37,6 +37,7 @@ def prompted_model(monkeypatch, tmp_path) -> Path:
     config_path.write_text(json.dumps(config), encoding="utf-8")
     monkeypatch.setenv("KB_EMBED_MODEL", str(folder))
     monkeypatch.setenv("KB_EMBED_BACKEND", "torch")     # compared with sentence-transformers to 1e-4
+    monkeypatch.setenv("KB_CPU_BF16", "0")              # in float32 (on a CPU with AMX torch would use bfloat16)
     return folder
 
 

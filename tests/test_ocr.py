@@ -1,0 +1,171 @@
+"""Scanned pages become searchable (issue 33, first part): a generated two-column English paper and a Chinese page,
+rendered to image-only PDFs, come back through OCR with their text in reading order (similarity to the original
+text layer), their sections and page numbers; a page whose text layer is garbage is OCR'd; ``ocr: "off"`` skips
+as before; a repeated ingest reads the OCR cache (no OCR call, asserted); without the OCR extra the skip names it.
+With the real RapidOCR models of the rapidocr-onnxruntime wheel."""
+from __future__ import annotations
+
+import difflib
+import re
+import shutil
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "examples"))
+import sample_papers  # noqa: E402
+
+# About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
+pytestmark = pytest.mark.internals
+
+SCAN_DPI = 200          # the resolution of the generated scans (a library scanner's usual setting)
+
+
+def image_only(source, target, dpi: int = SCAN_DPI):
+    """A copy of a PDF whose pages are only pictures of the original pages: no text layer at all."""
+    import pymupdf
+    with pymupdf.open(source) as original, pymupdf.open() as copy:
+        for page in original:
+            picture = page.get_pixmap(dpi=dpi, colorspace=pymupdf.csGRAY)
+            scanned = copy.new_page(width=page.rect.width, height=page.rect.height)
+            scanned.insert_image(scanned.rect, pixmap=picture)
+        copy.save(target)
+    return target
+
+
+def garbled_copy(source, target):
+    """A scan with a text layer that reads as private-use characters (a font whose map points nowhere)."""
+    import pymupdf
+    image_only(source, target)
+    with pymupdf.open(target) as doc:
+        for page in doc:
+            page.insert_text((72, 120), "".join(chr(0xE000 + i % 400) for i in range(600)), fontsize=6,
+                             render_mode=3)
+        doc.saveIncr()
+    return target
+
+
+def compact(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+@pytest.fixture(scope="module")
+def scans(tmp_path_factory):
+    pytest.importorskip("rapidocr_onnxruntime")
+    folder = tmp_path_factory.mktemp("ocr_sources")
+    two_column = sample_papers.make_twocolumn_paper(folder)
+    chinese = sample_papers.make_chinese_paper(folder)
+    scans = tmp_path_factory.mktemp("ocr_scans")
+    return {"two_column": (two_column, image_only(two_column, scans / "scanned_two_column.pdf")),
+            "chinese": (chinese, image_only(chinese, scans / "scanned_chinese.pdf"))}
+
+
+@pytest.fixture(scope="module")
+def ocr_cache(kb_engine, scans, tmp_path_factory):
+    """The scans read once through page_texts (the OCR'd text, and its cache file for the ingest tests)."""
+    cache = tmp_path_factory.mktemp("ocr_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KB_CACHE_DIR", str(cache))
+        mp.setenv("KB_OCR", "auto")
+        texts = {name: (kb_engine.page_texts(str(original)), kb_engine.page_texts(str(scan)))
+                 for name, (original, scan) in scans.items()}
+    return cache / kb_engine.OCR_CACHE_FILENAME, texts
+
+
+def test_scanned_pages_read_back_in_reading_order(ocr_cache):
+    _, texts = ocr_cache
+    original, scanned = texts["two_column"]
+    assert len(scanned) == len(original) == 2
+    for page, (a, b) in enumerate(zip(original, scanned), start=1):
+        assert similarity(a, b) >= 0.88, (page, similarity(a, b), b[:600])
+    left = compact(scanned[0])
+    # the left column's paragraph reads on into its own next line, not into the right column's line beside it
+    assert "differsfromfoldinginatesttubeinoneimportantrespect" in left, scanned[0][:1500]
+    assert left.index("I.INTRODUCTION") < left.index("Multidomainproteins") < left.index("II.RELATEDWORK")
+    original, scanned = texts["chinese"]
+    assert similarity(compact(original[0]), compact(scanned[0])) >= 0.9, scanned[0][:600]
+    assert "钙钛矿太阳能电池在湿热环境下的稳定性研究" in scanned[0]
+
+
+def test_ingest_indexes_scans_with_sections_pages_and_a_cache(kb_engine, scans, ocr_cache, tmp_path,
+                                                              monkeypatch):
+    cache_file, _ = ocr_cache
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    for _, scan in scans.values():
+        shutil.copy(scan, papers / scan.name)          # a moved file: the cache is keyed by content
+    garbled_copy(scans["two_column"][0], papers / "garbled_layer.pdf")
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    shutil.copy(cache_file, kb / kb_engine.OCR_CACHE_FILENAME)
+    monkeypatch.setenv("KB_OCR", "auto")
+    calls = []
+    real = kb_engine.ocr_page_lines
+    monkeypatch.setattr(kb_engine, "ocr_page_lines", lambda page: calls.append(page.number) or real(page))
+    engine = kb_engine.Engine()
+    try:
+        reply = engine.execute("ingest", {"paths": [str(papers)], "kb_root": str(kb), "background": False})
+        files = {f["file"] if "file" in f else f["path"].rsplit("/", 1)[-1]: f for f in reply["files"]}
+        assert files["scanned_two_column.pdf"]["status"] == "added", files
+        assert files["scanned_two_column.pdf"]["ocr_pages"] == 2
+        assert files["scanned_chinese.pdf"]["status"] == "added" and files["scanned_chinese.pdf"]["ocr_pages"] == 1
+        assert files["garbled_layer.pdf"]["status"] == "added" and files["garbled_layer.pdf"]["ocr_pages"] == 2
+        assert len(calls) == 2             # only the garbled copy's two pages were not in the cache
+        found = engine.execute("search", {"query": "ribosome exit tunnel cotranslational folding two-domain",
+                                          "kb_root": str(kb), "mode": "keyword", "top_k": 5})
+        top = found["results"][0]
+        assert top["file"] in ("scanned_two_column.pdf", "garbled_layer.pdf") and top["page"] == 1, top
+        related = engine.execute("search", {"query": "coarse-grained structure-based models static ribosome",
+                                            "kb_root": str(kb), "mode": "keyword", "top_k": 3})
+        assert "related" in related["results"][0]["section"].lower(), related["results"][0]
+        zh = engine.execute("search", {"query": "氧化铝阻挡层 边缘密封", "kb_root": str(kb), "mode": "keyword"})
+        assert zh["results"][0]["file"] == "scanned_chinese.pdf"
+        docs = {d["file"]: d for d in engine.execute("docs", {"kb_root": str(kb)})["docs"]}
+        assert docs["scanned_two_column.pdf"]["page_coverage"]["ocr_pages"] == [1, 2]
+        assert "Cotranslational Folding" in docs["scanned_two_column.pdf"]["title"]
+        stats = engine.execute("stats", {"kb_root": str(kb)})
+        assert stats["page_coverage"]["ocr_pages"] == 5 and stats["page_coverage"]["ocr_docs"] == 3
+
+        again = engine.execute("ingest", {"paths": [str(papers)], "kb_root": str(kb), "background": False,
+                                          "force": True})
+        assert {f["status"] for f in again["files"]} == {"updated"}
+        assert len(calls) == 2             # re-read from the cache: no OCR at all
+    finally:
+        engine.close()
+
+
+def test_ocr_off_skips_as_before(kb_engine, scans, tmp_path, monkeypatch):
+    monkeypatch.setenv("KB_OCR", "auto")
+    engine = kb_engine.Engine()
+    try:
+        reply = engine.execute("ingest", {"paths": [str(scans["chinese"][1])], "kb_root": str(tmp_path / "kb"),
+                                          "ocr": "off", "background": False})
+        entry = reply["files"][0]
+        assert entry["status"] == "skipped" and entry["reason"] == "no_text_layer"
+        assert 'ocr: "off"' in entry["error"] and "ocr_pages" not in entry
+        with pytest.raises(kb_engine.KBError, match="ocr must be one of auto, off, force"):
+            engine.execute("ingest", {"paths": [str(scans["chinese"][1])], "kb_root": str(tmp_path / "kb"),
+                                      "ocr": "sometimes"})
+    finally:
+        engine.close()
+
+
+def test_without_the_ocr_extra_the_skip_names_it(kb_engine, tmp_path, monkeypatch):
+    """No rapidocr-onnxruntime: a scan is skipped as before, and the entry says which extra reads it."""
+    monkeypatch.setenv("KB_OCR", "auto")
+    monkeypatch.setattr(kb_engine, "ocr_available", lambda: False)
+    scan = sample_papers.make_scanned_pdf(tmp_path)
+    engine = kb_engine.Engine()
+    try:
+        entry = engine.execute("ingest", {"paths": [str(scan)], "kb_root": str(tmp_path / "kb"),
+                                          "background": False})["files"][0]
+    finally:
+        engine.close()
+    assert entry["status"] == "skipped" and entry["reason"] == "no_text_layer"
+    assert "pip install 'kb-rag[ocr]'" in entry["error"], entry
