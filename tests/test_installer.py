@@ -112,14 +112,17 @@ def run_install(args: list[str], env: dict, timeout: int = 600) -> subprocess.Co
 
 def test_requirements_agree_everywhere():
     import tomllib
-    listed = json.loads(engine_requirements(sys.executable, "--json", "--with-docx").stdout)
+    listed = json.loads(engine_requirements(sys.executable, "--json", "--with-docx", "--with-ocr").stdout)
     engine = {r["pip"] for r in listed if not r["optional"]}
     optional = {r["pip"] for r in listed if r["optional"]}
-    assert engine and "torch>=2.1,<2.14" in engine and optional == {"python-docx>=1.1"}
+    assert engine and "torch>=2.1,<2.14" in engine
+    assert optional == {"python-docx>=1.1", "rapidocr-onnxruntime==1.4.4"}
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert set(project["dependencies"]) == engine
-    assert set(project["optional-dependencies"]["docx"]) == optional
+    assert set(project["optional-dependencies"]["docx"]) | set(project["optional-dependencies"]["ocr"]) == optional
+    docx_only = json.loads(engine_requirements(sys.executable, "--json", "--with-docx").stdout)
+    assert {r["pip"] for r in docx_only if r["optional"]} == {"python-docx>=1.1"}
 
     deps_js = (ROOT / "plugin" / "src" / "deps.js").read_text()     # the plugin's gate asks the engine
     assert "pip: '" not in deps_js and "torch>=" not in deps_js
@@ -262,7 +265,8 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path, args, message):
 def test_help_lists_every_option():
     done = subprocess.run(["bash", str(INSTALL_SH), "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
-    for option in ("--profile", "--mirror", "--models", "--no-models", "--offline-model", "--with-docx", "--dry-run",
+    for option in ("--profile", "--mirror", "--models", "--no-models", "--offline-model", "--with-docx", "--with-ocr",
+                   "--dry-run",
                    "-y, --yes", "--python", "--venv", "--no-venv", "--torch", "--plugin", "--with-mcp"):
         assert option in done.stdout
 
@@ -424,7 +428,8 @@ def test_powershell_translation_table():
               " console.log(JSON.stringify({ ps: m.installerCommand(o, 'win32').argv,"
               " sh: m.installerCommand(o, 'linux').argv })) })")
     args = ["--profile", "web", "--mirror=https://m.example/simple", "--models", "--no-models", "--offline-model",
-            "--with-docx", "--with-mcp", "--python", "C:\\Py\\python.exe", "--venv", "D:\\kb venv", "--no-venv",
+            "--with-docx", "--with-ocr", "--with-mcp", "--python", "C:\\Py\\python.exe", "--venv", "D:\\kb venv",
+            "--no-venv",
             "--torch", "cpu", "--plugin", "dsh-kb-rag@0.1.0", "--dry-run", "-y", "-h"]
     done = subprocess.run(["node", "-e", script, json.dumps(args)], cwd=NPM_PACKAGE, capture_output=True,
                           text=True, timeout=60)
@@ -433,13 +438,15 @@ def test_powershell_translation_table():
     assert argv["ps"][:4] == ["-NoProfile", "-ExecutionPolicy", "Bypass", "-File"]
     assert argv["ps"][4].endswith("install.ps1")
     assert argv["ps"][5:] == ["-Profile", "web", "-Mirror", "https://m.example/simple", "-Models", "-NoModels",
-                              "-OfflineModel", "-WithDocx", "-WithMcp", "-Python", "C:\\Py\\python.exe", "-Venv",
+                              "-OfflineModel", "-WithDocx", "-WithOcr", "-WithMcp", "-Python", "C:\\Py\\python.exe",
+                              "-Venv",
                               "D:\\kb venv", "-NoVenv", "-Torch", "cpu", "-Plugin", "dsh-kb-rag@0.1.0",
                               "-DryRun", "-Yes",
                               "-Help"]
     assert argv["sh"][0].endswith("install.sh")
     assert argv["sh"][1:] == ["--profile", "web", "--mirror", "https://m.example/simple", "--models", "--no-models",
-                              "--offline-model", "--with-docx", "--with-mcp", "--python", "C:\\Py\\python.exe",
+                              "--offline-model", "--with-docx", "--with-ocr", "--with-mcp", "--python",
+                              "C:\\Py\\python.exe",
                               "--venv", "D:\\kb venv", "--no-venv", "--torch", "cpu", "--plugin", "dsh-kb-rag@0.1.0",
                               "--dry-run", "--yes", "--help"]
     # Every PowerShell parameter the table produces is declared by install.ps1.

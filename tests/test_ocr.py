@@ -169,3 +169,23 @@ def test_without_the_ocr_extra_the_skip_names_it(kb_engine, tmp_path, monkeypatc
         engine.close()
     assert entry["status"] == "skipped" and entry["reason"] == "no_text_layer"
     assert "pip install 'kb-rag[ocr]'" in entry["error"], entry
+
+
+def test_a_document_past_the_page_cap_keeps_its_ocrd_pages(kb_engine, scans, ocr_cache, tmp_path, monkeypatch):
+    cache_file, _ = ocr_cache
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    shutil.copy(cache_file, kb / kb_engine.OCR_CACHE_FILENAME)
+    monkeypatch.setenv("KB_OCR", "auto")
+    monkeypatch.setenv("KB_OCR_MAX_PAGES", "1")
+    engine = kb_engine.Engine()
+    try:
+        entry = engine.execute("ingest", {"paths": [str(scans["two_column"][1])], "kb_root": str(kb),
+                                          "background": False})["files"][0]
+        assert entry["status"] == "added" and entry["ocr_pages"] == 1, entry
+        assert "1 more pages without a text layer were not OCR'd: past KB_OCR_MAX_PAGES (1)" in entry["note"]
+        found = engine.execute("search", {"query": "ribosome exit tunnel two-domain protein", "kb_root": str(kb),
+                                          "mode": "keyword"})
+        assert {r["page"] for r in found["results"]} == {1}
+    finally:
+        engine.close()
