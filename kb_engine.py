@@ -8248,6 +8248,15 @@ def zotero_link(item_key: str, page: int | None) -> str:
     return f"zotero://open-pdf/library/items/{item_key}" + (f"?page={page}" if page else "")
 
 
+def _ocr_pages(coverage: str | None) -> set[int]:
+    if not coverage or '"ocr_pages"' not in coverage:
+        return set()
+    try:
+        return set(json.loads(coverage).get("ocr_pages") or ())
+    except (ValueError, AttributeError, TypeError):
+        return set()
+
+
 def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int,
                 with_citations: bool = False) -> list[dict]:
     if not hits:
@@ -8257,7 +8266,7 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
     rows = {row["id"]: row for row in lib.conn.execute(
         "SELECT c.id, c.doc_id, c.section, c.block, c.text, c.page, c.page_end, c.page_label, c.page_map, "
         "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels, d.zotero_key, "
-        "d.zotero_attachment_key FROM chunks c JOIN docs d ON d.id = c.doc_id "
+        "d.zotero_attachment_key, d.page_coverage FROM chunks c JOIN docs d ON d.id = c.doc_id "
         f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
     records = []
     for hit in hits:
@@ -8281,6 +8290,9 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
             "page": page, "page_end": page_end, "page_label": label, "char_start": char_start, "char_end": char_end,
             "score": hit.score if math.isfinite(hit.score) else 0.0, "snippet": snippet,
         })
+        ocr_pages = _ocr_pages(row["page_coverage"])
+        if ocr_pages and page is not None and any(p in ocr_pages for p in range(page, (page_end or page) + 1)):
+            records[-1]["ocr"] = True           # the passage's text was read from a picture of its page
         if row["zotero_key"]:
             records[-1]["zotero_key"] = row["zotero_key"]
             records[-1]["zotero_link"] = zotero_link(row["zotero_attachment_key"] or row["zotero_key"], page)
@@ -8901,6 +8913,30 @@ class PageCache:
         return found
 
 
+def layer_cached_ocr(doc, ocr_pages: Iterable[int], sha256: str, cache_file: str) -> None:
+    """Put the OCR'd text of an indexed document back on its pages, from the cache, as ingest laid it (a garbled
+    or forced page's own layer redacted first): the glyph boxes of snippets and ``show`` then find the passages
+    on scanned pages too. A page missing from the cache keeps what the file has."""
+    if not os.path.exists(cache_file):
+        return
+    cache = OcrCache(cache_file)
+    try:
+        for number in ocr_pages:
+            if not 1 <= number <= doc.page_count:
+                continue
+            lines = cache.get(sha256, number)
+            if not lines:
+                continue
+            page = doc[number - 1]
+            blocks, _ = _pdf_page_blocks(page)
+            if ocr_reason(page, blocks, "auto") in (None, "garbled"):       # forced, or a broken layer
+                page.add_redact_annot(page.rect)
+                page.apply_redactions(images=0, graphics=0)
+            layer_ocr_lines(page, lines)
+    finally:
+        cache.close()
+
+
 class BoxPlacer:
     """Places the passages of one request, opening each file once; pages come from ``cache`` (a fresh one when
     the caller keeps none)."""
@@ -8920,7 +8956,7 @@ class BoxPlacer:
         if doc_id in self.documents:
             return self.documents[doc_id]
         import pymupdf
-        row = self.lib.conn.execute("SELECT path, size, mtime_ns, sha256 FROM docs WHERE id = ?",
+        row = self.lib.conn.execute("SELECT path, size, mtime_ns, sha256, page_coverage FROM docs WHERE id = ?",
                                     (doc_id,)).fetchone()
         why = "no document has this doc_id" if row is None else indexed_file_state(row, self.cache.files)
         if why:
@@ -8928,8 +8964,11 @@ class BoxPlacer:
             return why
         try:
             st = os.stat(row["path"])
-            self.documents[doc_id] = (pymupdf.open(row["path"], filetype="pdf"),
-                                      (row["path"], st.st_size, st.st_mtime_ns))
+            doc = pymupdf.open(row["path"], filetype="pdf")
+            ocr_pages = _ocr_pages(row["page_coverage"])
+            if ocr_pages and row["sha256"]:
+                layer_cached_ocr(doc, sorted(ocr_pages), row["sha256"], str(self.lib.root / OCR_CACHE_FILENAME))
+            self.documents[doc_id] = (doc, (row["path"], st.st_size, st.st_mtime_ns))
         except Exception as exc:     # PyMuPDF raises its own types for damaged files
             self.documents[doc_id] = f"the file cannot be opened ({type(exc).__name__})"
         return self.documents[doc_id]

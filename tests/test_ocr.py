@@ -121,11 +121,22 @@ def test_ingest_indexes_scans_with_sections_pages_and_a_cache(kb_engine, scans, 
                                           "kb_root": str(kb), "mode": "keyword", "top_k": 5})
         top = found["results"][0]
         assert top["file"] in ("scanned_two_column.pdf", "garbled_layer.pdf") and top["page"] == 1, top
+        assert top["ocr"] is True                # the hit says its text was read from a picture of the page
         related = engine.execute("search", {"query": "coarse-grained structure-based models static ribosome",
                                             "kb_root": str(kb), "mode": "keyword", "top_k": 3})
         assert "related" in related["results"][0]["section"].lower(), related["results"][0]
-        zh = engine.execute("search", {"query": "氧化铝阻挡层 边缘密封", "kb_root": str(kb), "mode": "keyword"})
+        zh = engine.execute("search", {"query": "氧化铝阻挡层 边缘密封", "kb_root": str(kb), "mode": "keyword",
+                                       "boxes": True})
         assert zh["results"][0]["file"] == "scanned_chinese.pdf"
+        # the snippet is boxed on the scanned page, from the cached OCR lines: inside the page, where text is
+        boxes = zh["results"][0].get("boxes")
+        assert boxes, zh["results"][0].get("boxes_note")
+        assert boxes[0]["page"] == zh["results"][0]["page"] and boxes[0]["rects"]
+        for x0, y0, x1, y1 in boxes[0]["rects"]:
+            assert 30 < x0 < x1 < 570 and 40 < y0 < y1 < 800
+        english = engine.execute("search", {"query": "ribosome exit tunnel cotranslational folding two-domain",
+                                            "kb_root": str(kb), "mode": "keyword", "boxes": True})
+        assert all(r.get("boxes") for r in english["results"][:3]), [r.get("boxes_note") for r in english["results"]]
         docs = {d["file"]: d for d in engine.execute("docs", {"kb_root": str(kb)})["docs"]}
         assert docs["scanned_two_column.pdf"]["page_coverage"]["ocr_pages"] == [1, 2]
         assert "Cotranslational Folding" in docs["scanned_two_column.pdf"]["title"]
