@@ -2647,8 +2647,9 @@ OCR_CACHE_FILENAME = "ocr-cache.sqlite"     # beside kb.sqlite in a library; in 
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How files are read: the OCR mode and the cache of OCR'd pages (a SQLite file), sent to reader processes."""
-    ocr: str = "auto"
+    """How files are read: the OCR mode (None: KB_OCR's, else auto) and the cache of OCR'd pages (a SQLite file),
+    sent to reader processes."""
+    ocr: str | None = None
     ocr_cache: str | None = None
 
 

@@ -200,3 +200,13 @@ def test_a_document_past_the_page_cap_keeps_its_ocrd_pages(kb_engine, scans, ocr
         assert {r["page"] for r in found["results"]} == {1}
     finally:
         engine.close()
+
+
+def test_page_texts_follows_kb_ocr(kb_engine, scans, ocr_cache, monkeypatch):
+    """page_texts is the engine's text of a page under the ingest rule: with KB_OCR=off a scan has none, and it
+    is refused as ingest refuses it."""
+    _, texts = ocr_cache
+    monkeypatch.setenv("KB_OCR", "off")
+    with pytest.raises(kb_engine.FileRejected, match='OCR is off'):
+        kb_engine.page_texts(str(scans["chinese"][1]))
+    assert texts["chinese"][1][0].strip()          # the same page under auto (the module's fixture)
