@@ -2733,6 +2733,7 @@ class OcrCache:
 
 
 def _unreadable_share(text: str) -> float:
+    """The share of the visible characters that are replacement, private-use, control or unassigned ones."""
     visible = [ch for ch in text if not ch.isspace()]
     if not visible:
         return 0.0
@@ -2747,12 +2748,8 @@ def _page_has_picture(page, share: float = 0.25) -> bool:
         infos = page.get_image_info()
     except Exception:
         return False
-    return any(abs(page.rect & pymupdf_rect(info.get("bbox"))) >= share * area for info in infos)
-
-
-def pymupdf_rect(bbox) -> Any:
     import pymupdf
-    return pymupdf.Rect(bbox) if bbox else pymupdf.Rect()
+    return any(abs(page.rect & pymupdf.Rect(info["bbox"])) >= share * area for info in infos if info.get("bbox"))
 
 
 def ocr_reason(page, blocks: list, mode: str) -> str | None:
@@ -2797,12 +2794,19 @@ def ocr_page_lines(page) -> list[list]:
     return lines
 
 
+def column_side(x0: float, x1: float, width: float) -> str:
+    """Where a box sits on a page of this width: "full" (across the middle), "left" or "right" column."""
+    mid, tolerance = width / 2, width * 0.04
+    if x0 < mid - tolerance and x1 > mid + tolerance:
+        return "full"
+    return "left" if (x0 + x1) / 2 < mid else "right"
+
+
 def ocr_line_order(lines: list[list], width: float) -> list[list]:
     """The lines in writing order for the layer: top to bottom within each column, the left column of a band
     before the right one, full-width lines (titles, headings across both columns) where they fall. Lines written
     in the recognizer's row order would sit side by side on one baseline and be read as one line across both
     columns; in this order each stays a line of its own column."""
-    mid, tolerance = width / 2, width * 0.04
     ordered: list[list] = []
     band: dict[str, list[list]] = {"left": [], "right": []}
 
@@ -2812,12 +2816,12 @@ def ocr_line_order(lines: list[list], width: float) -> list[list]:
             band[side] = []
 
     for line in sorted(lines, key=lambda line: line[1][1]):
-        x0, x1 = line[1][0], line[1][2]
-        if x0 < mid - tolerance and x1 > mid + tolerance:
+        side = column_side(line[1][0], line[1][2], width)
+        if side == "full":
             flush()
             ordered.append(line)
         else:
-            band["left" if (x0 + x1) / 2 < mid else "right"].append(line)
+            band[side].append(line)
     flush()
     return ordered
 
@@ -2845,17 +2849,6 @@ def layer_ocr_lines(page, lines: list[list]) -> None:
         origin = pymupdf.Point(x0, y0 + (y1 - y0) * 0.8)
         page.insert_text(origin, text, fontsize=size, fontname="kbocr", render_mode=3,
                          morph=(origin, pymupdf.Matrix((x1 - x0) / width, 1)))
-
-
-def _file_sha256(path: str) -> str | None:
-    try:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for piece in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(piece)
-        return digest.hexdigest()
-    except OSError:
-        return None
 
 
 def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None) -> list[list]:
@@ -3114,15 +3107,7 @@ def _pdf_page_blocks(page) -> tuple[list[_PdfBlock], str]:
 
 def _reading_order(blocks: list[_PdfBlock], width: float) -> list[_PdfBlock]:
     """Order blocks for reading: full-width bands, and left column before right in two-column layouts."""
-    mid, tolerance = width / 2, width * 0.04
-
-    def column(block: _PdfBlock) -> str:
-        x0, x1 = block.bbox[0], block.bbox[2]
-        if x0 < mid - tolerance and x1 > mid + tolerance:
-            return "full"
-        return "left" if (x0 + x1) / 2 < mid else "right"
-
-    return _numbers_before_titles(_column_order(blocks, column))
+    return _numbers_before_titles(_column_order(blocks, lambda b: column_side(b.bbox[0], b.bbox[2], width)))
 
 
 def _numbers_before_titles(ordered: list[_PdfBlock]) -> list[_PdfBlock]:
@@ -3434,7 +3419,10 @@ class _PdfOcr:
             self.capped += 1
             return blocks, margin
         if self._sha256 is None:
-            self._sha256 = _file_sha256(self.path) or ""
+            try:
+                self._sha256 = sha256_of_file(self.path)
+            except OSError:
+                self._sha256 = ""           # read, not cached
         if reason == "garbled" or reason == "forced":
             page.add_redact_annot(page.rect)        # the broken (or replaced) text layer goes first
             page.apply_redactions(images=0, graphics=0)
@@ -3524,11 +3512,7 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
 def _is_mostly_unreadable(raw_pages) -> bool:
     """True when the 'text' is mostly replacement or private-use characters (broken font maps)."""
     text = "".join(b.text for blocks, _ in raw_pages for b in blocks)
-    visible = [ch for ch in text if not ch.isspace()]
-    if not visible:
-        return True
-    bad = sum(1 for ch in visible if ch == "\ufffd" or unicodedata.category(ch) in ("Co", "Cc", "Cn"))
-    return bad > 0.5 * len(visible)
+    return not text.strip() or _unreadable_share(text) > 0.5
 
 
 def _mark_pdf_title(blocks: list[Block], body_size: float) -> None:
