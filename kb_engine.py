@@ -106,7 +106,8 @@ DOCUMENT_LIMITS = {
     "KB_DOCX_MAX_RATIO": 100,      # uncompressed / compressed size of such a part, once it is over 8 MB
     "KB_TEXT_MAX_MB": 64,          # size of a TXT or Markdown file
     "KB_MAX_CHUNKS": 20_000,       # passages of one document (a 1,000-page book makes about 5,000)
-    "KB_OCR_MAX_PAGES": 300,       # pages of one document that are OCR'd (10 to 30 s each on two cores)
+    "KB_OCR_MAX_PAGES": 300,       # pages of one document that are OCR'd (5 to 15 s each on two cores)
+    "KB_OCR_PAGE_SECONDS": 120,    # one page's OCR; past it the page is left out (a page takes 5 to 15 s)
 }
 
 
@@ -289,6 +290,10 @@ ENVIRONMENT_VARIABLES = (
            "`300`",
            "pages of one PDF that are OCR'd; its further pages without a text layer are left out, and the ingest "
            "entry says how many (the OCR'd pages stay searchable)"),
+    EnvVar("KB_OCR_PAGE_SECONDS",
+           "`120`",
+           "the longest one page's OCR may take (a page takes 5 to 15 s on two cores); a page past it is left out, "
+           "uncached, and the ingest entry says how many were"),
     EnvVar("KB_ASYNC_THRESHOLD",
            "`25`",
            "through the JSON protocols, an ingest with more files than this to work on, or a zotero import with "
@@ -1511,6 +1516,7 @@ class Extracted:
     header: list = field(default_factory=list)       # HeaderLine of the first two PDF pages, for the metadata reader
     ocr_pages: list = field(default_factory=list)    # numbers of the pages whose text came from OCR
     ocr_capped: int = 0                              # pages without a text layer past KB_OCR_MAX_PAGES
+    ocr_timed_out: int = 0                           # pages whose OCR ran past KB_OCR_PAGE_SECONDS
 
     @property
     def pages(self) -> int | None:
@@ -2636,7 +2642,8 @@ def apply_numbering_levels(blocks: list[Block]) -> None:
 
 OCR_MODES = ("auto", "off", "force")
 OCR_DPI = 250                 # render resolution for recognition
-OCR_MAX_SIDE = 4096           # pixels: a page rendered at OCR_DPI is read at full size (A3 is 3,307 at 200 dpi)
+OCR_DETECT_SIDE = 2400        # pixels: the long side of the page picture the line detector sees
+OCR_RECOGNISE_STEP = 24       # lines recognised between two looks at the page's clock
 OCR_MIN_CONFIDENCE = 0.5      # recognised lines below this confidence are dropped
 OCR_LINES_REVISION = 2        # bumped when the lines kept from the recognizer change: cached pages are OCR'd again
 OCR_PAGE_MIN_CHARS = 40       # a page with fewer letters and digits than this, and an image on it, is OCR'd
@@ -2647,10 +2654,14 @@ OCR_CACHE_FILENAME = "ocr-cache.sqlite"     # beside kb.sqlite in a library; in 
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How files are read: the OCR mode (None: KB_OCR's, else auto) and the cache of OCR'd pages (a SQLite file),
-    sent to reader processes."""
+    """How files are read, sent to reader processes: the OCR mode (None: KB_OCR's, else auto), the cache of OCR'd
+    pages (a SQLite file), the threads of the OCR models (0: onnxruntime's choice, every core) and where each
+    OCR'd page is reported (``on_page(done, total)``: pages of the document gone through, its page count; set in
+    the process that reads, never pickled)."""
     ocr: str | None = None
     ocr_cache: str | None = None
+    ocr_threads: int = 0
+    on_page: Callable[[int, int], None] | None = field(default=None, compare=False)
 
 
 def ocr_mode(value: str | None = None) -> str:
@@ -2670,13 +2681,14 @@ def ocr_available() -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=1)
-def _ocr_reader() -> Any:
-    """The process's OCR engine, loaded once (its three ONNX models take a fraction of a second)."""
+@functools.lru_cache(maxsize=2)
+def _ocr_reader(threads: int = 0) -> Any:
+    """The process's OCR models, loaded once (a fraction of a second). The engine runs their stages itself
+    (detection on a smaller picture, recognition of lines cut from the full-size one, a clock between steps);
+    RapidOCR's own call would shrink the whole page to 2,000 pixels, at which its recognizer drops many spaces
+    between English words (page similarity 0.86 against 0.96 at full size)."""
     from rapidocr_onnxruntime import RapidOCR
-    # RapidOCR shrinks pictures to 2,000 pixels on their long side by default, a 170 dpi A4 page, at which its
-    # recognizer drops many spaces between English words (page similarity 0.86 against 0.96 at full size)
-    return RapidOCR(max_side_len=OCR_MAX_SIDE)
+    return RapidOCR(**({"intra_op_num_threads": threads} if threads > 0 else {}))
 
 
 @functools.lru_cache(maxsize=1)
@@ -2687,7 +2699,7 @@ def ocr_engine_version() -> str:
         release = version("rapidocr-onnxruntime")
     except PackageNotFoundError:
         release = "unknown"
-    return (f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; side {OCR_MAX_SIDE}; min confidence "
+    return (f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; detect {OCR_DETECT_SIDE}; min confidence "
             f"{OCR_MIN_CONFIDENCE}; lines {OCR_LINES_REVISION}")
 
 
@@ -2771,23 +2783,97 @@ def ocr_reason(page, blocks: list, mode: str) -> str | None:
 _OCR_GLUED_NUMBER = re.compile(r"^((?:[IVX]{1,5}|\d{1,2}(?:\.\d{1,2}){0,3})\.)(?=[A-Z][A-Za-z])")
 
 
-def ocr_page_lines(page) -> list[list]:
-    """The page's recognised lines, ``[text, [x0, y0, x1, y1], confidence]`` in page coordinates, in the order
-    the recognizer found them (reading order is decided later, from the boxes)."""
+class OcrTimeout(Exception):
+    """A page's OCR ran past KB_OCR_PAGE_SECONDS: the page is left out (and not cached, so a later run with a
+    longer cap reads it)."""
+
+
+def _ocr_image(page):
+    """The page rendered for recognition: RGB at OCR_DPI, as a (height, width, 3) array."""
     import numpy as np
     import pymupdf
     zoom = OCR_DPI / 72.0
     pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB, alpha=False)
-    image = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, pix.n)[:, :, :3]
-    found, _ = _ocr_reader()(image)
+    return np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, pix.n)[:, :, :3]
+
+
+def _detect_lines(reader, image):
+    """The text lines' quadrilaterals in full-size pixels. The detector sees the page shrunk to OCR_DETECT_SIDE
+    on its long side: it finds the same lines there at a fifth of the cost, and the recognizer still reads
+    each line cut from the full-size picture."""
+    import cv2
+    import numpy as np
+    scale = min(1.0, OCR_DETECT_SIDE / max(image.shape[:2]))
+    small = image if scale >= 1.0 else cv2.resize(image, (round(image.shape[1] * scale), round(image.shape[0] * scale)),
+                                                  interpolation=cv2.INTER_AREA)
+    boxes, _ = reader.text_det(small)
+    if boxes is None or len(boxes) == 0:
+        return []
+    boxes = np.asarray(boxes, dtype=np.float32) / scale
+    boxes[..., 0] = np.clip(boxes[..., 0], 0, image.shape[1] - 1)
+    boxes[..., 1] = np.clip(boxes[..., 1], 0, image.shape[0] - 1)
+    return reader.sorted_boxes(boxes)
+
+
+def _recognise(reader, crops: list, deadline: float | None) -> list:
+    """(text, confidence) of each crop, in the crops' order. Crops of like width go together (a batch is
+    padded to its widest), a few batches at a time, the clock looked at in between."""
+    order = sorted(range(len(crops)), key=lambda i: crops[i].shape[1] / max(crops[i].shape[0], 1))
+    found: list = [("", 0.0)] * len(crops)
+    for start in range(0, len(order), OCR_RECOGNISE_STEP):
+        if deadline is not None and time.monotonic() > deadline:
+            raise OcrTimeout
+        part = order[start:start + OCR_RECOGNISE_STEP]
+        results, _ = reader.text_rec([crops[i] for i in part])
+        for i, result in zip(part, results):
+            found[i] = (result[0], result[1])
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, where the C library is glibc (else None)."""
+    import ctypes
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _give_back_freed_memory() -> None:
+    """Return the heap a page's OCR freed to the system. Recognition allocates on onnxruntime's threads, each
+    with its own glibc heap, and batches of new widths leave those heaps fragmented: without this a 100-page
+    scan grew a reader by 14 MB a page (2.1 GB at the end); with it the process stays near 0.5 GB."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def ocr_page_lines(page, deadline: float | None = None, threads: int = 0) -> list[list]:
+    """The page's recognised lines, ``[text, [x0, y0, x1, y1], confidence]`` in page coordinates, in the order
+    the detector found them (reading order is decided later, from the boxes). Past ``deadline`` (a
+    time.monotonic() value) it raises OcrTimeout."""
+    import pymupdf
+    reader = _ocr_reader(threads)
+    image = _ocr_image(page)
+    boxes = _detect_lines(reader, image)
+    if deadline is not None and time.monotonic() > deadline:
+        raise OcrTimeout
+    # no direction classifier: it turned upright lines of text pages over (7 of 120 lines of one page), and a page
+    # set upside down as a whole is put right by its /Rotate before it is rendered
+    try:
+        found = _recognise(reader, reader.get_crop_img_list(image, boxes), deadline)
+    finally:
+        _give_back_freed_memory()
+    zoom = OCR_DPI / 72.0
     back = ~(page.rotation_matrix * pymupdf.Matrix(zoom, zoom)) if page.rotation else None
     lines = []
-    for box, text, confidence in found or []:
+    for box, (text, confidence) in zip(boxes, found):
         text = _OCR_GLUED_NUMBER.sub(r"\1 ", normalize_text(str(text)).strip())
         if not text or float(confidence) < OCR_MIN_CONFIDENCE:
             continue
-        points = [pymupdf.Point(x, y) * back if back is not None else pymupdf.Point(x / zoom, y / zoom)
-                  for x, y in box]
+        points = [pymupdf.Point(float(x), float(y)) * back if back is not None
+                  else pymupdf.Point(float(x) / zoom, float(y) / zoom) for x, y in box]
         xs, ys = [p.x for p in points], [p.y for p in points]
         lines.append([text, [round(min(xs), 2), round(min(ys), 2), round(max(xs), 2), round(max(ys), 2)],
                       round(float(confidence), 4)])
@@ -2802,6 +2888,20 @@ def column_side(x0: float, x1: float, width: float) -> str:
     return "left" if (x0 + x1) / 2 < mid else "right"
 
 
+def ocr_rows(lines: list[list]) -> list[list]:
+    """The lines top to bottom, those side by side left to right: a line whose middle lies within the height of
+    the row's first line belongs to that row (the cells of a table row, a line the detector cut in pieces). By
+    their tops alone, cells a fraction of a point apart would be read in a random order."""
+    rows: list[tuple[float, float, list[list]]] = []
+    for line in sorted(lines, key=lambda line: (line[1][1] + line[1][3]) / 2):
+        middle = (line[1][1] + line[1][3]) / 2
+        if rows and rows[-1][0] <= middle <= rows[-1][1]:
+            rows[-1][2].append(line)
+        else:
+            rows.append((line[1][1], line[1][3], [line]))
+    return [line for _, _, row in rows for line in sorted(row, key=lambda line: line[1][0])]
+
+
 def ocr_line_order(lines: list[list], width: float) -> list[list]:
     """The lines in writing order for the layer: top to bottom within each column, the left column of a band
     before the right one, full-width lines (titles, headings across both columns) where they fall. Lines written
@@ -2812,7 +2912,7 @@ def ocr_line_order(lines: list[list], width: float) -> list[list]:
 
     def flush() -> None:
         for side in ("left", "right"):
-            ordered.extend(sorted(band[side], key=lambda line: line[1][1]))
+            ordered.extend(ocr_rows(band[side]))
             band[side] = []
 
     for line in sorted(lines, key=lambda line: line[1][1]):
@@ -2851,10 +2951,11 @@ def layer_ocr_lines(page, lines: list[list]) -> None:
                          morph=(origin, pymupdf.Matrix((x1 - x0) / width, 1)))
 
 
-def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None) -> list[list]:
+def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None,
+              deadline: float | None = None, threads: int = 0) -> list[list]:
     lines = cache.get(sha256, number) if cache is not None and sha256 else None
     if lines is None:
-        lines = ocr_page_lines(page)
+        lines = ocr_page_lines(page, deadline, threads)
         if cache is not None and sha256:
             cache.put(sha256, number, lines)
     layer_ocr_lines(page, lines)
@@ -3396,8 +3497,10 @@ def _pdf_body_size(pages: list[list[_PdfBlock]]) -> float:
 class _PdfOcr:
     """One PDF's OCR: which pages wanted it, which were read, and the cache they go through."""
 
-    def __init__(self, path: str, options: ReadOptions | None):
+    def __init__(self, path: str, options: ReadOptions | None, pages: int = 0):
         options = options or ReadOptions()
+        self.options = options
+        self.pages = pages                 # the document's page count, for progress
         self.mode = ocr_mode(options.ocr)
         self.available = self.mode != "off" and ocr_available()
         self.path = path
@@ -3407,6 +3510,8 @@ class _PdfOcr:
         self.read: list[int] = []          # pages whose text now comes from OCR
         self.limit = document_limit("KB_OCR_MAX_PAGES")
         self.capped = 0                    # pages past the limit, left without OCR
+        self.timed_out = 0                 # pages whose OCR ran past KB_OCR_PAGE_SECONDS, left without it
+        self.seconds = document_limit("KB_OCR_PAGE_SECONDS")
 
     def page_blocks(self, page, number: int, blocks: list, margin: str) -> tuple[list, str]:
         reason = ocr_reason(page, blocks, self.mode if self.available else "auto")
@@ -3426,7 +3531,16 @@ class _PdfOcr:
         if reason == "garbled" or reason == "forced":
             page.add_redact_annot(page.rect)        # the broken (or replaced) text layer goes first
             page.apply_redactions(images=0, graphics=0)
-        if _ocr_page(page, number, self._sha256, self.cache):
+        try:
+            lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds,
+                              self.options.ocr_threads)
+        except OcrTimeout:
+            self.timed_out += 1
+            return ([], margin) if reason == "garbled" else (blocks, margin)    # never the unreadable layer
+        finally:
+            if self.options.on_page is not None:
+                self.options.on_page(number, self.pages)
+        if lines:
             self.read.append(number)
             return _pdf_page_blocks(page)
         return blocks, margin
@@ -3438,7 +3552,7 @@ class _PdfOcr:
 
 def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | None = None) -> Extracted:
     doc = _open_pdf(path)
-    ocr = _PdfOcr(path, options)
+    ocr = _PdfOcr(path, options, len(doc))
     try:
         raw_pages, labels, widths, failed_pages, margin_text, figures = [], [], [], 0, "", []
         for number, page in enumerate(doc):
@@ -3470,8 +3584,9 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
         raise FileRejected(STATUS_ERROR, "corrupt", "no page of the PDF could be read (damaged file)")
     if text_chars < PDF_MIN_TEXT_CHARS or _is_mostly_unreadable(raw_pages):
         how = ("OCR is off (ocr: \"off\"); ocr: \"auto\" reads such pages" if ocr.mode == "off"
-               else "OCR found no text on its pages" if ocr.read else OCR_EXTRA_NOTE if not ocr.available
-               else "OCR found no text on its pages")
+               else OCR_EXTRA_NOTE if not ocr.available and not ocr.read
+               else f"OCR ran past KB_OCR_PAGE_SECONDS ({ocr.seconds}) on {ocr.timed_out} of its pages"
+               if ocr.timed_out else "OCR found no text on its pages")
         raise FileRejected(STATUS_SKIPPED, "no_text_layer",
                            f"the PDF has no usable text layer (scanned pages?); {how}")
     pages = _drop_running_heads(raw_pages)
@@ -3506,7 +3621,7 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
               for number, page_blocks in enumerate(pages[:2], start=1)
               for block_number, raw in enumerate(page_blocks) for line in raw.lines]
     return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered, header,
-                     ocr_pages=ocr.read, ocr_capped=ocr.capped)
+                     ocr_pages=ocr.read, ocr_capped=ocr.capped, ocr_timed_out=ocr.timed_out)
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:
@@ -10319,7 +10434,7 @@ def spawn_job(kb_root: Path, job_id: str) -> int:
 def job_view(job: dict) -> dict:
     """The job as the status command shows it."""
     view = {k: job.get(k) for k in ("job_id", "command", "state", "done", "total", "pending", "current", "phase",
-                                     "phase_done", "phase_total", "errors", "result", "reason", "created",
+                                     "phase_done", "phase_total", "ocr", "errors", "result", "reason", "created",
                                      "updated", "finished", "text_done")}
     view["errors"] = (job.get("errors") or [])[:50]
     view["searchable"] = bool(job.get("text_done")) or job.get("state") == "done"
@@ -10336,8 +10451,13 @@ def fold_progress(state: dict, event: dict) -> dict:
     """Fold one progress event of ingest / zotero / reembed into ``state``: the running summary that a job file
     holds and the human CLI's bar draws. Serve passes the same events on as they are, so all three show one
     source. ``done`` / ``total`` count items and ``done`` never decreases; ``phase_done`` / ``phase_total`` are
-    the current phase's own count (chunks while encoding)."""
+    the current phase's own count (chunks while encoding). An ``ocr`` event (a page of a file being read) is
+    not a phase: it sets ``ocr``, ``{"path", "done", "total"}`` in pages, until that file is counted."""
     phase = event.get("phase")
+    if phase == "ocr":
+        state["ocr"] = {"path": event.get("path"), "done": int(event.get("done") or 0),
+                        "total": int(event.get("total") or 0)}
+        return state
     if phase != state.get("phase"):
         state["phase_done"] = 0
         if phase == "embed" and state.get("phase") in ITEM_PHASES:
@@ -10350,6 +10470,8 @@ def fold_progress(state: dict, event: dict) -> dict:
         state["total"] = state["phase_total"]
         state["done"] = max(state.get("done") or 0, state["phase_done"])
         state["current"] = event.get("path") or None
+        if (state.get("ocr") or {}).get("path") == state["current"]:
+            state["ocr"] = None
         if event.get("status") == STATUS_ERROR:
             state.setdefault("errors", []).append(event.get("path") or "")
     else:
@@ -10849,6 +10971,7 @@ class PreparedFile:
     coverage: dict | None = None
     ocr_pages: list = field(default_factory=list)  # pages whose text came from OCR
     ocr_capped: int = 0                            # pages without a text layer left out (KB_OCR_MAX_PAGES)
+    ocr_timed_out: int = 0                         # pages left out whose OCR ran past KB_OCR_PAGE_SECONDS
     rejected: tuple[str, str, str] | None = None    # (status, reason, message): stored as skipped/error
     failure: str | None = None                      # a parser bug: reported, nothing stored, a retry re-reads
 
@@ -10875,7 +10998,8 @@ def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
         return PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
     return PreparedFile(meta=meta, chunks=chunks, references=references, links=links, pages=extracted.pages,
                         page_labels=extracted.page_labels, coverage=page_coverage(extracted, chunks),
-                        ocr_pages=extracted.ocr_pages, ocr_capped=extracted.ocr_capped)
+                        ocr_pages=extracted.ocr_pages, ocr_capped=extracted.ocr_capped,
+                        ocr_timed_out=extracted.ocr_timed_out)
 
 
 def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
@@ -11031,6 +11155,10 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
     if prepared.ocr_pages:
         entry["ocr_pages"] = len(prepared.ocr_pages)
     notes = [page_coverage_note(prepared.coverage)]
+    if prepared.ocr_timed_out:
+        notes.append(f"{prepared.ocr_timed_out} pages without a text layer were left out: their OCR ran past "
+                     f"KB_OCR_PAGE_SECONDS ({document_limit('KB_OCR_PAGE_SECONDS')}); ingest with force and a "
+                     "longer limit reads them")
     if prepared.ocr_capped:
         notes.append(f"{prepared.ocr_capped} more pages without a text layer were not OCR'd: past "
                      f"KB_OCR_MAX_PAGES ({document_limit('KB_OCR_MAX_PAGES')}); the OCR'd pages are searchable")
@@ -11170,6 +11298,25 @@ def ingest_workers(own_process: bool) -> int:
     return max(1, min(4, (os.cpu_count() or 1) - 1)) if own_process else 0
 
 
+# Set only in a reader process, by its initializer: the queue its OCR page progress goes back on. A pool's
+# task arguments are pickled and a queue cannot be, so the queue travels once, when the process starts.
+_READER_PROCESS: dict = {}
+
+
+def _reader_init(parent_pid: int, channel) -> None:
+    """Reader-process initializer: keep the progress queue, and end with the engine process."""
+    _READER_PROCESS["channel"] = channel
+    _watch_parent(parent_pid)
+
+
+def _read_in_reader(read: Callable[..., PreparedFile], path: str, options: ReadOptions) -> PreparedFile:
+    """A pool task: ``read`` with each OCR'd page reported on the process's progress queue."""
+    channel = _READER_PROCESS.get("channel")
+    if channel is not None:
+        options = replace(options, on_page=lambda done, total: channel.put((path, done, total)))
+    return read(path, options)
+
+
 def _watch_parent(parent_pid: int) -> None:
     """Worker-process initializer: end with the engine process, even when that one is killed outright.
 
@@ -11190,22 +11337,58 @@ class FileReader:
 
     A worker that dies (a parser crash on a hostile PDF) breaks the pool: every file it held is then read again
     alone in a fresh one-worker pool, so only the file that really crashes it is reported, and the batch goes on.
+    Each page a worker OCRs comes back on a queue and goes to ``progress`` as an ``ocr`` event while the engine
+    waits for that worker's file. The OCR models of parallel workers share the cores between them.
     """
 
+    PROGRESS_POLL_S = 0.25      # how often a wait for a worker's file passes its OCR progress on
+
     def __init__(self, workers: int, read: Callable[..., PreparedFile] | None = None,
-                 options: ReadOptions | None = None):
+                 options: ReadOptions | None = None, progress: Callable[[dict], None] | None = None):
         self.workers = workers
         self.read = read or prepare_file      # module-level, so a spawned worker can import it
-        self.options = options or ReadOptions()
+        options = options or ReadOptions()
+        if workers > 1 and not options.ocr_threads:
+            options = replace(options, ocr_threads=max(1, (os.cpu_count() or 1) // workers))
+        self.options = options
+        self.progress = progress
         self.pool = None
+        self.channel: Any = None      # the workers' progress queue, made with the first pool
 
     def _new_pool(self, workers: int):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         # spawn, not fork: the engine may hold threads (model loading, downloads) that fork would copy mid-lock
+        context = multiprocessing.get_context("spawn")
+        if self.channel is None:
+            self.channel = context.Queue()
         options = {"max_tasks_per_child": 200} if sys.version_info >= (3, 11) else {}
-        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_watch_parent, initargs=(os.getpid(),), **options)
+        return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_reader_init,
+                                   initargs=(os.getpid(), self.channel), **options)
+
+    def _report(self, path: str, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress({"phase": "ocr", "path": path, "done": done, "total": total})
+
+    def _pass_progress_on(self) -> None:
+        import queue
+        while self.channel is not None:
+            try:
+                path, done, total = self.channel.get_nowait()
+            except (queue.Empty, OSError, ValueError, EOFError):
+                return
+            self._report(path, done, total)
+
+    def _wait(self, handle) -> PreparedFile:
+        from concurrent.futures import TimeoutError as StillRunning
+        while True:
+            try:
+                prepared = handle.result(timeout=self.PROGRESS_POLL_S)
+            except StillRunning:
+                self._pass_progress_on()
+                continue
+            self._pass_progress_on()
+            return prepared
 
     def submit(self, pending: PendingFile):
         from concurrent.futures.process import BrokenProcessPool
@@ -11214,18 +11397,19 @@ class FileReader:
         pool = self.pool if self.pool is not None else self._new_pool(self.workers)
         self.pool = pool
         try:
-            return pool.submit(self.read, pending.path, self.options)
+            return pool.submit(_read_in_reader, self.read, pending.path, self.options)
         except BrokenProcessPool:      # a worker died between files (killed from outside): start afresh
             self._discard_pool()
             self.pool = pool = self._new_pool(self.workers)
-            return pool.submit(self.read, pending.path, self.options)
+            return pool.submit(_read_in_reader, self.read, pending.path, self.options)
 
     def result(self, pending: PendingFile, handle) -> PreparedFile:
         from concurrent.futures.process import BrokenProcessPool
         if handle is None:
-            return self.read(pending.path, self.options)
+            on_page = functools.partial(self._report, pending.path) if self.progress is not None else None
+            return self.read(pending.path, replace(self.options, on_page=on_page))
         try:
-            return handle.result()
+            return self._wait(handle)
         except BrokenProcessPool:
             self._discard_pool()
             return self._read_alone(pending.path)
@@ -11237,7 +11421,7 @@ class FileReader:
         from concurrent.futures.process import BrokenProcessPool
         pool = self._new_pool(1)
         try:
-            return pool.submit(self.read, path, self.options).result()
+            return self._wait(pool.submit(_read_in_reader, self.read, path, self.options))
         except BrokenProcessPool:
             return PreparedFile(failure="the file crashed the document reader (its worker process died); "
                                         "the file is probably damaged")
@@ -11251,6 +11435,10 @@ class FileReader:
 
     def close(self) -> None:
         self._discard_pool()
+        if self.channel is not None:
+            self.channel.cancel_join_thread()       # nothing left to read: never block on a half-sent report
+            self.channel.close()
+            self.channel = None
 
 
 class VectorFeeder:
@@ -11452,8 +11640,8 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
     (the Zotero import lays an item's data over its file there).
     """
     from collections import deque
-    reader = FileReader(workers, options=ReadOptions(ocr=ocr_mode(ocr),
-                                                     ocr_cache=str(lib.root / OCR_CACHE_FILENAME)))
+    options = ReadOptions(ocr=ocr_mode(ocr), ocr_cache=str(lib.root / OCR_CACHE_FILENAME))
+    reader = FileReader(workers, options=options, progress=progress)
     lookahead = max(2, 2 * reader.workers)
     window: deque = deque()
     entries: list[dict] = []
@@ -12294,8 +12482,16 @@ def _job_markdown(job: dict) -> str:
         left = job_vectors_left_s(job)
         phase = (f" (the text is indexed and searchable; adding vectors {job.get('phase_done') or 0}/"
                  f"{job.get('phase_total') or 0}{f', about {format_duration(left)} left' if left else ''})")
+    ocr = _mapping(job.get("ocr"))
+    if ocr and job.get("state") == "running":
+        phase += f"; {_ocr_progress(ocr)}"
     reason = f" — {md_text(job['reason'])}" if job.get("reason") else ""
     return f"{md_code(job.get('job_id'))} {job.get('command') or ''}: **{job.get('state')}**{progress}{phase}{reason}"
+
+
+def _ocr_progress(ocr: dict) -> str:
+    """"OCR page 12/100 of scan.pdf": a page of a file the readers are OCR'ing."""
+    return f"OCR page {ocr.get('done') or 0}/{ocr.get('total') or 0} of {Path(str(ocr.get('path') or '')).name[:40]}"
 
 
 def _one_job(answer: dict, job: dict) -> str:
@@ -13003,7 +13199,9 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
             report(index)
             return result
 
-        ingest_files(target, [(attachments[i].file, True) for i in with_files], force, None, feeder,
+        # the attachments' own events come from lay_over; of the file pipeline's, only the OCR pages pass on
+        pages = (lambda event: progress(event) if event.get("phase") == "ocr" else None) if progress else None
+        ingest_files(target, [(attachments[i].file, True) for i in with_files], force, pages, feeder,
                      ingest_workers(own_process), on_entry=lay_over, ocr=_opt_str(payload, "ocr"))
         feeder.finish(target, progress)
     statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)
@@ -14172,6 +14370,7 @@ class ProgressBar:
         self.state: dict = {}
         self.items: tuple | None = None        # (phase, done, total, current) of the last item event
         self.side: tuple | None = None         # (phase, done, total) of the last encoding or lookup event
+        self.ocr: dict | None = None           # the page a reader is OCR'ing, {"path", "done", "total"}
         self.line = ""                         # what is on the terminal's line now
         self.pending = ""                      # the newest line, when a redraw was skipped
         self.last_draw = -math.inf              # the first state is always drawn
@@ -14182,11 +14381,12 @@ class ProgressBar:
 
     def draw(self, state: dict) -> None:
         phase = state.get("phase")
-        if phase is None:
+        self.ocr = state.get("ocr")
+        if phase is None and not self.ocr:
             return
         if phase in ITEM_PHASES:
             self.items = (phase, state.get("done") or 0, state.get("total") or 0, state.get("current"))
-        else:
+        elif phase is not None:
             self.side = (phase, state.get("phase_done") or 0, state.get("phase_total") or 0)
             if phase == "embed" and self.encoding_from is None:
                 self.encoding_from = (time.monotonic(), self.side[1])
@@ -14197,12 +14397,16 @@ class ProgressBar:
             self.last_draw = now
 
     def _line(self) -> str:
+        if self.items is None and self.side is None:        # the first file is still being OCR'd
+            return f"{'reading':<11} {_ocr_progress(self.ocr or {})}"
         phase, done, total, current = self.items or (*(self.side or (None, 0, 0)), None)
         filled = self.width * min(done, total) // total if total else self.width
         bar = "" if self.piped else f"[{'#' * filled}{'.' * (self.width - filled)}] "     # a log gets the counts
         line = f"{self.LABELS.get(phase, phase):<11} {bar}{done}/{total}"
         if self.items and self.side:
             line += f"  {self.LABELS.get(self.side[0], self.side[0])} {self.side[1]}/{self.side[2]}"
+        if self.ocr:        # a long scan shows its pages while the file count stands still
+            return line + self._encoding_rate() + f"  {_ocr_progress(self.ocr)}"
         return line + self._encoding_rate() + (f"  {Path(current).name[:40]}" if current else "")
 
     def _encoding_rate(self) -> str:

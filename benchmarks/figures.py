@@ -386,6 +386,40 @@ def performance_embed(results_dir: Path = RESULTS_DIR) -> str:
             f"ingest with vectors off {f['ingest_without_vectors_s']} s; recorded {_source(result)}.\n")
 
 
+def performance_ocr(results_dir: Path = RESULTS_DIR) -> str:
+    """Scanned copies of the development and the held-out papers: similarity, seconds, page hits."""
+    rows = ["| papers | language | copy | pages | mean similarity | lowest page | characters in common | s/page |",
+            "|---|---|---|---|---|---|---|---|"]
+    hits = ["| papers | questions | originals page-hit@1 / @5 | copies: page-hit@1 / @5 (share of the originals' @5) |",
+            "|---|---|---|---|"]
+    sources = []
+    for name, label in (("ocr_heldout", "held-out"), ("ocr", "development")):
+        result = _need(name, results_dir)
+        f = result["figures"]
+        for key, summary in f["summary"].items():
+            language, variant = key.split("/")
+            rows.append(f"| {label} | {'English' if language == 'en' else 'Chinese'} | {variant} | {summary['pages']} | "
+                        f"**{summary['mean_similarity']:.3f}** | {summary['lowest_page']:.3f} | "
+                        f"{summary['mean_characters_in_common']:.3f} | {summary['seconds_per_page']} |")
+        page_hits = f["page_hits"]
+        copies = ", ".join(f"{kind} {h['hit@1']:.2f} / {h['hit@5']:.2f} ({h['hit@5_share_of_original']:.2f})"
+                           for kind, h in page_hits.items() if kind != "original")
+        original = page_hits["original"]
+        hits.append(f"| {label} | {f['questions']} | {original['hit@1']:.2f} / {original['hit@5']:.2f} | {copies} |")
+        papers = ", ".join(paper["source"] for paper in f["papers"].values())
+        sources.append(f"{label}: {papers}; recorded {_source(result)}")
+    return "\n".join(rows) + "\n\n" + "\n".join(hits) + "\n\n" + ". ".join(sources) + ".\n"
+
+
+def performance_ocr_memory(results_dir: Path = RESULTS_DIR) -> str:
+    result = _need("ocr_memory", results_dir)
+    f = result["figures"]
+    return (f"{f['pages']} image-only A4 pages ({f['ocr_pages']} OCR'd, {f['chunks']} passages) in "
+            f"{f['seconds']:,} s, {f['seconds_per_page']} s a page on {f['cpus']} cores, embedding included; "
+            f"peak resident memory **{f['peak_mb']:,} MB** (after the first tenth of the pages "
+            f"{f['resident_mb_first_tenth']} MB, at the end {f['resident_mb_end']} MB). Recorded {_source(result)}.\n")
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-quality": readme_quality,
     "performance-fulltext": performance_fulltext,
@@ -402,6 +436,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "performance-docx-bomb": performance_docx_bomb,
     "performance-boxes": performance_boxes,
     "performance-embed": performance_embed,
+    "performance-ocr": performance_ocr,
+    "performance-ocr-memory": performance_ocr_memory,
 }
 
 

@@ -146,29 +146,38 @@ def _file_name(path) -> str:
 
 
 class ProgressRelay:
-    """Engine progress lines as MCP progress notifications: `progress` only grows, across phases."""
+    """Engine progress lines as MCP progress notifications: `progress` only grows, across phases. An `ocr` event
+    (a page of a file being read) is a fraction of the next item: the item count stands still meanwhile."""
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.offset = 0.0
-        self.last = 0.0
+        self.last = 0.0          # the item (or chunk) count reached, across phases
+        self.sent = 0.0          # the largest progress sent: OCR pages add fractions beyond ``last``
         self.phase = None
-        self.phase_top = 0.0
 
     async def __call__(self, event: dict) -> None:
         done, total = event.get("done"), event.get("total")
         if not isinstance(done, (int, float)):
             return
         phase = event.get("phase")
-        if phase != self.phase:
-            self.offset = self.last
-            self.phase = phase
-        progress = self.offset + done
-        if progress <= self.last and self.last:
+        if phase == "ocr":
+            pages = total if isinstance(total, (int, float)) and total > 0 else done + 1
+            progress, grand = self.last + done / (pages + 1), None
+            message = f"OCR page {done}/{pages}"
+        else:
+            if phase != self.phase:
+                self.offset = self.last
+                self.phase = phase
+            progress = self.offset + done
+            if progress <= self.last and self.last:
+                return
+            self.last = progress
+            grand = self.offset + total if isinstance(total, (int, float)) else None
+            message = f"{phase} {done}/{total}" if total is not None else f"{phase} {done}"
+        if progress <= self.sent:
             return
-        self.last = progress
-        grand = self.offset + total if isinstance(total, (int, float)) else None
-        message = f"{phase} {done}/{total}" if total is not None else f"{phase} {done}"
+        self.sent = progress
         if event.get("path"):
             message += f": {_file_name(event['path'])}" + (f" ({event['status']})" if event.get("status") else "")
         await self.ctx.session.report_progress(progress, grand, message)

@@ -640,3 +640,38 @@ def test_kb_show_and_pictures_reach_the_client_as_image_content(tmp_path, quick_
     pictured = [h for h in found.structured_content["results"] if "picture" in h]
     assert len(search_images) == len(pictured) == 1 and "data" not in pictured[0]["picture"]
     assert refused.is_error and "char_end" in text_of(refused)
+
+
+def test_ocr_pages_are_fractions_of_the_next_item_and_progress_only_grows():
+    """An `ocr` event (a page of a file being read) moves MCP progress within the next file, never past it, and
+    never back: the item events around it keep their own count."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kb_mcp_server", SERVER)
+    server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server)
+    sent = []
+
+    class Session:
+        async def report_progress(self, progress, total, message):
+            sent.append((progress, total, message))
+
+    class Context:
+        session = Session()
+
+    relay = server.ProgressRelay(Context())
+    events = [{"phase": "files", "done": 1, "total": 3, "path": "/p/a.pdf", "status": "added"},
+              {"phase": "ocr", "done": 1, "total": 4, "path": "/p/scan.pdf"},
+              {"phase": "ocr", "done": 2, "total": 4, "path": "/p/scan.pdf"},
+              {"phase": "ocr", "done": 1, "total": 4, "path": "/p/scan.pdf"},      # a second reader's page: not sent
+              {"phase": "files", "done": 2, "total": 3, "path": "/p/scan.pdf", "status": "added"},
+              {"phase": "files", "done": 3, "total": 3, "path": "/p/c.pdf", "status": "added"}]
+
+    async def relay_all():
+        for event in events:
+            await relay(event)
+    anyio.run(relay_all)
+    values = [progress for progress, _, _ in sent]
+    assert values == sorted(values) and len(set(values)) == len(values), sent
+    assert [round(v, 2) for v in values] == [1, 1.2, 1.4, 2, 3]
+    assert sent[1][2] == "OCR page 1/4: scan.pdf" and sent[1][1] is None
+    assert sent[3] == (2, 3, "files 2/3: scan.pdf (added)")

@@ -6,13 +6,20 @@ With the real RapidOCR models of the rapidocr-onnxruntime wheel."""
 from __future__ import annotations
 
 import difflib
+import io
+import json
+import os
+import random
 import re
 import shutil
+import sqlite3
+import subprocess
 import sys
+import time
 
 import pytest
 
-from helpers import ROOT
+from helpers import ENGINE, ROOT, isolate_model_env, use_minilm
 
 sys.path.insert(0, str(ROOT / "examples"))
 import sample_papers  # noqa: E402
@@ -107,7 +114,8 @@ def test_ingest_indexes_scans_with_sections_pages_and_a_cache(kb_engine, scans, 
     monkeypatch.setenv("KB_OCR", "auto")
     calls = []
     real = kb_engine.ocr_page_lines
-    monkeypatch.setattr(kb_engine, "ocr_page_lines", lambda page: calls.append(page.number) or real(page))
+    monkeypatch.setattr(kb_engine, "ocr_page_lines",
+                        lambda page, *args: calls.append(page.number) or real(page, *args))
     engine = kb_engine.Engine()
     try:
         reply = engine.execute("ingest", {"paths": [str(papers)], "kb_root": str(kb), "background": False})
@@ -202,6 +210,94 @@ def test_a_document_past_the_page_cap_keeps_its_ocrd_pages(kb_engine, scans, ocr
         engine.close()
 
 
+def test_a_page_past_the_time_cap_is_left_out_uncached(kb_engine, scans, ocr_cache, tmp_path, monkeypatch):
+    """Page 1 comes from the cache; page 2's recognition starts past its deadline: page 2 is left out
+    and not cached, page 1 stays searchable, the entry says so; a later ingest with force and the default cap
+    reads page 2."""
+    cache_file, _ = ocr_cache
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    cached = kb / kb_engine.OCR_CACHE_FILENAME
+    shutil.copy(cache_file, cached)
+    sha256 = kb_engine.sha256_of_file(str(scans["two_column"][1]))
+
+    def cached_pages():
+        with sqlite3.connect(cached) as conn:
+            return sorted(row[0] for row in conn.execute("SELECT page FROM ocr_pages WHERE sha256 = ?", (sha256,)))
+
+    first, second = cached_pages()
+    with sqlite3.connect(cached) as conn:
+        conn.execute("DELETE FROM ocr_pages WHERE sha256 = ? AND page = ?", (sha256, second))
+    monkeypatch.setenv("KB_OCR", "auto")
+    monkeypatch.setenv("KB_OCR_PAGE_SECONDS", "5")      # rendering and line detection take about a second
+    real = kb_engine._recognise
+    calls = []
+
+    def slow_at_first(reader, crops, deadline):
+        calls.append(deadline)
+        if len(calls) == 1:                     # past the deadline before the first batch of lines
+            time.sleep(max(0.0, deadline - time.monotonic()) + 0.1)
+        return real(reader, crops, deadline)
+
+    monkeypatch.setattr(kb_engine, "_recognise", slow_at_first)
+    engine = kb_engine.Engine()
+    try:
+        args = {"paths": [str(scans["two_column"][1])], "kb_root": str(kb), "background": False}
+        entry = engine.execute("ingest", args)["files"][0]
+        assert entry["status"] == "added" and entry["ocr_pages"] == 1, entry
+        assert "1 pages without a text layer were left out: their OCR ran past KB_OCR_PAGE_SECONDS (5)" \
+            in entry["note"], entry
+        assert (len(calls), cached_pages()) == (1, [first])
+        query = {"query": "refolding trajectories trapped C-terminal strand paired second domain", "kb_root": str(kb),
+                 "mode": "keyword"}
+        assert {r["page"] for r in engine.execute("search", query)["results"]} == {1}
+        monkeypatch.delenv("KB_OCR_PAGE_SECONDS")
+        again = engine.execute("ingest", {**args, "force": True})["files"][0]
+        assert again["ocr_pages"] == 2 and "KB_OCR_PAGE_SECONDS" not in again.get("note", ""), again
+        assert (len(calls), cached_pages()) == (2, [first, second])
+        assert engine.execute("search", query)["results"][0]["page"] == 2
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_ocr_pages_are_reported_as_progress(kb_engine, scans, ocr_cache, tmp_path, monkeypatch, workers):
+    """Each page a reader goes through with OCR is a progress event, read in-process or in a reader process (whose
+    events come back on a queue), before the file's own event; the CLI's bar and the job summary show it."""
+    cache_file, _ = ocr_cache
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    shutil.copy(cache_file, kb / kb_engine.OCR_CACHE_FILENAME)      # pages from the cache are reported too
+    monkeypatch.setenv("KB_OCR", "auto")
+    monkeypatch.setenv("KB_INGEST_WORKERS", str(workers))
+    events = []
+    engine = kb_engine.Engine(own_process=True)
+    try:
+        paths = [str(scan) for _, scan in scans.values()]
+        engine.execute("ingest", {"paths": paths, "kb_root": str(kb), "background": False}, progress=events.append)
+    finally:
+        engine.close()
+    pages = [(e["path"].rsplit("/", 1)[-1], e["done"], e["total"]) for e in events if e["phase"] == "ocr"]
+    assert sorted(pages) == [("scanned_chinese.pdf", 1, 1), ("scanned_two_column.pdf", 1, 2),
+                             ("scanned_two_column.pdf", 2, 2)], events
+    order = [(e["phase"], e["path"].rsplit("/", 1)[-1]) for e in events if e["phase"] in ("ocr", "files")]
+    for name in ("scanned_chinese.pdf", "scanned_two_column.pdf"):
+        assert max(i for i, item in enumerate(order) if item == ("ocr", name)) < order.index(("files", name))
+    state: dict = {}
+    shown = []
+    for event in events:
+        kb_engine.fold_progress(state, event)
+        shown.append(dict(state))
+    during = next(s for s in shown if s.get("ocr") and s["ocr"]["done"] == 1 and s["ocr"]["total"] == 2)
+    assert during["ocr"]["path"].endswith("scanned_two_column.pdf")
+    assert shown[-1].get("ocr") is None and shown[-1]["done"] == 2        # cleared once its file is counted
+    bar = kb_engine.ProgressBar(io.StringIO(), piped=True)
+    bar.draw(during)
+    assert "OCR page 1/2 of scanned_two_column.pdf" in bar.pending, bar.pending
+    job = {"job_id": "0123456789ab", "command": "ingest", "state": "running", **during}
+    assert "OCR page 1/2 of scanned_two_column.pdf" in kb_engine.render_status({"job": job})
+
+
 def test_page_texts_follows_kb_ocr(kb_engine, scans, ocr_cache, monkeypatch):
     """page_texts is the engine's text of a page under the ingest rule: with KB_OCR=off a scan has none, and it
     is refused as ingest refuses it."""
@@ -210,3 +306,48 @@ def test_page_texts_follows_kb_ocr(kb_engine, scans, ocr_cache, monkeypatch):
     with pytest.raises(kb_engine.FileRejected, match='OCR is off'):
         kb_engine.page_texts(str(scans["chinese"][1]))
     assert texts["chinese"][1][0].strip()          # the same page under auto (the module's fixture)
+
+
+def long_scan(target, pages: int = 100):
+    """An image-only PDF of ``pages`` small pages (A7, a heading and a paragraph each, scanned at 200 dpi): the
+    page count of a thesis at a fifth of an A4 page's OCR time."""
+    import pymupdf
+    words = ("protein folding ribosome tunnel domain chain residue simulation contact native misfolding translation "
+             "codon surface chaperone barrier intermediate radius gyration sheet strand").split()
+    rng = random.Random(7)
+    with pymupdf.open() as source, pymupdf.open() as scan:
+        for number in range(1, pages + 1):
+            page = source.new_page(width=210, height=298)
+            page.insert_text((24, 40), f"{number}. Run {number} of the series", fontsize=10)
+            page.insert_textbox(pymupdf.Rect(24, 52, 186, 270), " ".join(rng.choice(words) for _ in range(30)),
+                                fontsize=8)
+            picture = page.get_pixmap(dpi=SCAN_DPI, colorspace=pymupdf.csGRAY)
+            scan.new_page(width=210, height=298).insert_image(scan[-1].rect, pixmap=picture)
+        scan.save(target, deflate=True)
+    return target
+
+
+def test_a_100_page_scan_ingests_in_bounded_memory(tmp_path, monkeypatch):
+    """The whole ingest of a 100-page image-only PDF, with the real embedding model, in one process (the CLI; a
+    single file is read in-process): its peak resident memory stays under 1.5 GB, every page is OCR'd and
+    searchable. The peak on A4 pages is benchmarks/ocr_memory.py's figure."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    isolate_model_env(monkeypatch)
+    use_minilm(monkeypatch)
+    scan = long_scan(tmp_path / "thesis_scan.pdf")
+    env = {**os.environ, "KB_OCR": "auto", "KB_INGEST_WORKERS": "0"}
+    payload = json.dumps({"paths": [str(scan)], "kb_root": str(tmp_path / "kb")}).encode()
+    with open(tmp_path / "stderr.txt", "wb") as log:
+        process = subprocess.Popen([sys.executable, str(ENGINE), "ingest"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=log, env=env)
+        process.stdin.write(payload)
+        process.stdin.close()
+        out = process.stdout.read()
+        _, status, usage = os.wait4(process.pid, 0)        # this child's own peak, not pytest's
+    assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "stderr.txt").read_text()[-2000:]
+    entry = json.loads(out)["files"][0]
+    assert entry["status"] == "added" and entry["ocr_pages"] == 100, entry
+    assert entry["chunks"] >= 50
+    peak_mb = usage.ru_maxrss / 1024                       # kilobytes on Linux
+    print(f"peak resident memory of the ingest: {peak_mb:.0f} MB")
+    assert peak_mb < 1536, f"peak {peak_mb:.0f} MB"
