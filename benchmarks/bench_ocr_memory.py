@@ -106,7 +106,8 @@ def main(argv=None) -> int:
     tenth = [mb for at, mb in samples if at <= seconds / 10]
     figures = {"pages": args.pages, "ocr_pages": entry.get("ocr_pages", 0), "chunks": entry.get("chunks", 0),
                "seconds": round(seconds, 1), "seconds_per_page": round(seconds / args.pages, 2),
-               "peak_mb": round(usage.ru_maxrss / 1024), "resident_mb_first_tenth": round(max(tenth)) if tenth else None,
+               "peak_mb": round(usage.ru_maxrss / 1024),
+               "resident_mb_first_tenth": round(max(tenth)) if tenth else None,
                "resident_mb_end": round(samples[-1][1]) if samples else None, "cpus": os.cpu_count()}
     print(f"{args.pages} image-only A4 pages, {figures['ocr_pages']} OCR'd, {figures['chunks']} passages: "
           f"{figures['seconds']} s ({figures['seconds_per_page']} s/page), peak resident memory "

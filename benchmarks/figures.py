@@ -398,7 +398,8 @@ def performance_ocr(results_dir: Path = RESULTS_DIR) -> str:
         f = result["figures"]
         for key, summary in f["summary"].items():
             language, variant = key.split("/")
-            rows.append(f"| {label} | {'English' if language == 'en' else 'Chinese'} | {variant} | {summary['pages']} | "
+            language = "English" if language == "en" else "Chinese"
+            rows.append(f"| {label} | {language} | {variant} | {summary['pages']} | "
                         f"**{summary['mean_similarity']:.3f}** | {summary['lowest_page']:.3f} | "
                         f"{summary['mean_characters_in_common']:.3f} | {summary['seconds_per_page']} |")
         page_hits = f["page_hits"]
