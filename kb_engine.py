@@ -106,8 +106,8 @@ DOCUMENT_LIMITS = {
     "KB_DOCX_MAX_RATIO": 100,      # uncompressed / compressed size of such a part, once it is over 8 MB
     "KB_TEXT_MAX_MB": 64,          # size of a TXT or Markdown file
     "KB_MAX_CHUNKS": 20_000,       # passages of one document (a 1,000-page book makes about 5,000)
-    "KB_OCR_MAX_PAGES": 300,       # pages of one document that are OCR'd (5 to 15 s each on two cores)
-    "KB_OCR_PAGE_SECONDS": 120,    # one page's OCR; past it the page is left out (a page takes 5 to 15 s)
+    "KB_OCR_MAX_PAGES": 300,       # pages of one document that are OCR'd (4 to 9 s each on two cores)
+    "KB_OCR_PAGE_SECONDS": 120,    # one page's OCR; past it the page is left out (a page takes 4 to 9 s)
 }
 
 
@@ -292,7 +292,7 @@ ENVIRONMENT_VARIABLES = (
            "entry says how many (the OCR'd pages stay searchable)"),
     EnvVar("KB_OCR_PAGE_SECONDS",
            "`120`",
-           "the longest one page's OCR may take (a page takes 5 to 15 s on two cores); a page past it is left out, "
+           "the longest one page's OCR may take (a page takes 4 to 9 s on two cores); a page past it is left out, "
            "uncached, and the ingest entry says how many were"),
     EnvVar("KB_ASYNC_THRESHOLD",
            "`25`",
@@ -2643,6 +2643,8 @@ def apply_numbering_levels(blocks: list[Block]) -> None:
 OCR_MODES = ("auto", "off", "force")
 OCR_DPI = 250                 # render resolution for recognition
 OCR_DETECT_SIDE = 2400        # pixels: the long side of the page picture the line detector sees
+OCR_DETECT_PIXELS = 2400 * 1860   # ... and its area at most (US Letter, the widest usual page, at that side): the
+                                  # detector's working memory grows with it, about 0.9 GB at this size
 OCR_RECOGNISE_STEP = 24       # lines recognised between two looks at the page's clock
 OCR_MIN_CONFIDENCE = 0.5      # recognised lines below this confidence are dropped
 OCR_LINES_REVISION = 2        # bumped when the lines kept from the recognizer change: cached pages are OCR'd again
@@ -2699,8 +2701,8 @@ def ocr_engine_version() -> str:
         release = version("rapidocr-onnxruntime")
     except PackageNotFoundError:
         release = "unknown"
-    return (f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; detect {OCR_DETECT_SIDE}; min confidence "
-            f"{OCR_MIN_CONFIDENCE}; lines {OCR_LINES_REVISION}")
+    return (f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; detect {OCR_DETECT_SIDE} / {OCR_DETECT_PIXELS}; "
+            f"min confidence {OCR_MIN_CONFIDENCE}; lines {OCR_LINES_REVISION}")
 
 
 class OcrCache:
@@ -2799,11 +2801,12 @@ def _ocr_image(page):
 
 def _detect_lines(reader, image):
     """The text lines' quadrilaterals in full-size pixels. The detector sees the page shrunk to OCR_DETECT_SIDE
-    on its long side: it finds the same lines there at a fifth of the cost, and the recognizer still reads
-    each line cut from the full-size picture."""
+    on its long side (and OCR_DETECT_PIXELS in all, for square and wide pages): it finds the same lines there
+    at half the cost, and the recognizer still reads each line cut from the full-size picture."""
     import cv2
     import numpy as np
-    scale = min(1.0, OCR_DETECT_SIDE / max(image.shape[:2]))
+    height, width = image.shape[:2]
+    scale = min(1.0, OCR_DETECT_SIDE / max(height, width), math.sqrt(OCR_DETECT_PIXELS / (height * width)))
     small = image if scale >= 1.0 else cv2.resize(image, (round(image.shape[1] * scale), round(image.shape[0] * scale)),
                                                   interpolation=cv2.INTER_AREA)
     boxes, _ = reader.text_det(small)
@@ -3499,8 +3502,8 @@ class _PdfOcr:
 
     def __init__(self, path: str, options: ReadOptions | None, pages: int = 0):
         options = options or ReadOptions()
-        self.options = options
-        self.pages = pages                 # the document's page count, for progress
+        self.threads, self.pages = options.ocr_threads, pages        # pages: the document's count, for progress
+        self.on_page = options.on_page or (lambda done, total: None)
         self.mode = ocr_mode(options.ocr)
         self.available = self.mode != "off" and ocr_available()
         self.path = path
@@ -3532,14 +3535,12 @@ class _PdfOcr:
             page.add_redact_annot(page.rect)        # the broken (or replaced) text layer goes first
             page.apply_redactions(images=0, graphics=0)
         try:
-            lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds,
-                              self.options.ocr_threads)
+            lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds, self.threads)
         except OcrTimeout:
             self.timed_out += 1
             return ([], margin) if reason == "garbled" else (blocks, margin)    # never the unreadable layer
         finally:
-            if self.options.on_page is not None:
-                self.options.on_page(number, self.pages)
+            self.on_page(number, self.pages)
         if lines:
             self.read.append(number)
             return _pdf_page_blocks(page)
@@ -11629,6 +11630,11 @@ def read_settled(lib: Library, reader: FileReader, pending: PendingFile, prepare
                              "library keeps what it had: ingest it again once it is written")
 
 
+def ocr_pages_only(progress: Callable[[dict], None] | None) -> Callable[[dict], None] | None:
+    """``progress`` for the OCR page events alone (for the Zotero import, which counts its attachments itself)."""
+    return (lambda event: progress(event) if event.get("phase") == "ocr" else None) if progress else None
+
+
 def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
                  feeder: VectorFeeder | None, workers: int = 0,
                  on_entry: Callable[[int, dict], dict] | None = None, ocr: str | None = None) -> list[dict]:
@@ -13199,9 +13205,7 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
             report(index)
             return result
 
-        # the attachments' own events come from lay_over; of the file pipeline's, only the OCR pages pass on
-        pages = (lambda event: progress(event) if event.get("phase") == "ocr" else None) if progress else None
-        ingest_files(target, [(attachments[i].file, True) for i in with_files], force, pages, feeder,
+        ingest_files(target, [(attachments[i].file, True) for i in with_files], force, ocr_pages_only(progress), feeder,
                      ingest_workers(own_process), on_entry=lay_over, ocr=_opt_str(payload, "ocr"))
         feeder.finish(target, progress)
     statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)

@@ -298,6 +298,21 @@ def test_ocr_pages_are_reported_as_progress(kb_engine, scans, ocr_cache, tmp_pat
     assert "OCR page 1/2 of scanned_two_column.pdf" in kb_engine.render_status({"job": job})
 
 
+def test_ocr_lines_of_a_table_row_go_left_to_right(kb_engine):
+    """Cells of one row whose tops differ by a fraction of a point read left to right, rows top to bottom; two
+    columns' lines on shared baselines still read column by column."""
+    def line(text, x0, y0, x1, y1):
+        return [text, [x0, y0, x1, y1], 0.9]
+    table = [line("2022E", 330, 100.4, 360, 110), line("2020", 250, 100.6, 275, 110.2),
+             line("2021", 290, 100.2, 315, 110), line("746", 250, 114.3, 270, 124),
+             line("1,567", 290, 114.1, 315, 124), line("3,684", 330, 114.2, 360, 124)]
+    assert [t for t, _, _ in kb_engine.ocr_rows(table)] == ["2020", "2021", "2022E", "746", "1,567", "3,684"]
+    columns = [line("right one", 320, 100, 560, 110), line("left one", 40, 100.3, 280, 110),
+               line("left two", 40, 114, 280, 124), line("right two", 320, 113.8, 560, 124)]
+    assert [t for t, _, _ in kb_engine.ocr_line_order(columns, 600)] == ["left one", "left two", "right one",
+                                                                         "right two"]
+
+
 def test_page_texts_follows_kb_ocr(kb_engine, scans, ocr_cache, monkeypatch):
     """page_texts is the engine's text of a page under the ingest rule: with KB_OCR=off a scan has none, and it
     is refused as ingest refuses it."""
