@@ -68,8 +68,8 @@ class RecordingReader(RealFileReader):
     instances: list["RecordingReader"] = []
     read_with = None          # a module-level read function for the workers, else the engine's own
 
-    def __init__(self, workers, read=None, options=None):
-        super().__init__(workers, read or type(self).read_with, options)
+    def __init__(self, workers, read=None, options=None, progress=None):
+        super().__init__(workers, read or type(self).read_with, options, progress)
         self.submitted: list[tuple[str, bool]] = []      # (path, handed to a worker)
         self.pools = 0
         RecordingReader.instances.append(self)
