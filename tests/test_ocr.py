@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -173,6 +174,41 @@ def test_ocr_off_skips_as_before(kb_engine, scans, tmp_path, monkeypatch):
                                       "ocr": "sometimes"})
     finally:
         engine.close()
+
+
+def test_a_layer_of_ascii_symbols_is_garbled_and_formulas_are_not(kb_engine, scans, tmp_path):
+    """A font map that sends letters to ASCII symbols ("2<0= >./?2/") makes a layer of nonsense with no
+    replacement or private-use characters: the page is OCR'd ('garbled'), as is the corpus's Chinese journal page
+    with such a map. A page dense with formulas keeps its layer."""
+    import pymupdf
+    original, scan = scans["two_column"]
+    with pymupdf.open(original) as doc:
+        text = doc[0].get_text()
+    # a substitution like the broken map of a real Chinese journal page: letters to digits and symbols
+    broken = text.translate(str.maketrans("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                                          '0123456789!"#$%&*+/;<=>?@^|~.,:0123456789!"#$%&*+/;<'))
+    # a physics page: formulas in their sentences, 0.16 of its characters symbols (the corpus's densest: 0.11)
+    formulas = " ".join(f"For mode {i} the energy obeys E^2 = p^2c^2 + m^2c^4 and the ratio k/q <= {i} + x; "
+                        "the coupling then scales as g ~ 1/r." for i in range(30))
+    pages = {}
+    with pymupdf.open(scan) as source, pymupdf.open() as doc:
+        for name, layer in (("broken", broken), ("formulas", formulas)):
+            page = doc.new_page(width=source[0].rect.width, height=source[0].rect.height)
+            page.show_pdf_page(page.rect, source, 0)                 # the scanned picture beneath
+            page.insert_textbox(page.rect + (40, 40, -40, -40), layer, fontsize=7)
+            pages[name] = page.number
+        doc.save(tmp_path / "layers.pdf")
+    with pymupdf.open(tmp_path / "layers.pdf") as doc:
+        for name, expected in (("broken", "garbled"), ("formulas", None)):
+            page = doc[pages[name]]
+            blocks, _ = kb_engine._pdf_page_blocks(page)
+            assert kb_engine.ocr_reason(page, blocks, "auto") == expected, (name, "".join(b.text for b in blocks)[:200])
+    corpus = os.environ.get("KB_CORPUS_DIR")
+    real = Path(corpus or "") / "mineru" / "zh_biomed_page_garbled_cmap.pdf"
+    if corpus and real.is_file():
+        with pymupdf.open(real) as doc:
+            blocks, _ = kb_engine._pdf_page_blocks(doc[0])
+            assert kb_engine.ocr_reason(doc[0], blocks, "auto") == "garbled"
 
 
 def test_without_the_ocr_extra_the_skip_names_it(kb_engine, tmp_path, monkeypatch):
