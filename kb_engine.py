@@ -2969,13 +2969,19 @@ def layer_ocr_lines(page, lines: list[list]) -> None:
                          morph=(origin, pymupdf.Matrix((x1 - x0) / width, 1)))
 
 
-def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None,
-              deadline: float | None = None, threads: int = 0) -> list[list]:
+def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None, deadline: float | None = None,
+              threads: int = 0, clear: bool = False) -> list[list]:
+    """The page's OCR lines (cached, else read from the page as drawn), laid onto it as its text layer.
+    ``clear`` removes the layer it has first (a broken one; every one under force), once the page was read: a
+    broken map's glyphs still draw the text, and removed first, they would take it out of the picture."""
     lines = cache.get(sha256, number) if cache is not None and sha256 else None
     if lines is None:
         lines = ocr_page_lines(page, deadline, threads)
         if cache is not None and sha256:
             cache.put(sha256, number, lines)
+    if clear:
+        page.add_redact_annot(page.rect)
+        page.apply_redactions(images=0, graphics=0)
     layer_ocr_lines(page, lines)
     return lines
 
@@ -3546,11 +3552,9 @@ class _PdfOcr:
                 self._sha256 = sha256_of_file(self.path)
             except OSError:
                 self._sha256 = ""           # read, not cached
-        if reason == "garbled" or reason == "forced":
-            page.add_redact_annot(page.rect)        # the broken (or replaced) text layer goes first
-            page.apply_redactions(images=0, graphics=0)
         try:
-            lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds, self.threads)
+            lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds, self.threads,
+                              clear=reason in ("garbled", "forced"))
         except OcrTimeout:
             self.timed_out += 1
             return ([], margin) if reason == "garbled" else (blocks, margin)    # never the unreadable layer

@@ -211,6 +211,25 @@ def test_a_layer_of_ascii_symbols_is_garbled_and_formulas_are_not(kb_engine, sca
             assert kb_engine.ocr_reason(doc[0], blocks, "auto") == "garbled"
 
 
+def test_a_page_is_read_as_drawn_before_its_layer_goes(kb_engine, scans, monkeypatch, tmp_path):
+    """Under force (and for a broken layer, whose glyphs still draw the text) the page is OCR'd as it is drawn,
+    and only then is its text layer replaced: removed first, the text would be gone from the picture too."""
+    monkeypatch.setenv("KB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KB_OCR", "auto")
+    original = scans["two_column"][0]                   # a born-digital PDF: text drawn by its fonts
+    layer = kb_engine.page_texts(str(original))
+    monkeypatch.setenv("KB_OCR", "force")
+    forced = kb_engine.page_texts(str(original))
+    assert len(forced) == 2
+    for page, (a, b) in enumerate(zip(layer, forced), start=1):
+        assert similarity(compact(a), compact(b)) >= 0.9, (page, b[:400])
+    corpus = os.environ.get("KB_CORPUS_DIR")
+    real = Path(corpus or "") / "mineru" / "zh_biomed_page_garbled_cmap.pdf"
+    if corpus and real.is_file():                     # the Chinese captions its broken map garbles
+        monkeypatch.setenv("KB_OCR", "auto")
+        assert "琼脂糖电泳图" in compact(kb_engine.page_texts(str(real))[0])
+
+
 def test_without_the_ocr_extra_the_skip_names_it(kb_engine, tmp_path, monkeypatch):
     """No rapidocr-onnxruntime: a scan is skipped as before, and the entry says which extra reads it."""
     monkeypatch.setenv("KB_OCR", "auto")
