@@ -33,8 +33,9 @@ Contents (each layer only calls the layers above it):
    23. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
    24. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
                           zotero, docs, stats, dedup, delete, ...)
-   25. Command table ..... the command table, the host contract, ``Engine``
-   26. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+   25. Live library ...... watched folders: scans, file events, settling, grace, offline roots, sync jobs
+   26. Command table ..... the command table, the host contract, ``Engine``
+   27. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -299,6 +300,18 @@ ENVIRONMENT_VARIABLES = (
            "through the JSON protocols, an ingest with more files than this to work on, or a zotero import with "
            "more attachments than this to work on, runs as a background job (poll with `status`; `kb-engine status "
            "--follow` watches it)"),
+    EnvVar("KB_WATCH_SETTLE_S",
+           "`2`",
+           "a new or changed file in a watched folder is synced once its size and modification time have not "
+           "changed for this many seconds (a download in progress is left alone)"),
+    EnvVar("KB_WATCH_GRACE_S",
+           "`30`",
+           "the document of a file gone from a watched folder is removed once the file has been gone this many "
+           "seconds (a file saved by writing a new copy and renaming it is back well before)"),
+    EnvVar("KB_WATCH_SCAN_S, KB_WATCH_RESCAN_S",
+           "`2`, `60`",
+           "seconds between two scans of a watched folder without file events (longer for a large folder: scans "
+           "take at most 2% of a core), and with them (events can be lost)"),
     EnvVar("KB_INGEST_WORKERS",
            "one less than the CPU count (1 to 4); `0` through the Python API",
            "worker processes that read files ahead of the commits during `ingest`; `0` reads every file in the "
@@ -10414,6 +10427,8 @@ class JobStore:
             return []
         jobs = []
         for path in sorted(self.folder.glob("*.json")):
+            if not re.fullmatch(r"[0-9a-f]{12}", path.stem):
+                continue            # the watcher's file (watcher.json) lives here too
             job = self.read(path.stem)
             if job is None:
                 continue
@@ -12076,7 +12091,7 @@ MIN_RENDER_BUDGET, MAX_RENDER_BUDGET = 500, 1_000_000
 # whole snippets, citations shown per passage). After the last, trailing passages are dropped.
 HOST_FIT_STEPS = ((None, 8), (None, 4), (400, 4), (400, 2), (250, 2), (150, 2), (90, 2))
 RENDER_TITLE_CHARS = 300    # a longer title (a parser's mistake, a hostile file) is cut: it must not eat the budget
-RENDER_LIST_ROWS = {"files": 15, "attachments": 15, "groups": 15, "errors": 10, "jobs": 20}
+RENDER_LIST_ROWS = {"files": 15, "attachments": 15, "groups": 15, "errors": 10, "jobs": 20, "sources": 20}
 
 # Fields a host adds to a request (every command with a renderer accepts them).
 HOST_FIELDS = (
@@ -12541,6 +12556,27 @@ def render_status(answer: dict) -> str:
     return _lines("Background jobs:", _some(jobs, "jobs", lambda j: f"- {_job_markdown(j)}"))
 
 
+def _source_line(source: dict) -> str:
+    state = str(source.get("state") or "?").replace("_", " ")
+    detail = [f"{source['pending']} file(s) settling" if source.get("pending") else None,
+              f"last sync {source['last_sync']}" if source.get("last_sync") else "not synced yet",
+              _counts({k: v for k, v in _mapping(source.get("last_changes")).items() if v})]
+    reason = f" ({md_text(cut_text(str(source['reason']), 200))})" if source.get("reason") else ""
+    return f"- {md_code(source.get('path', '?'))}: {state}{reason}; " + ", ".join(d for d in detail if d)
+
+
+def render_watch(answer: dict) -> str:
+    sources = [s for s in _listed(answer.get("sources")) if isinstance(s, dict)]
+    added, removed = _listed(answer.get("added")), _listed(answer.get("removed"))
+    return _lines(
+        f"Now watching: {', '.join(md_code(p) for p in added)}." if added else None,
+        f"No longer watched (their papers stay in the library): {', '.join(md_code(p) for p in removed)}."
+        if removed else None,
+        "**Watched folders**" if sources else "No folders are watched. Add one with kb_watch and add: [folder].",
+        _some(sources, "sources", _source_line),
+        _note(answer.get("note")))
+
+
 def render_stats(answer: dict) -> str:
     if answer.get("exists") is False:
         return _lines("**The knowledge base is empty**: no library exists yet.",
@@ -12631,7 +12667,7 @@ RENDERERS: dict[str, Callable[[dict, int], dict]] = {
     "search": _sources("search"), "rag": _sources("rag"),
     "ingest": _summary(render_ingest), "zotero": _summary(render_zotero), "fetch": _summary(render_fetch),
     "status": _summary(render_status), "stats": _summary(render_stats), "dedup": _summary(render_dedup),
-    "clear": _summary(render_clear),
+    "clear": _summary(render_clear), "watch": _summary(render_watch),
     "show": lambda answer, budget: {"markdown": render_show(answer), "view": show_view(answer)},
 }
 
@@ -13188,12 +13224,13 @@ ZOTERO_FIELDS = (
 
 
 def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-               own_process: bool = False) -> dict:
+               own_process: bool = False, read: tuple | None = None) -> dict:
     """Import the file attachments of a Zotero library (read from a snapshot), with Zotero's metadata,
     annotations, collections and tags; unchanged items are skipped on the next run. Files are read ahead and
-    encoded on the ingest pipeline; each item's Zotero data is committed right after its file."""
+    encoded on the ingest pipeline; each item's Zotero data is committed right after its file. ``read``: what
+    read_zotero_request gave the caller already (a sync reads it first)."""
     dry_run, force = _opt_bool(payload, "dry_run"), _opt_bool(payload, "force")
-    db, attachments, n_collections = read_zotero_request(payload)
+    db, attachments, n_collections = read or read_zotero_request(payload)
     entries: list[dict] = [{} for _ in attachments]     # each filled in when its attachment is dealt with
     done = 0
 
@@ -13601,7 +13638,849 @@ def cmd_models(models: Models, payload: dict) -> dict:
 
 
 # =============================================================================
-# 25. Command table
+# 25. Live library
+# =============================================================================
+# Watched folders are a list in the library's meta table, so every host and a restarted daemon see the same
+# ones. A resident engine (serve, hence the DSH plugin and the MCP server; `kb-engine watch` in the foreground)
+# compares each folder with the library: a stat of every file, no reading, each time file-system events say
+# something moved (watchdog, optional) and every few seconds anyway. What differs becomes one background `sync`
+# job per batch, so the job machinery gives it one writer, progress, cancellation, and a life of its own when
+# the daemon dies. Three rules keep a library safe from its own watcher: a file is synced only once its size
+# and mtime have stood still for KB_WATCH_SETTLE_S (a download in progress is left alone); a document whose file
+# is gone is removed only after KB_WATCH_GRACE_S (a save-and-rename is back by then, and a move has been
+# re-pathed by the ingest of its new name, which runs first); a folder that is gone, or a mount point with nothing
+# mounted on it, is offline and nothing of it is removed.
+
+SOURCES_META_KEY = "watch_sources"
+WATCH_SETTINGS = {
+    "KB_WATCH_SETTLE_S": 2.0,     # a file's size and mtime stand still this long before it is synced
+    "KB_WATCH_GRACE_S": 30.0,     # a vanished file's document waits this long before it is removed
+    "KB_WATCH_SCAN_S": 2.0,       # the shortest time between two scans of a folder without file events
+    "KB_WATCH_RESCAN_S": 60.0,    # with file events: a full scan this often anyway (events can be lost)
+}
+WATCH_SCAN_SHARE = 0.02     # scanning takes at most this share of a core: a large folder is scanned less often
+WATCH_DEBOUNCE_S = 0.5      # after a file event, the scan waits this long for the rest of the burst
+WATCHER_FILE = "watcher.json"       # in the jobs folder: the process keeping the sources in step, and their states
+WATCHER_BEAT_S = 10.0               # how often that file is rewritten while nothing changes
+WATCH_EVENTS_NOTE = ("file events need the optional watchdog module (pip install 'kb-rag[watch]'); folders are "
+                     "scanned every few seconds instead")
+
+
+def watch_setting(name: str) -> float:
+    """A WATCH_SETTINGS value, or its non-negative override from the environment."""
+    try:
+        value = float(os.environ.get(name, "") or WATCH_SETTINGS[name])
+    except ValueError:
+        return WATCH_SETTINGS[name]
+    return value if math.isfinite(value) and value >= 0 else WATCH_SETTINGS[name]
+
+
+# -- the sources a library keeps ---------------------------------------------------------------------------------
+
+def read_sources(lib: Library) -> list[dict]:
+    """The library's watched sources: [{"path", "kind", "added", "last_sync", "last_changes"}]."""
+    try:
+        sources = json.loads(lib.get_meta(SOURCES_META_KEY) or "[]")
+    except ValueError:
+        return []
+    return [s for s in sources if isinstance(s, dict) and isinstance(s.get("path"), str)] \
+        if isinstance(sources, list) else []
+
+
+def write_sources(lib: Library, sources: list[dict]) -> None:
+    with lib.transaction():
+        lib.set_meta(SOURCES_META_KEY, json.dumps(sources, ensure_ascii=False, allow_nan=False))
+
+
+def watched_source(raw: str, kb_root: Path) -> dict:
+    """The source a request asks to watch: a folder, or a Zotero data folder (the folder holding zotero.sqlite,
+    or that file); anything else is a bad_request that says why."""
+    if not raw.strip() or "\x00" in raw:
+        raise KBError("bad_request", "a watched source must be a folder path")
+    path = os.path.abspath(os.path.expanduser(raw))
+    if os.path.isfile(path) and os.path.basename(path) == "zotero.sqlite":
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+        raise KBError("bad_request", f"{path} {what}: watch takes folders (ingest takes single files)")
+    if _inside(path, str(kb_root)):
+        raise KBError("bad_request", f"{path} is inside the library folder {kb_root}")
+    base = {"path": path, "added": now_iso(), "last_sync": None, "last_changes": None}
+    if os.path.isfile(os.path.join(path, "zotero.sqlite")):
+        return {**base, "kind": "zotero", "db": os.path.join(path, "zotero.sqlite")}
+    return {**base, "kind": "folder", "mount": os.path.ismount(path)}
+
+
+def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_root: Path) -> tuple[list, list, list]:
+    """(sources after the request, paths added, paths removed). A folder inside a watched one is already
+    watched; a folder around watched ones takes their place (a Zotero library is a source of its own, wherever
+    it lies). Removing keeps the documents."""
+    removed = []
+    for raw in remove:
+        path = os.path.abspath(os.path.expanduser(raw))
+        if os.path.basename(path) == "zotero.sqlite":
+            path = os.path.dirname(path)
+        if not any(s["path"] == path for s in sources):
+            raise KBError("not_found", f"{path} is not a watched source")
+        sources = [s for s in sources if s["path"] != path]
+        removed.append(path)
+    added = []
+    for raw in add:
+        source = watched_source(raw, kb_root)
+        path = source["path"]
+        folders = [s for s in sources if s.get("kind", "folder") == "folder"]
+        if any(s["path"] == path for s in sources) or (
+                source["kind"] == "folder" and any(_inside(path, s["path"]) for s in folders)):
+            continue        # already watched, as itself or as part of a watched folder
+        if source["kind"] == "folder":
+            sources = [s for s in sources if s.get("kind", "folder") != "folder" or not _inside(s["path"], path)]
+        sources.append(source)
+        added.append(path)
+    return sources, added, removed
+
+
+# -- comparing a folder with the library -------------------------------------------------------------------------
+
+@dataclass
+class FolderScan:
+    """One look at a watched folder: its files as (size, mtime_ns), or why it counts as offline."""
+    files: dict[str, tuple[int, int]]
+    offline: str | None = None
+    seconds: float = 0.0
+
+
+def scan_folder(root: str, kb_root: Path, mount: bool = False) -> FolderScan:
+    """Stat every file ingest would take from ``root`` (the same walk: hidden files, lock files, links out of the
+    folder and the library folder are left out). ``mount``: the folder was a mount point when it was added, so
+    an empty folder in its place (the drive not mounted) counts as offline, not as every paper deleted."""
+    started = time.perf_counter()
+    if not os.path.isdir(root):
+        return FolderScan({}, "the folder is gone (renamed, deleted, or its drive is not mounted)",
+                          time.perf_counter() - started)
+    if mount and not os.path.ismount(root):
+        return FolderScan({}, "the folder was a mount point and nothing is mounted there now",
+                          time.perf_counter() - started)
+    files = {}
+    for path, _ in collect_files([root], kb_root):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue            # gone since the walk listed it: the next scan sees
+        files[path] = (st.st_size, st.st_mtime_ns)
+    return FolderScan(files, None, time.perf_counter() - started)
+
+
+def scan_zotero(data_dir: str) -> FolderScan:
+    """The (size, mtime) of a Zotero database and its write-ahead log: Zotero writes one of them on every change."""
+    started = time.perf_counter()
+    db = os.path.join(data_dir, "zotero.sqlite")
+    files = {}
+    for path in (db, db + "-wal"):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        files[path] = (st.st_size, st.st_mtime_ns)
+    offline = None if db in files else "the Zotero database is gone (renamed, moved, or its drive is not mounted)"
+    return FolderScan(files if offline is None else {}, offline, time.perf_counter() - started)
+
+
+def zotero_signature(scan: FolderScan) -> list:
+    """What a Zotero source's last sync saw of its database, as stored with the source."""
+    return [[path, *signature] for path, signature in sorted(scan.files.items())]
+
+
+def stored_under(lib: Library, root: str) -> dict[str, tuple[int, int]]:
+    """The library's documents under a folder: stored path -> (size, mtime_ns), whatever their status."""
+    prefix = root.rstrip(os.sep) + os.sep
+    rows = lib.conn.execute("SELECT path, size, mtime_ns FROM docs WHERE substr(path, 1, ?) = ?",
+                            (len(prefix), prefix)).fetchall()
+    return {row["path"]: (row["size"], row["mtime_ns"]) for row in rows}
+
+
+@dataclass
+class SourceWatch:
+    """What the watcher knows of one folder between scans. ``seen``: a changed file's (size, mtime) and since
+    when it has held them; ``missing``: since when a stored file has been gone; ``sent``: what the last job was
+    given, so a file that job could not store is not sent again until it changes."""
+    path: str
+    mount: bool = False
+    state: str = "watching"
+    reason: str | None = None
+    seen: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+    sent: dict = field(default_factory=dict)
+    pending: int = 0
+    files: int = 0
+    scan_seconds: float = 0.0
+    next_scan: float = 0.0
+    offline_since: float | None = None
+
+    def compare(self, scan: FolderScan, stored: dict, now: float, settle: float, grace: float
+                ) -> tuple[list[str], list[str], float | None]:
+        """(files to ingest, stored paths to remove, when to look again for the ones still settling)."""
+        if not self._online(scan):
+            return [], [], None
+        keyed = {path_key(path): path for path in scan.files}
+        ingest, remove, wake = [], [], None
+        for path, signature in scan.files.items():
+            if stored.get(path_key(path)) == signature:
+                self.seen.pop(path, None)
+                self.sent.pop(path, None)
+                continue
+            if self.sent.get(path) == signature:       # the last job could not store it: wait for a change
+                self.seen.pop(path, None)
+                continue
+            first = self.seen.get(path)
+            if first is None or first[0] != signature:
+                self.seen[path] = first = (signature, now)
+            ready_at = first[1] + settle
+            if now >= ready_at:
+                ingest.append(path)
+            else:
+                wake = ready_at if wake is None else min(wake, ready_at)
+        for stored_path in stored:
+            if stored_path in keyed:
+                self.missing.pop(stored_path, None)
+                continue
+            since = self.missing.setdefault(stored_path, now)
+            if now >= since + grace:
+                remove.append(stored_path)
+            else:
+                wake = since + grace if wake is None else min(wake, since + grace)
+        for gone in [p for p in self.seen if p not in scan.files]:
+            del self.seen[gone]
+        for gone in [p for p in self.missing if p not in stored]:
+            del self.missing[gone]
+        self.pending = len(self.seen) + len(self.missing)
+        return ingest, remove, wake
+
+    def compare_zotero(self, scan: FolderScan, synced: list | None, now: float, settle: float
+                       ) -> tuple[bool, float | None]:
+        """(whether the Zotero database changed since the last sync and has stood still for ``settle``, when to
+        look again while it settles)."""
+        if not self._online(scan):
+            return False, None
+        signature = zotero_signature(scan)
+        if signature == synced or self.sent.get("zotero") == signature:
+            self.seen.clear()
+            self.pending = 0
+            return False, None
+        first = self.seen.get("zotero")
+        if first is None or first[0] != signature:
+            self.seen["zotero"] = first = (signature, now)
+        self.pending = 1
+        if now >= first[1] + settle:
+            return True, None
+        return False, first[1] + settle
+
+    def _online(self, scan: FolderScan) -> bool:
+        self.files, self.scan_seconds = len(scan.files), scan.seconds
+        if scan.offline is not None:
+            if self.state != "offline":
+                self.offline_since = time.time()
+            self.state, self.reason = "offline", scan.offline
+            self.seen.clear()
+            self.missing.clear()
+            self.pending = 0
+            return False
+        if self.state in ("offline", "error"):
+            self.state, self.reason, self.offline_since = "watching", None, None
+        return True
+
+    def view(self) -> dict:
+        return {"state": self.state, "reason": self.reason, "files": self.files, "pending": self.pending,
+                "scan_ms": round(self.scan_seconds * 1000, 1),
+                "offline_since": _iso(self.offline_since) if self.offline_since else None}
+
+
+def _iso(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+
+
+# -- the watcher -------------------------------------------------------------------------------------------------
+
+class FileEvents:
+    """File-system events through watchdog, when it is installed: each event under a folder pokes the watcher.
+    Without watchdog (or when the platform refuses a watch) ``available`` is False and scans do all the work."""
+
+    def __init__(self, poke: Callable[[str], None]):
+        self.poke = poke
+        self.observer = None
+        self.watches: dict[str, Any] = {}
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            return
+        outer = self
+
+        class Handler(FileSystemEventHandler):
+            def __init__(self, root: str):
+                self.root = root
+
+            def on_any_event(self, event) -> None:
+                if getattr(event, "event_type", "") not in ("opened", "closed_no_write"):
+                    outer.poke(self.root)
+
+        self._handler = Handler
+        try:
+            self.observer = Observer()
+            self.observer.daemon = True
+            self.observer.start()
+        except Exception:
+            self.observer = None
+
+    @property
+    def available(self) -> bool:
+        return self.observer is not None
+
+    def follow(self, roots: set[str]) -> None:
+        """Watch exactly these (online) folders; a folder that came back after going offline is watched anew."""
+        if self.observer is None:
+            return
+        for root in [r for r in self.watches if r not in roots]:
+            self._unschedule(root)
+        for root in roots - set(self.watches):
+            try:
+                self.watches[root] = self.observer.schedule(self._handler(root), root, recursive=True)
+            except Exception:       # e.g. the inotify watch limit: scans still cover the folder
+                continue
+
+    def _unschedule(self, root: str) -> None:
+        watch = self.watches.pop(root, None)
+        try:
+            if self.observer is not None:
+                self.observer.unschedule(watch)
+        except Exception:
+            pass
+
+    def stop(self) -> None:
+        if self.observer is not None:
+            try:
+                self.observer.stop()
+                self.observer.join(2)
+            except Exception:
+                pass
+            self.observer = None
+
+
+class Watcher:
+    """Keeps the watched folders of the libraries it tracks in step with the library. ``tick`` does one round
+    (what the thread runs, and what `kb-engine watch` runs in the foreground). In serve, ``write_lock`` is the
+    engine's: a sync job starts only while no command of the engine writes, and ``busy(root)`` says whether the
+    engine is still storing vectors there (one writer per library)."""
+
+    def __init__(self, write_lock: Any = None, busy: Callable[[Path], bool] | None = None, events: bool = True):
+        import threading
+        self.write_lock = write_lock
+        self.busy = busy or (lambda root: False)
+        self.libraries: dict[Path, dict[str, SourceWatch]] = {}
+        self.jobs: dict[Path, tuple[str, list[tuple[SourceWatch, str]]]] = {}   # the sync job in flight, its files
+        self.ticking = threading.Lock()
+        self.wake = threading.Event()
+        self.poked: dict[str, float] = {}
+        self.events = FileEvents(self._poke) if events else None
+        self.thread: Any = None
+        self.stopping = False
+        self.beats: dict[Path, tuple[float, str]] = {}
+
+    def track(self, root: Path) -> None:
+        self.libraries.setdefault(root, {})
+        self.wake.set()
+
+    def _poke(self, folder: str) -> None:
+        self.poked[folder] = time.monotonic()
+        self.wake.set()
+
+    # -- one round ---------------------------------------------------------------------------------------------
+    def tick(self) -> list[dict]:
+        """Look at every folder that is due; start a sync job where something is ready. The jobs started."""
+        started = []
+        with self.ticking:
+            for root in list(self.libraries):
+                try:
+                    job = self._tick_library(root)
+                except (sqlite3.DatabaseError, OSError, KBError) as exc:     # busy, gone or broken: next round
+                    for watch in self.libraries[root].values():
+                        watch.state, watch.reason = "error", f"{type(exc).__name__}: {_short_error(exc)}"
+                    job = None
+                if job is not None:
+                    started.append(job)
+                self._beat(root)
+            if self.events is not None:
+                self.events.follow({path for folders in self.libraries.values() for path, watch in folders.items()
+                                    if watch.state != "offline"})
+        return started
+
+    def _tick_library(self, root: Path) -> dict | None:
+        folders = self.libraries[root]
+        if self._job_running(root, folders):
+            return None         # its files are in flight; look again once it is done
+        lib = Library.open(root, writable=False)
+        if lib is None:
+            folders.clear()
+            return None
+        ingest: list[str] = []
+        remove: list[str] = []
+        zotero: list[str] = []
+        settle = watch_setting("KB_WATCH_SETTLE_S")
+        try:
+            sources = read_sources(lib)
+            for stale in [p for p in folders if not any(s["path"] == p for s in sources)]:
+                del folders[stale]
+            for source in sources:
+                watch = folders.setdefault(source["path"], SourceWatch(source["path"], bool(source.get("mount"))))
+                if not self._due(watch):
+                    continue
+                if source.get("kind") == "zotero":
+                    ready, wake = watch.compare_zotero(scan_zotero(watch.path), source.get("zotero_signature"),
+                                                       time.monotonic(), settle)
+                    zotero += [watch.path] if ready else []
+                else:
+                    found, gone, wake = watch.compare(scan_folder(watch.path, root, watch.mount),
+                                                      stored_under(lib, watch.path), time.monotonic(), settle,
+                                                      watch_setting("KB_WATCH_GRACE_S"))
+                    ingest += found
+                    remove += gone
+                watch.next_scan = self._next_scan(watch, wake)
+        finally:
+            lib.close()
+        if not ingest and not remove and not zotero:
+            return None
+        if self.write_lock is not None and not self.write_lock.acquire(blocking=False):
+            return self._later(folders)
+        try:
+            return self._later(folders) if self.busy(root) else self._start_sync(root, ingest, remove, zotero)
+        finally:
+            if self.write_lock is not None:
+                self.write_lock.release()
+
+    @staticmethod
+    def _later(folders: dict[str, SourceWatch]) -> None:
+        """The engine is writing: what is ready goes on the next round but one."""
+        for watch in folders.values():
+            watch.next_scan = min(watch.next_scan, time.monotonic() + 1.0)
+        return None
+
+    def _due(self, watch: SourceWatch) -> bool:
+        now = time.monotonic()
+        poked = self.poked.get(watch.path)
+        if poked is not None and now - poked >= WATCH_DEBOUNCE_S:
+            self.poked.pop(watch.path, None)
+            return True
+        return now >= watch.next_scan
+
+    def _next_scan(self, watch: SourceWatch, wake: float | None) -> float:
+        # an offline folder has no events to tell of its return: it is looked for on the scan interval
+        followed = self.events is not None and watch.path in self.events.watches and watch.state != "offline"
+        every = watch_setting("KB_WATCH_RESCAN_S") if followed else max(
+            watch_setting("KB_WATCH_SCAN_S"), watch.scan_seconds / WATCH_SCAN_SHARE)
+        due = time.monotonic() + every
+        return min(due, wake + 0.05) if wake is not None else due
+
+    def _job_running(self, root: Path, folders: dict[str, SourceWatch]) -> bool:
+        """Whether a job writes the library now. When the sync job this watcher started is over, a file it was
+        given is sent again if the job did not finish (killed, cancelled); one it finished but could not store
+        waits for its next change."""
+        store = JobStore(root)
+        active = store.active()
+        ours = self.jobs.get(root)
+        if active is None and ours is not None:
+            del self.jobs[root]
+            job = store.read(ours[0])
+            if job is None or job["state"] != "done":
+                for watch, path in ours[1]:
+                    watch.sent.pop(path, None)
+        if active is None:
+            for watch in folders.values():
+                if watch.state == "syncing":        # whoever's job it was, it is over: look at once
+                    watch.state, watch.next_scan = "watching", 0.0
+        if active is not None and active["command"] == "sync":
+            for watch in folders.values():
+                if watch.state == "watching":
+                    watch.state = "syncing"
+        return active is not None
+
+    def _start_sync(self, root: Path, ingest: list[str], remove: list[str], zotero: list[str]) -> dict | None:
+        store = JobStore(root)
+        job = store.create("sync", {"kb_root": str(root), "ingest": sorted(ingest), "remove": sorted(remove),
+                                    "zotero": sorted(zotero)}, len(ingest) + len(remove) + len(zotero))
+        first = store.active()
+        if first is not None and first["job_id"] != job["job_id"]:     # another writer won: look again after it
+            job.update(state="cancelled", reason=f"job {first['job_id']} started first", finished=time.time())
+            store.write(job)
+            return None
+        job["pid"] = spawn_job(root, job["job_id"])
+        store.write(job)
+        given = []
+        folders = self.libraries[root]
+        for path in zotero:         # a failed import is not retried until the database changes again
+            watch = folders[path]
+            watch.sent["zotero"] = watch.seen.pop("zotero")[0]
+            given.append((watch, "zotero"))
+        for path in ingest:
+            owner = next((w for p, w in folders.items() if _inside(path, p)), None)
+            if owner is not None and path in owner.seen:
+                owner.sent[path] = owner.seen.pop(path)[0]
+                given.append((owner, path))
+        for watch in folders.values():
+            if watch.state == "watching":
+                watch.state = "syncing"
+        self.jobs[root] = (job["job_id"], given)
+        return job
+
+    # -- what other processes read --------------------------------------------------------------------------------
+    def views(self, root: Path) -> dict[str, dict]:
+        return {path: watch.view() for path, watch in self.libraries.get(root, {}).items()}
+
+    def _beat(self, root: Path) -> None:
+        """Rewrite the library's watcher file when a state changed, and every WATCHER_BEAT_S anyway (only for a
+        library that has watched folders, or had: a library that never had any gets no file)."""
+        views = self.views(root)
+        if not views and root not in self.beats:
+            return
+        text = json.dumps(views, sort_keys=True)
+        last = self.beats.get(root)
+        if last is not None and last[1] == text and time.monotonic() - last[0] < WATCHER_BEAT_S:
+            return
+        record = {"pid": os.getpid(), "beat": time.time(), "events": bool(self.events and self.events.available),
+                  "sources": views}
+        try:
+            (root / JOBS_DIRNAME).mkdir(parents=True, exist_ok=True)
+            _write_atomically(root / JOBS_DIRNAME / WATCHER_FILE, json.dumps(record, allow_nan=False).encode())
+        except OSError:
+            return
+        self.beats[root] = (time.monotonic(), text)
+
+    # -- the thread ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        import threading
+        self.thread = threading.Thread(target=self._run, name="kb-watch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping:
+            try:
+                self.tick()
+            except Exception:       # a round that failed is tried again; the daemon must outlive it
+                pass
+            self.wake.wait(self.sleep_s())
+            self.wake.clear()
+
+    def sleep_s(self) -> float:
+        """Until the next folder is due (at most a second; half one while a sync job or an event is waiting)."""
+        if self.poked or self.jobs:
+            return WATCH_DEBOUNCE_S
+        nexts = [w.next_scan for folders in self.libraries.values() for w in folders.values()]
+        return max(0.1, min(min(nexts, default=math.inf) - time.monotonic(), 1.0))
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join(5)
+        if self.events is not None:
+            self.events.stop()
+
+
+def watcher_record(root: Path) -> dict | None:
+    """The watcher file of a library, when the process that writes it is alive."""
+    try:
+        record = json.loads((root / JOBS_DIRNAME / WATCHER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not pid_alive(record.get("pid")):
+        return None
+    return record
+
+
+def source_views(lib: Library | None, root: Path, live: dict[str, dict] | None = None) -> list[dict]:
+    """Each watched source as watch and status show it: what the library stores (last sync and its changes)
+    and the state of the resident engine keeping it in step, or ``not_watched`` when none runs."""
+    if lib is None:
+        return []
+    record = None if live is not None else watcher_record(root)
+    states = live if live is not None else (record or {}).get("sources") or {}
+    views = []
+    for source in read_sources(lib):
+        state = states.get(source["path"])
+        view = {"path": source["path"], "kind": source.get("kind", "folder"), "added": source.get("added"),
+                "last_sync": source.get("last_sync"), "last_changes": source.get("last_changes")}
+        if state is None:
+            view.update(state="not_watched", reason="no resident engine is running")
+        else:
+            view.update(state)
+        views.append(view)
+    return views
+
+
+def with_sources(response: dict, root: Path, watcher: Watcher | None) -> dict:
+    """A status answer with the library's watched folders and their states, when it has any."""
+    try:
+        lib = Library.open(root, writable=False)
+    except (KBError, sqlite3.DatabaseError, OSError):
+        return response
+    if lib is None:
+        return response
+    try:
+        views = source_views(lib, root, watcher.views(root) if watcher is not None and root in watcher.libraries
+                             else None)
+    finally:
+        lib.close()
+    return {**response, "sources": views} if views else response
+
+
+# -- the commands ------------------------------------------------------------------------------------------------
+
+WATCH_FIELDS = (
+    Field("add", "array of strings, or one string", "none",
+          "folders to watch (`~` expanded, relative paths made absolute); each must exist. A folder inside a "
+          "watched one is already watched; a folder around watched ones takes their place",
+          cli=(Flag(("--add",), "watch these folders", {"nargs": "+", "metavar": "FOLDER"}),)),
+    Field("remove", "array of strings, or one string", "none",
+          "watched folders to stop watching; their documents stay in the library (`delete` removes them)",
+          cli=(Flag(("--remove",), "stop watching these folders", {"nargs": "+", "metavar": "FOLDER"}),)),
+    KB_ROOT_FIELD,
+)
+
+
+def _path_list(payload: dict, key: str) -> list[str]:
+    value = payload.get(key) or []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher | None) -> dict:
+    """Add, remove or list the library's watched folders."""
+    add, remove = _path_list(payload, "add"), _path_list(payload, "remove")
+    added: list[str] = []
+    removed: list[str] = []
+    if add or remove:
+        target = written_library(lib)
+        sources, added, removed = change_sources(read_sources(target), add, remove, root)
+        write_sources(target, sources)
+    if watcher is not None:
+        watcher.track(root)
+        if added or removed:
+            watcher.tick()      # the new folders are listed in their state, and their first sync starts
+    live = watcher.views(root) if watcher is not None else None
+    response: dict[str, Any] = {"sources": source_views(lib, root, live), "added": added, "removed": removed,
+                                "kb_root": str(root)}
+    if watcher is None and any(s["state"] == "not_watched" for s in response["sources"]):
+        response["note"] = ("watched folders are kept in step while a resident engine runs (serve: the DSH plugin "
+                            "or the MCP server; or `kb-engine watch` in a terminal); `sync` brings them in step once")
+    elif watcher is not None and watcher.events is not None and not watcher.events.available:
+        response["note"] = WATCH_EVENTS_NOTE
+    return response
+
+
+SYNC_FIELDS = (
+    Field("ingest", "array of strings", "none",
+          "files to ingest (the watcher's job names them); without `ingest` and `remove`, every watched folder is "
+          "scanned and brought in step at once"),
+    Field("remove", "array of strings", "none",
+          "stored paths whose documents are removed, each only when its file is still gone and its watched folder "
+          "is online"),
+    Field("zotero", "array of strings", "none",
+          "watched Zotero data folders to import from (changed attachments only) and to remove the documents of "
+          "attachments trashed or deleted in Zotero since the last sync"),
+    KB_ROOT_FIELD,
+)
+
+
+SYNC_COUNTS = (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED, STATUS_DUPLICATE, STATUS_ERROR, "removed")  # a sync's counts
+
+
+def sync_pending(lib: Library, payload: dict) -> tuple[int, int]:
+    """(changes a sync request brings, the same): a job when there are many."""
+    ingest, remove, zotero = _sync_request(lib, payload)
+    return len(ingest) + len(remove) + len(zotero), len(ingest) + len(remove) + len(zotero)
+
+
+def _sync_request(lib: Library, payload: dict) -> tuple[list[str], list[str], list[str]]:
+    """(files to ingest, stored paths to remove, Zotero sources to import): as the request names them, or, when
+    it names none, everything that differs now."""
+    if all(payload.get(key) is None for key in ("ingest", "remove", "zotero")):
+        return _sync_plan(lib)
+    return _path_list(payload, "ingest"), _path_list(payload, "remove"), _path_list(payload, "zotero")
+
+
+def _sync_plan(lib: Library) -> tuple[list[str], list[str], list[str]]:
+    """Everything that differs between the watched folders and the library, now (no settling, no grace: the
+    user asked for it), and every Zotero source (its import skips unchanged attachments); offline sources are
+    left alone."""
+    ingest, remove, zotero = [], [], []
+    for source in read_sources(lib):
+        if source.get("kind") == "zotero":
+            zotero += [source["path"]] if scan_zotero(source["path"]).offline is None else []
+            continue
+        watch = SourceWatch(source["path"], bool(source.get("mount")))
+        found, gone, _ = watch.compare(scan_folder(watch.path, lib.root, watch.mount), stored_under(lib, watch.path),
+                                       time.monotonic(), 0.0, 0.0)
+        ingest += found
+        remove += gone
+    return ingest, remove, zotero
+
+
+def _online_folders(lib: Library, sources: list[dict]) -> list[str]:
+    """The watched folders that are there (the watcher's offline rule, asked now)."""
+    return [s["path"] for s in sources if s.get("kind", "folder") == "folder"
+            and scan_folder(s["path"], lib.root, bool(s.get("mount"))).offline is None]
+
+
+def _removable(lib: Library, stored_path: str, online: list[str]) -> sqlite3.Row | None:
+    """The document of a stored path whose file is still gone, in a watched folder that is online."""
+    row = lib.doc_by_path(stored_path)
+    if row is None or os.path.lexists(fs_path(row)) or not any(_inside(stored_path, p) for p in online):
+        return None
+    return row
+
+
+def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
+             own_process: bool = False) -> dict:
+    """Bring the watched sources in step: ingest new and changed files (a moved file is re-pathed by its
+    content), import what changed in Zotero, then remove the documents of files that are gone and of Zotero
+    attachments trashed since the last sync. One transaction per file, as ingest."""
+    sources = read_sources(lib)
+    ingest, remove, zotero = _sync_request(lib, payload)
+    folders = [s["path"] for s in sources if s.get("kind", "folder") == "folder"]
+    ingest = [p for p in ingest if any(_inside(os.path.abspath(p), f) for f in folders)
+              and os.path.isfile(p)]        # only inside watched folders; one gone since is the next scan's
+    total = len(ingest) + len(remove)
+
+    def shifted(event: dict) -> None:         # the ingest's file events, counted out of the whole job
+        if progress is not None:
+            progress({**event, "total": total} if event.get("phase") == "files" else event)
+
+    entries: list[dict] = []
+    notes, errors = [], []
+    if ingest:
+        response = cmd_ingest(lib, {"paths": ingest}, shifted, models, own_process)
+        entries += response["files"]
+        notes += [response["note"]] if response.get("note") else []
+    removed = []
+    online = _online_folders(lib, sources) if remove else []
+    for done, stored_path in enumerate(remove, start=len(ingest) + 1):
+        row = _removable(lib, stored_path, online)
+        if row is not None:
+            with lib.transaction():
+                lib.delete_doc(row["id"])
+                lib.invalidate_cache()
+            removed.append(stored_path)
+        if progress is not None:
+            progress({"phase": "files", "done": done, "total": total, "path": stored_path, "status": "removed"})
+    for source in (s for s in sources if s["path"] in zotero and s.get("kind") == "zotero"):
+        try:
+            items, trashed = sync_zotero_source(lib, source, progress, models, own_process)
+        except KBError as exc:        # an unreadable database: said, and tried again when it changes
+            errors.append(f"{source['path']}: {exc.message}")
+            continue
+        entries += items
+        removed += trashed
+    counted = [e for e in entries if e["status"] != "missing"]
+    changes = {status: sum(e["status"] == status for e in counted) for status in SYNC_COUNTS[:-1]}
+    changes["removed"] = len(removed)
+    _record_sync(lib, changes, {s["path"] for s in sources if s["path"] in zotero or s.get("kind") != "zotero"})
+    totals = {**changes, "files": total, "vectors_missing": lib.count_missing_vectors()}
+    result: dict[str, Any] = {"files": entries, "removed": removed, "totals": totals, "kb_root": str(lib.root)}
+    if errors:
+        result["errors"] = errors
+    if notes:
+        result["note"] = notes[0]
+    return result
+
+
+def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], None] | None, models: Models,
+                       own_process: bool) -> tuple[list[dict], list[str]]:
+    """Import a watched Zotero library (attachments whose Zotero data or file changed; the rest is skipped by
+    their signature) and remove the documents of attachments that left it (trashed or deleted) since the last
+    sync. (The import's entries, the paths removed.) The database's signature is taken before its snapshot, so
+    a change made while this runs brings another sync."""
+    signature = zotero_signature(scan_zotero(source["path"]))
+    request = {"zotero_db": source["db"]}
+    read = read_zotero_request(request)
+    keys_now = {attachment.attachment_key for attachment in read[1]}
+    meta_key = f"zotero_keys:{source['path']}"
+    try:
+        keys_before = set(json.loads(lib.get_meta(meta_key) or "[]"))
+    except ValueError:
+        keys_before = set()
+    removed = []
+    for key in sorted(keys_before - keys_now):
+        for row in lib.conn.execute("SELECT id, path FROM docs WHERE zotero_attachment_key = ?", (key,)).fetchall():
+            with lib.transaction():
+                lib.delete_doc(row["id"])
+                lib.invalidate_cache()
+            removed.append(row["path"])
+    # imported after the removals, so that a recorded copy of a removed document's file is indexed in its place
+    response = cmd_zotero(lib, request, progress, models, own_process, read)
+    with lib.transaction():
+        lib.set_meta(meta_key, json.dumps(sorted(keys_now)))
+        sources = read_sources(lib)
+        for stored in sources:
+            if stored["path"] == source["path"]:
+                stored["zotero_signature"] = signature
+        lib.set_meta(SOURCES_META_KEY, json.dumps(sources, ensure_ascii=False, allow_nan=False))
+    return [{**e, "path": e.get("path") or e["attachment_key"]} for e in response["items"]], removed
+
+
+def _record_sync(lib: Library, changes: dict, paths: set[str]) -> None:
+    """The last sync of these sources and what it changed, kept with the sources."""
+    with lib.transaction():
+        sources = read_sources(lib)
+        for source in sources:
+            if source["path"] in paths:
+                source.update(last_sync=now_iso(), last_changes=changes)
+        lib.set_meta(SOURCES_META_KEY, json.dumps(sources, ensure_ascii=False, allow_nan=False))
+
+
+def watch_in_foreground(root: Path, bar_for: Callable[[], Any]) -> int:
+    """``kb-engine watch``: keep the library's folders in step until interrupted, a line per sync."""
+    watcher = Watcher()
+    watcher.track(root)
+    try:
+        jobs = watcher.tick()
+        folders = watcher.views(root)
+        if not folders:
+            print(f"no watched folders in {root}: add one with kb-engine watch --add FOLDER", file=sys.stderr)
+            return 1
+        events = watcher.events is not None and watcher.events.available
+        print(f"watching {len(folders)} folder(s) of {root}" + ("" if events else f"; {WATCH_EVENTS_NOTE}")
+              + "; Ctrl-C stops", flush=True)
+        while True:
+            for job in jobs:
+                finished = follow_job_file(root, job["job_id"], bar_for())
+                totals = (finished.get("result") or {}).get("totals") or {}
+                counts = ", ".join(f"{v} {k}" for k, v in totals.items() if v and k in SYNC_COUNTS)
+                print(f"{now_iso()}  sync {finished['state']}: {counts or 'nothing changed'}", flush=True)
+            watcher.wake.wait(watcher.sleep_s())
+            watcher.wake.clear()
+            jobs = watcher.tick()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        watcher.stop()
+
+
+def follow_job_file(root: Path, job_id: str, bar, poll_s: float = 0.3) -> dict:
+    """Wait for a job of the library to end, drawing it on ``bar``; its last state."""
+    store = JobStore(root)
+    while True:
+        job = store.read(job_id)
+        if job is None:
+            return {"state": "gone"}
+        job = store.checked(job)
+        if bar is not None:
+            bar.draw(job)
+        if job["state"] not in JOB_ACTIVE_STATES:
+            if bar is not None:
+                bar.close()
+            return job
+        time.sleep(poll_s)
+
+
+# =============================================================================
+# 26. Command table
 # =============================================================================
 
 # -- the command table ----------------------------------------------------------
@@ -13884,6 +14763,14 @@ HOST_TOOLS = (
                  "message": "identifier must be a DOI, an arXiv id or an http(s) URL"},),
         path_fields=("dest",), open_world=True, timeout_minutes=5),
     HostTool(
+        "kb_watch", "watch", "Watch folders for new papers",
+        "Keep folders of papers in step with the library: while the engine runs, papers added, changed, moved or "
+        "deleted there are indexed or removed by themselves. Add or remove folders, or list them with their state "
+        "and last sync.",
+        {"add": _strings("Folders to watch; relative paths are taken from the workspace"),
+         "remove": _strings("Watched folders to stop watching (their papers stay in the library)")},
+        path_fields=("add", "remove"), idempotent=True),
+    HostTool(
         "kb_status", "status", "Background job status",
         "Check the background jobs started by kb_ingest or kb_zotero: state, progress, result and errors. Give "
         "job_id for one job; cancel: true stops it.",
@@ -13984,8 +14871,18 @@ COMMAND_TABLE = (
             writes=lambda payload: payload.get("dry_run") is not True, exclusive=True,
             background=BackgroundWork(zotero_pending, "items", "Zotero attachments need work: importing"),
             fields=ZOTERO_FIELDS, reports_progress=True),
+    Command("watch", "watch folders: papers added, changed, moved or deleted there are kept in step while a "
+                     "resident engine runs (serve; or this command in the foreground)",
+            lambda c: cmd_watch(c.lib, c.root, c.payload, c.engine.watcher),
+            writes=lambda payload: bool(payload.get("add") or payload.get("remove")), fields=WATCH_FIELDS,
+            cli_flags=(Flag(("--list",), "list the watched folders and their state, and exit", SWITCH),)),
+    Command("sync", "bring the watched folders in step once: ingest new and changed files, remove deleted ones",
+            lambda c: cmd_sync(c.written, c.payload, c.progress, c.models, c.engine.own_process),
+            writes=_always, exclusive=True, background=BackgroundWork(sync_pending, "files", "files changed: syncing"),
+            fields=SYNC_FIELDS, reports_progress=True),
     Command("status", "background jobs of the library (started through the JSON protocols)",
-            lambda c: with_background_vectors(cmd_status(c.root, c.payload), c.engine.background_vectors(c.root)),
+            lambda c: with_background_vectors(with_sources(cmd_status(c.root, c.payload), c.root, c.engine.watcher),
+                                              c.engine.background_vectors(c.root)),
             opens_library=False, fields=STATUS_FIELDS,
             cli_flags=(Flag(("--follow",), "wait until the job (default: the running one) ends, with a progress bar "
                                            "on a terminal", SWITCH),)),
@@ -14053,6 +14950,17 @@ class Engine:
         self.own_process = own_process
         self.vectors_after_answer = False       # serve: an ingest answers before its vectors are done
         self._backfills: dict[Path, VectorBackfill] = {}
+        import threading
+        self.write_lock = threading.RLock()      # held by a writing command; a sync job starts only outside it
+        self.watcher: Watcher | None = None
+
+    def start_watching(self) -> None:
+        """serve: keep the watched folders of the default library, and of every library a request opens, in
+        step (see Live library)."""
+        self.watcher = Watcher(self.write_lock, lambda root: root in self._backfills
+                               and self._backfills[root].running())
+        self.watcher.track(library_choice(None)[0])
+        self.watcher.start()
 
     def backfill_for(self, root: Path) -> Callable[[VectorFeeder], None] | None:
         """What an ingest hands its unfinished vectors to (serve only), else None: it waits for them."""
@@ -14084,6 +14992,8 @@ class Engine:
         lib = Library.open(root, writable)
         if lib is not None:
             self._libraries[root] = lib
+            if self.watcher is not None:
+                self.watcher.track(root)
         return lib
 
     def state(self, root: Path) -> LibraryState:
@@ -14117,10 +15027,15 @@ class Engine:
         needs_write = spec.writes(payload)
         if spec.check is not None:
             spec.check(payload)             # a refused request creates no library
-        if needs_write and spec.exclusive:
-            self._refuse_while_job_runs(root, payload)
-        if needs_write:
+        if not needs_write:
+            return self._run_command(spec, payload, progress, root, False)
+        with self.write_lock:               # the watcher starts no sync job meanwhile
+            if spec.exclusive:
+                self._refuse_while_job_runs(root, payload)
             self._finish_backfill(root)
+            return self._run_command(spec, payload, progress, root, True)
+
+    def _run_command(self, spec: Command, payload: dict, progress, root: Path, needs_write: bool) -> dict:
         try:
             lib = self.library(root, writable=needs_write)
         except (sqlite3.DatabaseError, OSError) as exc:
@@ -14202,7 +15117,10 @@ class Engine:
 
     def close(self, backfill_wait_s: float = BACKFILL_CLOSE_WAIT_S) -> None:
         """Close the libraries; vectors still being added are given a moment to store what is encoded, and the
-        rest is left to the next ingest or reembed."""
+        rest is left to the next ingest or reembed. A sync job the watcher started goes on by itself."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
         for backfill in self._backfills.values():
             backfill.stop(backfill_wait_s)
         self._backfills.clear()
@@ -14213,7 +15131,7 @@ class Engine:
 
 
 # =============================================================================
-# 26. Protocol / CLI
+# 27. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -14773,6 +15691,8 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     library = {"kb_root": kb_root} if kb_root else {}
     if command.name == "status":                    # lists, shows, cancels or follows: its own flow
         return _human_status(args, library, engine)
+    if command.name == "watch" and not (args.add or args.remove or args.list or args.json):
+        return watch_in_foreground(_kb_root(library), lambda: _terminal_progress(args))
     payload = {**cli_payload(command, args), **library}
     problem = _missing_one_of(command, payload)
     if problem:
@@ -15063,6 +15983,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if argv == ["serve"]:
             engine.vectors_after_answer = True      # an ingest answers once its text is in; vectors follow
+            engine.start_watching()
             return serve(engine)
         human = (for_people or len(argv) > 1 or argv[0].startswith("-") or sys.stdin is None
                  or sys.stdin.isatty())

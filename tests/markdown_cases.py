@@ -70,15 +70,32 @@ def _engine_answers(work: Path) -> list[tuple[str, str, dict]]:
     finished = kb_engine.follow_job(background, {"kb_root": str(kb), "job_id": started["job_id"]}, None)
     cases.append(("status of a finished job", "kb_status", finished))
     cases.append(("status, job list", "kb_status", run("status")))
+    watched = work / "inbox"
+    watched.mkdir()
+    added = run("watch", add=[str(watched)])
+    added["sources"][0]["added"] = "2026-12-06T09:00:00Z"
+    cases.append(("watch, a folder added", "kb_watch", added))
+    cases.append(("sync, then the watched folders", "kb_watch", _synced(run, watched)))
     cases += _zotero(kb_engine, work)
     cases.append(("clear", "kb_clear", run("clear", confirm=True)))
     return cases
 
 
+def _synced(run, watched) -> dict:
+    """The watch list after one sync brought a new paper in: the last sync and what it changed."""
+    (watched / "plover_survey.md").write_text("# Plover survey 2025\n\nChick survival on the gravel bars rose to "
+                                              "41 percent after the spring floods.\n", encoding="utf-8")
+    run("sync")
+    answer = run("watch")
+    for source in answer["sources"]:      # the clock's part, fixed so that the rendering is the same every run
+        source.update(added="2026-12-06T09:00:00Z", last_sync="2026-12-06T09:30:00Z")
+    return answer
+
+
 def _show(run) -> list[tuple[str, str, dict]]:
     """show's answers: a placed passage, a page drawn without offsets, a figure."""
     hit = next(h for h in run("search", query="graphene nucleation on copper foils", mode="keyword",
-                              boxes=True)["results"] if "boxes" in h and h["file"] == "graphene_cvd_copper.pdf")
+                              boxes=True)["results"] if "boxes" in h and h["file"].startswith("graphene_cvd_copper"))
     span = {k: hit[k] for k in ("doc_id", "page", "char_start", "page_end", "char_end")}
     return [("show a passage", "kb_show", run("show", **span)),
             ("show a page without offsets", "kb_show", run("show", doc_id=hit["doc_id"], page=hit["page"])),

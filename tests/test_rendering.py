@@ -21,7 +21,8 @@ pytestmark = pytest.mark.internals
 CASES_FILE = ROOT / "tests" / "fixtures" / "markdown-cases.json"
 CASES = json.loads(CASES_FILE.read_text(encoding="utf-8"))
 COMMAND = {"kb_search": "search", "kb_rag": "rag", "kb_ingest": "ingest", "kb_zotero": "zotero", "kb_stats": "stats",
-           "kb_status": "status", "kb_dedup": "dedup", "kb_clear": "clear", "kb_fetch": "fetch", "kb_show": "show"}
+           "kb_status": "status", "kb_dedup": "dedup", "kb_clear": "clear", "kb_fetch": "fetch", "kb_show": "show",
+           "kb_watch": "watch"}
 LINK_TARGET = re.compile(r"(?<!\\)\]\(([^)\s]*)\)")      # a link: its closing bracket unescaped
 
 

@@ -52,7 +52,7 @@ def test_the_shipped_file_is_the_engines_table(kb_engine):
 def test_the_contract_follows_the_engine(kb_engine):
     contract = kb_engine.host_contract()
     tools = {tool["name"]: tool for tool in contract["tools"]}
-    assert len(tools) == len(contract["tools"]) == 11
+    assert len(tools) == len(contract["tools"]) == 12
     for tool in tools.values():
         assert tool["command"] is None or tool["command"] in kb_engine.COMMANDS_BY_NAME, tool["name"]
         assert set(tool["path_fields"]) <= set(tool["input_schema"]["properties"]), tool["name"]

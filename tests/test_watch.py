@@ -1,0 +1,361 @@
+"""A live library: watched folders kept in step by a real resident engine (`kb_engine.py serve`) on real files.
+
+Each test starts a daemon with short settle, grace and scan times (the defaults are seconds to a minute) and
+changes files under it the way people and programs do: copy, edit, move, delete, write slowly, rename the whole
+folder away and back, drop a thousand files, kill everything mid-sync."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import zotero_fixture as zf
+from helpers import ENGINE, clean_env, db_rows, sp, use_minilm
+
+FAST = {"KB_WATCH_SETTLE_S": "1", "KB_WATCH_GRACE_S": "3", "KB_WATCH_SCAN_S": "0.5", "KB_ASYNC_THRESHOLD": "1000"}
+
+
+class Daemon:
+    """`kb_engine.py serve` driven over its JSON lines: call() sends one request and returns its reply."""
+
+    def __init__(self, kb_root: Path, **env):
+        self.kb_root = kb_root
+        self.proc = subprocess.Popen([sys.executable, str(ENGINE), "serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=clean_env(**{**FAST, **env}), start_new_session=True)
+        self.replies: queue.Queue = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.next_id = 0
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            line = json.loads(raw)
+            if line.get("event") != "progress":
+                self.replies.put(line)
+
+    def call(self, command: str, payload: dict | None = None, timeout: float = 120) -> dict:
+        self.next_id += 1
+        request = {"id": self.next_id, "command": command, "payload": {"kb_root": str(self.kb_root), **(payload or {})}}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        reply = self.replies.get(timeout=timeout)
+        assert reply["id"] == self.next_id
+        return reply
+
+    def ok(self, command: str, payload: dict | None = None) -> dict:
+        reply = self.call(command, payload)
+        assert reply["ok"], reply
+        return reply["response"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path):
+    started = []
+
+    def start(**env) -> Daemon:
+        daemon = Daemon(tmp_path / "kb", **env)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.close()
+    for job in (tmp_path / "kb" / ".kb-jobs").glob("*.json") if (tmp_path / "kb").exists() else ():
+        pid = json.loads(job.read_text()).get("pid") if job.name != "watcher.json" else None
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def wait_for(check, timeout: float, every: float = 0.25):
+    """check()'s first truthy value within timeout seconds, else fail with the last one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"not reached within {timeout} s: {value!r}")
+        time.sleep(every)
+
+
+def docs(kb_root: Path) -> dict[str, tuple]:
+    """path -> (id, status, chunk_count) of every document."""
+    return {r[0]: tuple(r[1:]) for r in db_rows(kb_root, "SELECT path, id, status, chunk_count FROM docs")}
+
+
+def found(daemon: Daemon, query: str, name: str) -> bool:
+    reply = daemon.ok("search", {"query": query, "mode": "keyword", "top_k": 10})
+    return any(Path(hit["path"]).name == name for hit in reply["results"])
+
+
+def idle(kb_root: Path) -> bool:
+    """No job is queued or running for the library."""
+    folder = kb_root / ".kb-jobs"
+    states = [json.loads(p.read_text())["state"] for p in folder.glob("*.json") if p.name != "watcher.json"] \
+        if folder.is_dir() else []
+    return not any(s in ("queued", "running") for s in states)
+
+
+def sync_jobs(kb_root: Path) -> list[dict]:
+    folder = kb_root / ".kb-jobs"
+    jobs = [json.loads(p.read_text()) for p in folder.glob("*.json") if p.name != "watcher.json"]
+    return sorted((j for j in jobs if j["command"] == "sync"), key=lambda j: j["created"])
+
+
+def source_state(daemon: Daemon) -> dict:
+    return daemon.ok("watch")["sources"][0]
+
+
+def test_added_edited_moved_deleted(daemon_factory, tmp_path):
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    daemon = daemon_factory()
+    added = daemon.ok("watch", {"add": [str(folder)]})
+    assert added["added"] == [str(folder)] and added["sources"][0]["state"] == "watching"
+
+    landed = time.monotonic()
+    sp.make_onecolumn_paper(folder)
+    wait_for(lambda: found(daemon, "graphene copper", "graphene_cvd_copper.pdf"), 10)
+    assert time.monotonic() - landed < 10
+
+    # edited in place: the new text is found, the old one not
+    before = docs(daemon.kb_root)[str(folder / "graphene_cvd_copper.pdf")]
+    sp.make_hyphenated_paper(folder, name="graphene_cvd_copper.pdf")
+    wait_for(lambda: found(daemon, "electrolyte", "graphene_cvd_copper.pdf"), 15)
+    after = docs(daemon.kb_root)[str(folder / "graphene_cvd_copper.pdf")]
+    assert after[0] == before[0] and after[1] == "indexed"
+    assert not found(daemon, "oxygen exposure hydrogen anneal nucleation density", "graphene_cvd_copper.pdf")
+
+    # deleted: gone once the grace period is over, not before
+    os.remove(folder / "graphene_cvd_copper.pdf")
+    time.sleep(1.5)
+    assert str(folder / "graphene_cvd_copper.pdf") in docs(daemon.kb_root)
+    wait_for(lambda: str(folder / "graphene_cvd_copper.pdf") not in docs(daemon.kb_root), 15)
+    state = source_state(daemon)
+    assert state["last_changes"]["removed"] == 1 and state["last_sync"]
+
+
+def test_moved_file_keeps_its_chunks_and_vectors(daemon_factory, tmp_path, monkeypatch):
+    model = use_minilm(monkeypatch)
+    folder = tmp_path / "inbox"
+    (folder / "sub").mkdir(parents=True)
+    paper = sp.make_twocolumn_paper(folder)
+    daemon = daemon_factory(KB_EMBED_MODEL=str(model))
+    daemon.ok("watch", {"add": [str(folder)]})
+    wait_for(lambda: db_rows(daemon.kb_root, "SELECT COUNT(*) FROM vecs")[0][0] > 0 and idle(daemon.kb_root), 60)
+    chunks = db_rows(daemon.kb_root, "SELECT c.id, v.vec FROM chunks c JOIN vecs v ON v.chunk_id = c.id ORDER BY c.id")
+    doc_id = docs(daemon.kb_root)[str(paper)][0]
+
+    moved = folder / "sub" / "renamed.pdf"
+    os.rename(paper, moved)
+    wait_for(lambda: str(moved) in docs(daemon.kb_root) and idle(daemon.kb_root), 20)
+    assert docs(daemon.kb_root)[str(moved)][0] == doc_id and str(paper) not in docs(daemon.kb_root)
+    assert db_rows(daemon.kb_root, "SELECT c.id, v.vec FROM chunks c JOIN vecs v ON v.chunk_id = c.id "
+                                   "ORDER BY c.id") == chunks        # same rows, same vectors: nothing re-embedded
+    job = sync_jobs(daemon.kb_root)[-1]
+    assert job["state"] == "done" and job["result"]["totals"]["moved"] == 1
+    assert job["result"]["totals"]["removed"] == 0
+
+
+def test_slow_write_is_ingested_once_complete(daemon_factory, tmp_path, sample_dir):
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    daemon = daemon_factory()
+    daemon.ok("watch", {"add": [str(folder)]})
+    data = (sample_dir / "graphene_cvd_copper.pdf").read_bytes()
+    target = folder / "download.pdf"
+    with open(target, "wb") as out:         # a download: pieces 0.4 s apart, for longer than the settle time
+        for start in range(0, len(data), len(data) // 8 + 1):
+            out.write(data[start:start + len(data) // 8 + 1])
+            out.flush()
+            time.sleep(0.4)
+    wait_for(lambda: found(daemon, "graphene copper", "download.pdf"), 15)
+    wait_for(lambda: idle(daemon.kb_root), 15)
+    time.sleep(2)
+    jobs = sync_jobs(daemon.kb_root)
+    assert [j["result"]["totals"]["added"] for j in jobs] == [1]      # once, whole: never a half-written file
+    assert docs(daemon.kb_root)[str(target)][1] == "indexed"
+
+
+def test_renamed_root_deletes_nothing_and_resumes(daemon_factory, tmp_path, sample_dir):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    for name in ("graphene_cvd_copper.pdf", "battery_electrolytes.pdf"):
+        shutil.copy2(sample_dir / name, folder / name)
+    daemon = daemon_factory()
+    daemon.ok("watch", {"add": [str(folder)]})
+    wait_for(lambda: len(docs(daemon.kb_root)) == 2 and idle(daemon.kb_root), 20)
+
+    away = tmp_path / "drive-unmounted"
+    os.rename(folder, away)
+    state = wait_for(lambda: (s := source_state(daemon))["state"] == "offline" and s, 10)
+    assert "gone" in state["reason"]
+    time.sleep(5)           # past the grace period: still nothing removed
+    assert len(docs(daemon.kb_root)) == 2
+    status = daemon.ok("status")
+    assert status["sources"][0]["state"] == "offline"
+
+    os.rename(away, folder)
+    wait_for(lambda: source_state(daemon)["state"] == "watching", 10)
+    sp.make_markdown(folder)
+    wait_for(lambda: found(daemon, "sparse attention", "sparse_attention.md"), 15)
+    assert len(docs(daemon.kb_root)) == 3
+
+
+def test_watched_folders_persist_and_are_validated(daemon_factory, tmp_path, kb_engine):
+    folder = tmp_path / "papers"
+    (folder / "inner").mkdir(parents=True)
+    daemon = daemon_factory()
+    bad = daemon.call("watch", {"add": [str(tmp_path / "nowhere")]})
+    assert not bad["ok"] and bad["code"] == "bad_request" and "does not exist" in bad["error"]
+    daemon.ok("watch", {"add": [str(folder / "inner")]})
+    around = daemon.ok("watch", {"add": [str(folder)]})          # takes the inner folder's place
+    assert [s["path"] for s in around["sources"]] == [str(folder)]
+    assert daemon.ok("watch", {"add": [str(folder / "inner")]})["added"] == []
+    daemon.close()
+
+    # another process (a one-shot call) sees the same list; no resident engine keeps it in step now
+    listed = kb_engine.Engine().execute("watch", {"kb_root": str(tmp_path / "kb")})
+    assert [s["path"] for s in listed["sources"]] == [str(folder)]
+    assert listed["sources"][0]["state"] == "not_watched" and "resident engine" in listed["note"]
+    removed = kb_engine.Engine().execute("watch", {"kb_root": str(tmp_path / "kb"), "remove": [str(folder)]})
+    assert removed["removed"] == [str(folder)] and removed["sources"] == []
+    with pytest.raises(kb_engine.KBError) as missing:
+        kb_engine.Engine().execute("watch", {"kb_root": str(tmp_path / "kb"), "remove": [str(folder)]})
+    assert missing.value.code == "not_found"
+
+
+def test_a_thousand_files_make_one_job_and_searches_answer(daemon_factory, tmp_path):
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    daemon = daemon_factory()
+    daemon.ok("watch", {"add": [str(folder)]})
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    for i in range(1000):
+        (staging / f"note_{i:04d}.md").write_text(f"# Field note {i}\n\nThe plover colony {i} nested on gravel "
+                                                  f"bars in spring; chick survival was {i % 97} percent.\n")
+    for path in staging.iterdir():          # dropped at once, as a copy of a folder does
+        os.rename(path, folder / path.name)
+    wait_for(lambda: sync_jobs(daemon.kb_root), 15)
+    answered = []
+    while not idle(daemon.kb_root) or not answered:
+        started = time.monotonic()
+        reply = daemon.call("search", {"query": "plover colony gravel", "mode": "keyword"})
+        assert reply["ok"], reply
+        answered.append(time.monotonic() - started)
+        time.sleep(0.2)
+    wait_for(lambda: len(docs(daemon.kb_root)) == 1000, 30)
+    jobs = sync_jobs(daemon.kb_root)
+    assert len(jobs) == 1 and jobs[0]["total"] == 1000 and jobs[0]["result"]["totals"]["added"] == 1000
+    assert max(answered) < 5, answered
+
+
+def test_kill_mid_sync_then_restart_converges(daemon_factory, tmp_path):
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    daemon = daemon_factory()
+    daemon.ok("watch", {"add": [str(folder)]})
+    for i in range(300):
+        (folder / f"memo_{i:03d}.md").write_text(f"# Memo {i}\n\nSediment core {i} was taken at station "
+                                                 f"{i % 13} and dated by lead-210.\n")
+    job = wait_for(lambda: next((j for j in sync_jobs(daemon.kb_root) if j["done"] > 20), None), 60, every=0.05)
+    daemon.kill()
+    os.kill(job["pid"], signal.SIGKILL)         # the job too: the library holds part of the batch
+    partial = len(docs(daemon.kb_root))
+    assert 0 < partial < 300
+
+    daemon = daemon_factory()
+    daemon.ok("watch")
+    wait_for(lambda: len(docs(daemon.kb_root)) == 300 and idle(daemon.kb_root), 90)
+    rows = db_rows(daemon.kb_root, "SELECT path, status, chunk_count FROM docs")
+    assert len({r[0] for r in rows}) == 300 and all(r[1] == "indexed" and r[2] > 0 for r in rows)
+    assert db_rows(daemon.kb_root, "SELECT COUNT(*) FROM chunks")[0][0] == sum(r[2] for r in rows)
+
+
+@pytest.mark.internals
+def test_unmounted_mount_point_is_offline(kb_engine, tmp_path):
+    """A folder added while a drive was mounted on it: the empty folder left when the drive is gone is offline,
+    so its papers are not taken for deleted (a mount cannot be made in a test: the record says it was one)."""
+    folder = tmp_path / "mnt"
+    folder.mkdir()
+    scan = kb_engine.scan_folder(str(folder), tmp_path / "kb", mount=True)
+    assert scan.files == {} and "mount point" in scan.offline
+    watch = kb_engine.SourceWatch(str(folder), mount=True)
+    ingest, remove, _ = watch.compare(scan, {str(folder / "a.pdf"): (10, 1)}, time.monotonic() + 999, 0.0, 0.0)
+    assert (ingest, remove, watch.state) == ([], [], "offline")
+    assert kb_engine.scan_folder(str(folder), tmp_path / "kb").offline is None     # a plain folder is online
+
+
+ZOTERO_FIXTURES = zf.fixtures_root()
+needs_zotero = pytest.mark.skipif(ZOTERO_FIXTURES is None, reason="shared Zotero fixtures not found (set "
+                                                                  "KB_ZOTERO_FIXTURES or provide ../shared/zotero)")
+
+
+@needs_zotero
+def test_zotero_item_added_and_trashed_while_watched(daemon_factory, tmp_path):
+    """A copy of a real Zotero 6 database (papis-zotero's): an item added to it and one trashed while the daemon
+    runs are picked up, and Zotero's files are only read."""
+    data_dir = tmp_path / "Zotero"
+    shutil.copytree(ZOTERO_FIXTURES / "papis-zotero" / "tests" / "resources" / "sql", data_dir)
+    daemon = daemon_factory()
+    added = daemon.ok("watch", {"add": [str(data_dir)]})
+    assert added["sources"][0]["kind"] == "zotero"
+    wait_for(lambda: idle(daemon.kb_root) and sync_jobs(daemon.kb_root) and len(docs(daemon.kb_root)) == 4, 60)
+    indexed = db_rows(daemon.kb_root, "SELECT zotero_key, zotero_attachment_key, path FROM docs "
+                                      "WHERE status = 'indexed' AND zotero_key IS NOT NULL")
+    assert len(indexed) == 1            # the four stub PDFs are one file: one indexed, three recorded copies
+
+    con = sqlite3.connect(str(data_dir / "zotero.sqlite"))
+    with con:                           # what Zotero writes when a paper is saved from the browser
+        writer = zf.ZoteroWriter(con)
+        parent = writer.article("WTCH7Q2K", title="Oxygen Pre-Treatment Suppresses Graphene Nucleation",
+                                date="2020-03-15 2020", journal="Journal of Carbon Materials")
+        folder = data_dir / "storage" / "WTCHA7TT"
+        folder.mkdir()
+        paper = sp.make_onecolumn_paper(folder)
+        writer.attachment(parent, "WTCHA7TT", path=f"storage:{paper.name}", link_mode=zf.LINK_IMPORTED_FILE,
+                          content_type="application/pdf")
+        trashed_item = con.execute("SELECT itemID FROM items WHERE key = ?", (indexed[0][0],)).fetchone()[0]
+        writer.trash(trashed_item)
+    con.close()
+    before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
+
+    wait_for(lambda: found(daemon, "oxygen exposure hydrogen anneal nucleation density", paper.name), 30)
+    wait_for(lambda: idle(daemon.kb_root) and not db_rows(
+        daemon.kb_root, "SELECT 1 FROM docs WHERE zotero_attachment_key = ?", (indexed[0][1],)), 30)
+    row = db_rows(daemon.kb_root, "SELECT title, zotero_key FROM docs WHERE zotero_attachment_key = 'WTCHA7TT'")[0]
+    assert row == ("Oxygen Pre-Treatment Suppresses Graphene Nucleation", "WTCH7Q2K")     # Zotero's metadata
+    # the recorded copies of the trashed attachment's file took its place: the stub text stays searchable
+    assert db_rows(daemon.kb_root, "SELECT COUNT(*) FROM docs WHERE status = 'indexed' AND zotero_key IS NOT NULL "
+                                   "AND zotero_key != 'WTCH7Q2K'")[0][0] == 1
+    state = wait_for(lambda: (s := source_state(daemon))["state"] == "watching" and s, 10)
+    assert state["last_changes"]["removed"] == 1
+    after = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
+    assert after == before              # Zotero's files are read, never written (nor added to)
