@@ -32,10 +32,12 @@ Contents (each layer only calls the layers above it):
    22. Crossref check .... opt-in metadata verification against Crossref, cached
    23. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
    24. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
-                          zotero, docs, stats, dedup, delete, ...)
-   25. Live library ...... watched folders: scans, file events, settling, grace, offline roots, sync jobs
-   26. Command table ..... the command table, the host contract, ``Engine``
-   27. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+                          docs, stats, dedup, delete, ...)
+   25. Zotero import ..... the zotero command: attachments through the ingest pipeline, Zotero's data laid over
+   26. Live library ...... watched folders and Zotero libraries: scans, file events, settling, grace, offline
+                          roots, sync jobs
+   27. Command table ..... the command table, the host contract, ``Engine``
+   28. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -72,7 +74,7 @@ __all__ = ["Engine", "KBError", "page_texts", "main"]
 # 1. Config
 # =============================================================================
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
 PARSER_REVISION = 9
@@ -157,6 +159,9 @@ REQUIREMENTS = (
     # PP-OCRv4 models inside the wheel: OCR runs offline from the first page (it pulls opencv-python, ~60 MB)
     Requirement("rapidocr_onnxruntime", "rapidocr-onnxruntime==1.4.4",
                 "OCR of scanned pages (optional: without it such PDFs are skipped)", "ocr"),
+    # file events for watched folders; without it the resident engine scans them every few seconds
+    Requirement("watchdog", "watchdog>=4", "file events for watched folders (optional: they are scanned instead)",
+                "watch"),
 )
 
 STATUS_ADDED, STATUS_UPDATED, STATUS_SKIPPED = "added", "updated", "skipped"
@@ -312,6 +317,10 @@ ENVIRONMENT_VARIABLES = (
            "`2`, `60`",
            "seconds between two scans of a watched folder without file events (longer for a large folder: scans "
            "take at most 2% of a core), and with them (events can be lost)"),
+    EnvVar("KB_WATCH_EVENTS",
+           "`1`",
+           "`0` turns file-system events off: watched folders are scanned every `KB_WATCH_SCAN_S` instead (for "
+           "network shares, whose changes made by other machines raise no event here)"),
     EnvVar("KB_INGEST_WORKERS",
            "one less than the CPU count (1 to 4); `0` through the Python API",
            "worker processes that read files ahead of the commits during `ingest`; `0` reads every file in the "
@@ -1000,6 +1009,17 @@ def _migrate_4_to_5(conn: sqlite3.Connection, has_fts5: bool) -> None:
 
 MIGRATIONS[4] = _migrate_4_to_5
 
+SCHEMA_V6 = """
+ALTER TABLE docs ADD COLUMN zotero_library TEXT;    -- the Zotero library: "My Library", or a group's name
+"""
+
+
+def _migrate_5_to_6(conn: sqlite3.Connection, has_fts5: bool) -> None:
+    run_statements(conn, SCHEMA_V6)
+
+
+MIGRATIONS[5] = _migrate_5_to_6
+
 
 def names_match(stored: str | None, wanted: str, nested: int) -> int:
     """SQL function kb_names_match: does a JSON list of names (Zotero collection paths or tags) hold ``wanted``
@@ -1169,7 +1189,14 @@ class Library:
             conn.close()
             if version == 0:
                 return None
-            raise KBError("needs_migration", f"{db_path} uses schema {version}; run an ingest once to migrate it.")
+            # a library written by an older engine: bring it to this schema (one short transaction), then read
+            try:
+                cls.open(root, writable=True).close()   # type: ignore[union-attr]
+            except (sqlite3.DatabaseError, OSError) as exc:
+                raise KBError("needs_migration", f"{db_path} uses schema {version} and cannot be brought to "
+                                                 f"{SCHEMA_VERSION} here ({_short_error(exc)}); run an ingest with "
+                                                 "write access once") from None
+            return cls.open(root, writable=False)
         else:
             conn.execute("PRAGMA query_only = ON")
         return cls(root, conn, writable)
@@ -7801,7 +7828,8 @@ class Models:
 # 15. Retrieval
 # =============================================================================
 
-FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag")
+FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag",
+               "library")
 
 
 def _shown(value, limit: int = 40) -> str:
@@ -7910,6 +7938,9 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:
         if values := strings(key):
             clauses.append("(" + " OR ".join(f"kb_names_match({column}, ?, {nested})" for _ in values) + ")")
             params.extend(values)
+    if libraries := strings("library"):        # a Zotero library, by its whole name, any case
+        clauses.append(f"d.zotero_library COLLATE NOCASE IN ({', '.join('?' for _ in libraries)})")
+        params.extend(libraries)
     if kinds := strings("kind"):
         clauses.append(f"d.kind IN ({', '.join('?' for _ in kinds)})")
         params.extend(k.lower().lstrip(".") for k in kinds)
@@ -10040,6 +10071,7 @@ def _surname(name: str) -> str:
 ZOTERO_ATTACHMENT_TYPES = {"application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md",
                            "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx"}
 ANNOTATION_SECTION = "Zotero annotation"
+ZOTERO_USER_LIBRARY = "My Library"      # what Zotero calls the user's own library
 
 
 @dataclass
@@ -10054,6 +10086,7 @@ class ZoteroAttachment:
     collections: list[str]
     tags: list[str]
     annotations: list[dict]
+    library: str = ZOTERO_USER_LIBRARY     # "My Library", or the group library's name
 
     @property
     def file(self) -> str:
@@ -10259,15 +10292,16 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
     trashed = {r[0] for r in conn.execute("SELECT itemID FROM deletedItems")} if _zotero_table(conn, "deletedItems") \
         else set()
     rows = conn.execute(
-        f"SELECT a.itemID, a.parentItemID, a.linkMode, a.contentType, a.path, i.key, i.version, t.typeName "
-        f"FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
+        f"SELECT a.itemID, a.parentItemID, a.linkMode, a.contentType, a.path, i.key, i.version, i.libraryID, "
+        f"t.typeName FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
         f"JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
         "ORDER BY a.itemID").fetchall()
+    libraries = zotero_libraries(conn)
     client = "clientDateModified" if _zotero_column(conn, "items", "clientDateModified") else "NULL"
     parents = {r["itemID"]: r for r in conn.execute(
         f"SELECT itemID, key, version, dateModified || '|' || COALESCE({client}, '') AS modified FROM items")}
     wanted = [r for r in rows if r["itemID"] not in trashed and r["parentItemID"] not in trashed
-              and _zotero_file_kind(r["contentType"], r["path"])]
+              and _zotero_file_kind(r["contentType"], r["path"]) and r["libraryID"] in libraries]
     fields = _zotero_fields(conn, list({r["parentItemID"] or r["itemID"] for r in wanted}))
     collections, tags = _zotero_collections(conn), _zotero_tags(conn)
     annotations = _zotero_annotations(conn, trashed)
@@ -10278,7 +10312,7 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
         notes = annotations.get(row["itemID"], [])
         path, problem = _resolve_attachment(row["path"], row["linkMode"], row["key"], data_dir, base_dir)
         version = _zotero_signature(parents.get(owner), parents.get(row["itemID"]), data, notes,
-                                    collections.get(owner, []), tags.get(owner, []))
+                                    collections.get(owner, []), tags.get(owner, []), libraries[row["libraryID"]])
         attachments.append(ZoteroAttachment(
             item_key=parents[owner]["key"] if owner in parents else row["key"], attachment_key=row["key"],
             attachment_id=row["itemID"], path=path, problem=problem, version=version,
@@ -10287,8 +10321,24 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
                   "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
                   "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None)},
             collections=sorted(set(collections.get(owner, []))), tags=sorted(set(tags.get(owner, []))),
-            annotations=notes))
+            annotations=notes, library=libraries[row["libraryID"]]))
     return attachments
+
+
+def zotero_libraries(conn: sqlite3.Connection) -> dict[int, str]:
+    """libraryID -> the name a user knows it by: "My Library" for their own, the group's name for a group
+    library. Feeds (RSS items Zotero keeps apart) are no library of papers and are left out."""
+    if not _zotero_table(conn, "libraries"):
+        return {1: ZOTERO_USER_LIBRARY}       # before Zotero 5 there was only the user's library
+    groups = dict(conn.execute("SELECT libraryID, name FROM groups").fetchall()) if _zotero_table(conn, "groups") \
+        else {}
+    names = {}
+    for library_id, kind in conn.execute("SELECT libraryID, type FROM libraries"):
+        if kind == "user":
+            names[library_id] = ZOTERO_USER_LIBRARY
+        elif kind == "group":
+            names[library_id] = groups.get(library_id) or f"group library {library_id}"
+    return names
 
 
 def _zotero_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
@@ -10296,16 +10346,16 @@ def _zotero_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 
 
 def _zotero_signature(parent, attachment, fields: dict, notes: list[dict], collections: list[str],
-                      tags: list[str]) -> int:
+                      tags: list[str], library: str) -> int:
     """A number that changes whenever anything imported from this attachment changes in Zotero.
 
     Zotero raises ``version`` only when it syncs; a local edit changes the modification time instead,
     and a deleted annotation or a renamed collection changes neither on the item: so everything that is
     imported goes into the signature."""
-    parts = [[r["version"], r["modified"]] if r is not None else None for r in (parent, attachment)]
+    parts: list = [[r["version"], r["modified"]] if r is not None else None for r in (parent, attachment)]
     parts += [sorted(fields.items()),
               [[n["key"], n["version"], n["text"], n["comment"], n["page_label"]] for n in notes],
-              sorted(collections), sorted(tags)]
+              sorted(collections), sorted(tags), library]
     digest = hashlib.sha1(json.dumps(parts, ensure_ascii=False, default=str).encode()).hexdigest()
     return int(digest[:12], 16)
 
@@ -13007,7 +13057,8 @@ def _doc_record(row: sqlite3.Row) -> dict:
             "size": row["size"], "sha256": row["sha256"], "duplicate_of": row["duplicate_of"],
             "indexed_at": row["indexed_at"], "exists": os.path.exists(fs_path(row)),
             "page_coverage": json.loads(row["page_coverage"]) if row["page_coverage"] else None,
-            "metadata_source": json.loads(row["metadata_source"]) if row["metadata_source"] else None}
+            "metadata_source": json.loads(row["metadata_source"]) if row["metadata_source"] else None,
+            "zotero_library": row["zotero_library"]}
 
 
 DOCS_FIELDS = (
@@ -13198,198 +13249,6 @@ def cmd_clear(lib: Library, payload: dict) -> dict:
         conn.execute("DELETE FROM cache")
     conn.execute("VACUUM")
     return {"cleared": counts, "kb_root": str(lib.root)}
-
-
-ZOTERO_FIELDS = (
-    Field("zotero_db", "string", "found",
-          "path of `zotero.sqlite` or of the folder that holds it; without it, `KB_ZOTERO_DB`, then `~/Zotero`, "
-          "`~/Documents/Zotero` and the old Windows profile folders are tried",
-          cli=(Flag(("--db",), "path to zotero.sqlite (default: found in the usual places)"),)),
-    Field("base_dir", "string", "found",
-          "Zotero's \"Linked Attachment Base Directory\", for `attachments:` paths; without it, "
-          "`KB_ZOTERO_BASE_DIR`, then `extensions.zotero.baseAttachmentPath` in a Zotero `prefs.js`"),
-    KB_ROOT_FIELD,
-    Field("dry_run", "boolean", "`false`",
-          "list the attachments that would be imported (`candidate`) or are `missing`, without comparing with the "
-          "library (unchanged ones are `candidate` too); nothing is written and no library is created",
-          cli=(Flag(("--dry-run",), "list what would be imported", SWITCH),)),
-    Field("force", "boolean", "`false`",
-          "re-parse every file and re-apply Zotero's data, even when nothing changed",
-          cli=(Flag(("--force",), "re-import attachments even when unchanged", SWITCH),)),
-    OCR_FIELD,
-    Field("limit", "integer", "`0`",
-          "only the first N attachments, in Zotero item-id order (`0`: all), 0 to 10,000,000",
-          cli=(Flag(("--limit",), "import at most N attachments (0: all)", {"type": int, "default": 0}),)),
-)
-
-
-def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-               own_process: bool = False, read: tuple | None = None) -> dict:
-    """Import the file attachments of a Zotero library (read from a snapshot), with Zotero's metadata,
-    annotations, collections and tags; unchanged items are skipped on the next run. Files are read ahead and
-    encoded on the ingest pipeline; each item's Zotero data is committed right after its file. ``read``: what
-    read_zotero_request gave the caller already (a sync reads it first)."""
-    dry_run, force = _opt_bool(payload, "dry_run"), _opt_bool(payload, "force")
-    db, attachments, n_collections = read or read_zotero_request(payload)
-    entries: list[dict] = [{} for _ in attachments]     # each filled in when its attachment is dealt with
-    done = 0
-
-    def report(index: int) -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress({"phase": "zotero", "done": done, "total": len(attachments),
-                      "path": attachments[index].path or "", "status": entries[index]["status"]})
-
-    with_files = []
-    for index, attachment in enumerate(attachments):
-        entry = _zotero_candidate(attachment)
-        if dry_run or entry["status"] == "missing":
-            entries[index] = entry
-            report(index)
-        else:
-            with_files.append(index)
-    feeder = None
-    if not dry_run and with_files:
-        target = written_library(lib)
-        feeder = VectorFeeder(target, models)
-
-        def lay_over(position: int, result: dict) -> dict:
-            index = with_files[position]
-            entries[index] = zotero_overlay(target, attachments[index], result, force)
-            report(index)
-            return result
-
-        ingest_files(target, [(attachments[i].file, True) for i in with_files], force, ocr_pages_only(progress), feeder,
-                     ingest_workers(own_process), on_entry=lay_over, ocr=_opt_str(payload, "ocr"))
-        feeder.finish(target, progress)
-    statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)
-    totals = {status: sum(e["status"] == status for e in entries) for status in statuses}
-    totals["missing"] = sum(e["status"] == "missing" for e in entries)
-    totals.update(items=len(entries), annotations=sum(e.get("annotations", 0) for e in entries))
-    response = {"items": entries, "totals": totals, "collections": n_collections, "dry_run": dry_run,
-                "zotero_db": str(db), "kb_root": str(lib.root) if lib is not None else None}
-    if not dry_run and lib is not None:
-        if feeder is not None and feeder.unavailable is not None:
-            vectors = vectors_not_computed(lib.count_missing_vectors(), feeder.unavailable)
-        else:
-            vectors = embed_missing_chunks(lib, models, progress)
-        written = feeder.written if feeder is not None else 0
-        totals["vectors_written"] = written + vectors["vectors_written"]
-        totals["vectors_missing"] = vectors["vectors_missing"]
-        if vectors.get("note"):
-            response["note"] = vectors["note"]
-    return response
-
-
-def _zotero_entry(attachment: ZoteroAttachment, status: str, **extra) -> dict:
-    entry = {"item_key": attachment.item_key, "attachment_key": attachment.attachment_key,
-             "title": attachment.meta.get("title"), "path": attachment.path, "status": status,
-             "chunks": 0, "annotations": 0}
-    entry.update({k: v for k, v in extra.items() if v is not None})
-    return entry
-
-
-def _zotero_candidate(attachment: ZoteroAttachment) -> dict:
-    if attachment.path is None:
-        return _zotero_entry(attachment, "missing", reason=attachment.problem)
-    if not os.path.isfile(attachment.path):
-        return _zotero_entry(attachment, "missing", reason="file_missing")
-    return _zotero_entry(attachment, "candidate", annotations=len(attachment.annotations))
-
-
-def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, force: bool) -> dict:
-    """Lay Zotero's metadata and annotations over the attachment's file, just ingested (``result``)."""
-    entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
-    entry["chunks"] = result["chunks"]
-    row = _zotero_target_row(lib, lib.doc_by_path(attachment.file), attachment)
-    if row is None or row["status"] != "indexed":
-        return entry
-    fresh = result["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED)
-    if not (force or fresh or not _zotero_data_current(row, attachment)):
-        entry["reason"] = "unchanged"
-        entry["annotations"] = len(attachment.annotations)
-        return entry
-    meta = {k: v for k, v in attachment.meta.items() if v}
-    with lib.transaction():
-        zotero = DocMeta(title=meta.get("title", row["title"]),
-                         authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
-                         year=meta.get("year", row["year"]), journal=meta.get("journal", row["journal"]),
-                         doi=meta.get("doi") or row["doi"] or None, lang=row["lang"] or "")
-        sources = {key: "zotero" if meta.get(key) else json.loads(row["metadata_source"] or "{}").get(key, "extracted")
-                   for key in METADATA_FIELDS}
-        fields = {"title": zotero.title, "year": zotero.year, "journal": zotero.journal, "doi": zotero.doi,
-                  "metadata_source": json.dumps(sources),
-                  "zotero_key": attachment.item_key, "zotero_attachment_key": attachment.attachment_key,
-                  "zotero_version": attachment.version,
-                  "collections": json.dumps(attachment.collections, ensure_ascii=False),
-                  "tags": json.dumps(attachment.tags, ensure_ascii=False)}
-        authors = zotero.authors
-        fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(zotero.title),
-                      first_author_key=surname_key(authors[0]) if authors else None)
-        lib.upsert_doc(row["path"], fields)
-        lib.reindex_headings(row["id"], zotero.title)
-        lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), zotero.title)
-        lib.invalidate_cache()
-    entry.update(title=zotero.title, annotations=len(attachment.annotations),
-                 chunks=lib.conn.execute("SELECT chunk_count FROM docs WHERE id = ?", (row["id"],)).fetchone()[0])
-    if result["status"] == STATUS_SKIPPED:
-        entry.update(status=STATUS_UPDATED, reason="zotero_metadata")
-    return entry
-
-
-def _zotero_target_row(lib: Library, row: sqlite3.Row | None, attachment: ZoteroAttachment) -> sqlite3.Row | None:
-    """The document that receives an attachment's Zotero data: its own row, or for a recorded duplicate the
-    indexed copy of the same file under another path, unless another Zotero attachment already owns that copy."""
-    if row is not None and row["status"] == "duplicate" and row["duplicate_of"] is not None:
-        original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
-        if original is not None and original["zotero_attachment_key"] in (None, attachment.attachment_key):
-            return original
-    return row
-
-
-def _zotero_data_current(row: sqlite3.Row, attachment: ZoteroAttachment) -> bool:
-    return row["zotero_version"] == attachment.version and row["zotero_attachment_key"] == attachment.attachment_key
-
-
-def read_zotero_request(payload: dict) -> tuple[Path, list[ZoteroAttachment], int]:
-    """The Zotero database a request names, its attachments (``limit`` applied) and its number of collections."""
-    db = locate_zotero_db(_opt_str(payload, "zotero_db"))
-    limit = _opt_int(payload, "limit", 0, 0, 10**7)
-    base_dir = zotero_base_directory(db.parent, _opt_str(payload, "base_dir"))
-    with ZoteroSnapshot(db) as conn:
-        attachments = read_zotero_library(conn, db.parent, base_dir)
-        n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
-            if _zotero_table(conn, "collections") else 0
-    return db, attachments[:limit] if limit else attachments, n_collections
-
-
-def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) -> bool:
-    """Whether importing the attachment would write anything, judged as zotero_overlay's unchanged
-    check does (size and mtime against the library, Zotero's signature and attachment key), without reading
-    the file."""
-    if attachment.path is None or not os.path.isfile(attachment.path):
-        return False                     # missing: reported, nothing to write
-    path = os.path.abspath(attachment.path)
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return False
-    row = lib.doc_by_path(path)
-    if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
-        return True
-    if row["status"] == "duplicate" and (_original_row(lib, row) is None or _original_is_gone(lib, row)):
-        return True                      # ingest_file re-reads it or lets it take the original's place
-    target = _zotero_target_row(lib, row, attachment)     # None: another attachment's document holds the file
-    return target is not None and target["status"] == "indexed" and not _zotero_data_current(target, attachment)
-
-
-def zotero_pending(lib: Library, payload: dict) -> tuple[int, int]:
-    """(attachments that need work, attachments listed) for a zotero request; reads a snapshot of Zotero's
-    database (the job reads a fresh one), never an attachment file."""
-    force = _opt_bool(payload, "force")
-    _, attachments, _ = read_zotero_request(payload)
-    return sum(_zotero_needs_work(lib, a, force) for a in attachments), len(attachments)
 
 
 CITE_FORMATS = ("bibtex", "csl-json")
@@ -13638,7 +13497,207 @@ def cmd_models(models: Models, payload: dict) -> dict:
 
 
 # =============================================================================
-# 25. Live library
+# 25. Zotero import
+# =============================================================================
+# The zotero command: a Zotero library's attachments read through the ingest pipeline, with Zotero's metadata,
+# annotations, collections, tags and library laid over each document (the reading itself is section 18).
+
+ZOTERO_FIELDS = (
+    Field("zotero_db", "string", "found",
+          "path of `zotero.sqlite` or of the folder that holds it; without it, `KB_ZOTERO_DB`, then `~/Zotero`, "
+          "`~/Documents/Zotero` and the old Windows profile folders are tried",
+          cli=(Flag(("--db",), "path to zotero.sqlite (default: found in the usual places)"),)),
+    Field("base_dir", "string", "found",
+          "Zotero's \"Linked Attachment Base Directory\", for `attachments:` paths; without it, "
+          "`KB_ZOTERO_BASE_DIR`, then `extensions.zotero.baseAttachmentPath` in a Zotero `prefs.js`"),
+    KB_ROOT_FIELD,
+    Field("dry_run", "boolean", "`false`",
+          "list the attachments that would be imported (`candidate`) or are `missing`, without comparing with the "
+          "library (unchanged ones are `candidate` too); nothing is written and no library is created",
+          cli=(Flag(("--dry-run",), "list what would be imported", SWITCH),)),
+    Field("force", "boolean", "`false`",
+          "re-parse every file and re-apply Zotero's data, even when nothing changed",
+          cli=(Flag(("--force",), "re-import attachments even when unchanged", SWITCH),)),
+    OCR_FIELD,
+    Field("limit", "integer", "`0`",
+          "only the first N attachments, in Zotero item-id order (`0`: all), 0 to 10,000,000",
+          cli=(Flag(("--limit",), "import at most N attachments (0: all)", {"type": int, "default": 0}),)),
+)
+
+
+def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], None] | None, models: Models,
+               own_process: bool = False, read: tuple | None = None) -> dict:
+    """Import the file attachments of a Zotero library (read from a snapshot), with Zotero's metadata,
+    annotations, collections and tags; unchanged items are skipped on the next run. Files are read ahead and
+    encoded on the ingest pipeline; each item's Zotero data is committed right after its file. ``read``: what
+    read_zotero_request gave the caller already (a sync reads it first)."""
+    dry_run, force = _opt_bool(payload, "dry_run"), _opt_bool(payload, "force")
+    db, attachments, n_collections = read or read_zotero_request(payload)
+    entries: list[dict] = [{} for _ in attachments]     # each filled in when its attachment is dealt with
+    done = 0
+
+    def report(index: int) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress({"phase": "zotero", "done": done, "total": len(attachments),
+                      "path": attachments[index].path or "", "status": entries[index]["status"]})
+
+    with_files = []
+    for index, attachment in enumerate(attachments):
+        entry = _zotero_candidate(attachment)
+        if dry_run or entry["status"] == "missing":
+            entries[index] = entry
+            report(index)
+        else:
+            with_files.append(index)
+    feeder = None
+    if not dry_run and with_files:
+        target = written_library(lib)
+        feeder = VectorFeeder(target, models)
+
+        def lay_over(position: int, result: dict) -> dict:
+            index = with_files[position]
+            entries[index] = zotero_overlay(target, attachments[index], result, force)
+            report(index)
+            return result
+
+        ingest_files(target, [(attachments[i].file, True) for i in with_files], force, ocr_pages_only(progress), feeder,
+                     ingest_workers(own_process), on_entry=lay_over, ocr=_opt_str(payload, "ocr"))
+        feeder.finish(target, progress)
+    statuses = ("candidate",) if dry_run else INGEST_STATUSES + ("missing",)
+    totals = {status: sum(e["status"] == status for e in entries) for status in statuses}
+    totals["missing"] = sum(e["status"] == "missing" for e in entries)
+    totals.update(items=len(entries), annotations=sum(e.get("annotations", 0) for e in entries))
+    response = {"items": entries, "totals": totals, "collections": n_collections, "dry_run": dry_run,
+                "libraries": dict(Counter(a.library for a in attachments)),
+                "zotero_db": str(db), "kb_root": str(lib.root) if lib is not None else None}
+    if not dry_run and lib is not None:
+        if feeder is not None and feeder.unavailable is not None:
+            vectors = vectors_not_computed(lib.count_missing_vectors(), feeder.unavailable)
+        else:
+            vectors = embed_missing_chunks(lib, models, progress)
+        written = feeder.written if feeder is not None else 0
+        totals["vectors_written"] = written + vectors["vectors_written"]
+        totals["vectors_missing"] = vectors["vectors_missing"]
+        if vectors.get("note"):
+            response["note"] = vectors["note"]
+    return response
+
+
+def _zotero_entry(attachment: ZoteroAttachment, status: str, **extra) -> dict:
+    entry = {"item_key": attachment.item_key, "attachment_key": attachment.attachment_key,
+             "library": attachment.library, "title": attachment.meta.get("title"), "path": attachment.path,
+             "status": status, "chunks": 0, "annotations": 0}
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return entry
+
+
+def _zotero_candidate(attachment: ZoteroAttachment) -> dict:
+    if attachment.path is None:
+        return _zotero_entry(attachment, "missing", reason=attachment.problem)
+    if not os.path.isfile(attachment.path):
+        return _zotero_entry(attachment, "missing", reason="file_missing")
+    return _zotero_entry(attachment, "candidate", annotations=len(attachment.annotations))
+
+
+def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, force: bool) -> dict:
+    """Lay Zotero's metadata and annotations over the attachment's file, just ingested (``result``)."""
+    entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
+    entry["chunks"] = result["chunks"]
+    row = _zotero_target_row(lib, lib.doc_by_path(attachment.file), attachment)
+    if row is None or row["status"] != "indexed":
+        return entry
+    fresh = result["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED)
+    if not (force or fresh or not _zotero_data_current(row, attachment)):
+        entry["reason"] = "unchanged"
+        entry["annotations"] = len(attachment.annotations)
+        return entry
+    meta = {k: v for k, v in attachment.meta.items() if v}
+    with lib.transaction():
+        zotero = DocMeta(title=meta.get("title", row["title"]),
+                         authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
+                         year=meta.get("year", row["year"]), journal=meta.get("journal", row["journal"]),
+                         doi=meta.get("doi") or row["doi"] or None, lang=row["lang"] or "")
+        sources = {key: "zotero" if meta.get(key) else json.loads(row["metadata_source"] or "{}").get(key, "extracted")
+                   for key in METADATA_FIELDS}
+        fields = {"title": zotero.title, "year": zotero.year, "journal": zotero.journal, "doi": zotero.doi,
+                  "metadata_source": json.dumps(sources),
+                  "zotero_key": attachment.item_key, "zotero_attachment_key": attachment.attachment_key,
+                  "zotero_version": attachment.version,
+                  "collections": json.dumps(attachment.collections, ensure_ascii=False),
+                  "zotero_library": attachment.library,
+                  "tags": json.dumps(attachment.tags, ensure_ascii=False)}
+        authors = zotero.authors
+        fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(zotero.title),
+                      first_author_key=surname_key(authors[0]) if authors else None)
+        lib.upsert_doc(row["path"], fields)
+        lib.reindex_headings(row["id"], zotero.title)
+        lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), zotero.title)
+        lib.invalidate_cache()
+    entry.update(title=zotero.title, annotations=len(attachment.annotations),
+                 chunks=lib.conn.execute("SELECT chunk_count FROM docs WHERE id = ?", (row["id"],)).fetchone()[0])
+    if result["status"] == STATUS_SKIPPED:
+        entry.update(status=STATUS_UPDATED, reason="zotero_metadata")
+    return entry
+
+
+def _zotero_target_row(lib: Library, row: sqlite3.Row | None, attachment: ZoteroAttachment) -> sqlite3.Row | None:
+    """The document that receives an attachment's Zotero data: its own row, or for a recorded duplicate the
+    indexed copy of the same file under another path, unless another Zotero attachment already owns that copy."""
+    if row is not None and row["status"] == "duplicate" and row["duplicate_of"] is not None:
+        original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+        if original is not None and original["zotero_attachment_key"] in (None, attachment.attachment_key):
+            return original
+    return row
+
+
+def _zotero_data_current(row: sqlite3.Row, attachment: ZoteroAttachment) -> bool:
+    return row["zotero_version"] == attachment.version and row["zotero_attachment_key"] == attachment.attachment_key
+
+
+def read_zotero_request(payload: dict) -> tuple[Path, list[ZoteroAttachment], int]:
+    """The Zotero database a request names, its attachments (``limit`` applied) and its number of collections."""
+    db = locate_zotero_db(_opt_str(payload, "zotero_db"))
+    limit = _opt_int(payload, "limit", 0, 0, 10**7)
+    base_dir = zotero_base_directory(db.parent, _opt_str(payload, "base_dir"))
+    with ZoteroSnapshot(db) as conn:
+        attachments = read_zotero_library(conn, db.parent, base_dir)
+        n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
+            if _zotero_table(conn, "collections") else 0
+    return db, attachments[:limit] if limit else attachments, n_collections
+
+
+def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) -> bool:
+    """Whether importing the attachment would write anything, judged as zotero_overlay's unchanged
+    check does (size and mtime against the library, Zotero's signature and attachment key), without reading
+    the file."""
+    if attachment.path is None or not os.path.isfile(attachment.path):
+        return False                     # missing: reported, nothing to write
+    path = os.path.abspath(attachment.path)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return False
+    row = lib.doc_by_path(path)
+    if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
+        return True
+    if row["status"] == "duplicate" and (_original_row(lib, row) is None or _original_is_gone(lib, row)):
+        return True                      # ingest_file re-reads it or lets it take the original's place
+    target = _zotero_target_row(lib, row, attachment)     # None: another attachment's document holds the file
+    return target is not None and target["status"] == "indexed" and not _zotero_data_current(target, attachment)
+
+
+def zotero_pending(lib: Library, payload: dict) -> tuple[int, int]:
+    """(attachments that need work, attachments listed) for a zotero request; reads a snapshot of Zotero's
+    database (the job reads a fresh one), never an attachment file."""
+    force = _opt_bool(payload, "force")
+    _, attachments, _ = read_zotero_request(payload)
+    return sum(_zotero_needs_work(lib, a, force) for a in attachments), len(attachments)
+
+
+# =============================================================================
+# 26. Live library
 # =============================================================================
 # Watched folders are a list in the library's meta table, so every host and a restarted daemon see the same
 # ones. A resident engine (serve, hence the DSH plugin and the MCP server; `kb-engine watch` in the foreground)
@@ -13662,8 +13721,9 @@ WATCH_SCAN_SHARE = 0.02     # scanning takes at most this share of a core: a lar
 WATCH_DEBOUNCE_S = 0.5      # after a file event, the scan waits this long for the rest of the burst
 WATCHER_FILE = "watcher.json"       # in the jobs folder: the process keeping the sources in step, and their states
 WATCHER_BEAT_S = 10.0               # how often that file is rewritten while nothing changes
-WATCH_EVENTS_NOTE = ("file events need the optional watchdog module (pip install 'kb-rag[watch]'); folders are "
-                     "scanned every few seconds instead")
+WATCH_LIST_S = 5.0                  # how often an idle watcher reads the source list (another process may change it)
+WATCH_EVENTS_NOTE = ("file events are off (they need the optional watchdog module: pip install 'kb-rag[watch]'; "
+                     "KB_WATCH_EVENTS=0 turns them off); folders are scanned every few seconds instead")
 
 
 def watch_setting(name: str) -> float:
@@ -13980,10 +14040,11 @@ class Watcher:
         self.ticking = threading.Lock()
         self.wake = threading.Event()
         self.poked: dict[str, float] = {}
-        self.events = FileEvents(self._poke) if events else None
+        self.events = FileEvents(self._poke) if events and os.environ.get("KB_WATCH_EVENTS", "1") != "0" else None
         self.thread: Any = None
         self.stopping = False
         self.beats: dict[Path, tuple[float, str]] = {}
+        self.listed: dict[Path, float] = {}           # when each library's source list was last read
 
     def track(self, root: Path) -> None:
         self.libraries.setdefault(root, {})
@@ -14017,6 +14078,11 @@ class Watcher:
         folders = self.libraries[root]
         if self._job_running(root, folders):
             return None         # its files are in flight; look again once it is done
+        now = time.monotonic()
+        if folders and not any(self._due(w, peek=True) for w in folders.values()) \
+                and now - self.listed.get(root, -math.inf) < WATCH_LIST_S:
+            return None         # nothing due: the library is not even opened (an idle round costs next to nothing)
+        self.listed[root] = now
         lib = Library.open(root, writable=False)
         if lib is None:
             folders.clear()
@@ -14033,6 +14099,7 @@ class Watcher:
                 watch = folders.setdefault(source["path"], SourceWatch(source["path"], bool(source.get("mount"))))
                 if not self._due(watch):
                     continue
+                started = time.perf_counter()
                 if source.get("kind") == "zotero":
                     ready, wake = watch.compare_zotero(scan_zotero(watch.path), source.get("zotero_signature"),
                                                        time.monotonic(), settle)
@@ -14043,6 +14110,7 @@ class Watcher:
                                                       watch_setting("KB_WATCH_GRACE_S"))
                     ingest += found
                     remove += gone
+                watch.scan_seconds = time.perf_counter() - started      # the whole look, comparison included
                 watch.next_scan = self._next_scan(watch, wake)
         finally:
             lib.close()
@@ -14063,11 +14131,12 @@ class Watcher:
             watch.next_scan = min(watch.next_scan, time.monotonic() + 1.0)
         return None
 
-    def _due(self, watch: SourceWatch) -> bool:
+    def _due(self, watch: SourceWatch, peek: bool = False) -> bool:
         now = time.monotonic()
         poked = self.poked.get(watch.path)
         if poked is not None and now - poked >= WATCH_DEBOUNCE_S:
-            self.poked.pop(watch.path, None)
+            if not peek:
+                self.poked.pop(watch.path, None)
             return True
         return now >= watch.next_scan
 
@@ -14262,10 +14331,12 @@ def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher |
     if watcher is not None:
         watcher.track(root)
         if added or removed:
+            watcher.listed.pop(root, None)
             watcher.tick()      # the new folders are listed in their state, and their first sync starts
     live = watcher.views(root) if watcher is not None else None
     response: dict[str, Any] = {"sources": source_views(lib, root, live), "added": added, "removed": removed,
-                                "kb_root": str(root)}
+                                "file_events": watcher.events is not None and watcher.events.available
+                                if watcher is not None else None, "kb_root": str(root)}
     if watcher is None and any(s["state"] == "not_watched" for s in response["sources"]):
         response["note"] = ("watched folders are kept in step while a resident engine runs (serve: the DSH plugin "
                             "or the MCP server; or `kb-engine watch` in a terminal); `sync` brings them in step once")
@@ -14480,7 +14551,7 @@ def follow_job_file(root: Path, job_id: str, bar, poll_s: float = 0.3) -> dict:
 
 
 # =============================================================================
-# 26. Command table
+# 27. Command table
 # =============================================================================
 
 # -- the command table ----------------------------------------------------------
@@ -14584,6 +14655,8 @@ def _filters_schema() -> dict:
         "collection": _string_or_strings('A Zotero collection, by its whole name or path ("Graphene", '
                                          '"Materials/Graphene"); a collection covers its sub-collections'),
         "tag": _string_or_strings("A whole Zotero tag (any case)"),
+        "library": _string_or_strings('A Zotero library by its whole name: "My Library" (the user\'s own) or a '
+                                      'group library\'s name'),
     }
     return {"type": "object", "additionalProperties": False,
             "description": "Metadata filters, combined with AND; a list matches any of its values (at most "
@@ -15131,7 +15204,7 @@ class Engine:
 
 
 # =============================================================================
-# 27. Protocol / CLI
+# 28. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -15786,11 +15859,14 @@ def print_requirements(argv: list[str]) -> int:
                                      description="pip requirements of the kb-rag engine, one per line")
     parser.add_argument("--missing", action="store_true", help="only those whose module cannot be found")
     parser.add_argument("--with-docx", action="store_true", help="include the optional python-docx")
+    parser.add_argument("--with-watch", action="store_true",
+                        help="include the optional file-event module (watchdog: watched folders)")
     parser.add_argument("--with-ocr", action="store_true",
                         help="include the optional OCR engine (rapidocr-onnxruntime: scanned pages)")
     parser.add_argument("--json", action="store_true", help="module, pip requirement, purpose and presence")
     args = parser.parse_args(argv)
-    extras = {extra for extra, wanted in (("docx", args.with_docx), ("ocr", args.with_ocr)) if wanted}
+    extras = {extra for extra, wanted in (("docx", args.with_docx), ("ocr", args.with_ocr),
+                                          ("watch", args.with_watch)) if wanted}
     chosen = [r for r in REQUIREMENTS if (r.extra is None or r.extra in extras) and r.applies()]
     if args.missing:
         chosen = [r for r in chosen if not module_present(r.module)]

@@ -5,7 +5,7 @@
 // table. It runs only when called (`npx dsh-kb-rag-install`): the package has no install-time scripts.
 //
 //   dsh-kb-rag-install [--profile NAME] [--mirror URL] [--models | --no-models] [--offline-model] [--with-docx] [--with-ocr]
-//                      [--with-mcp]
+//                      [--with-watch] [--with-mcp]
 //                      [--python PATH] [--venv DIR | --no-venv] [--torch auto|cpu|gpu|skip] [--plugin SPEC]
 //                      [--dry-run] [-y] [-h]
 
@@ -26,6 +26,7 @@ export const OPTIONS = Object.freeze({
   '--offline-model': { ps: '-OfflineModel', value: false },
   '--with-docx': { ps: '-WithDocx', value: false },
   '--with-ocr': { ps: '-WithOcr', value: false },
+  '--with-watch': { ps: '-WithWatch', value: false },
   '--with-mcp': { ps: '-WithMcp', value: false },
   '--python': { ps: '-Python', value: true },
   '--venv': { ps: '-Venv', value: true },

@@ -30,6 +30,7 @@ param(
     [switch]$OfflineModel,
     [switch]$WithDocx,
     [switch]$WithOcr,
+    [switch]$WithWatch,
     [switch]$WithMcp,
     [string]$Python = '',
     [string]$Venv = '',
@@ -74,6 +75,7 @@ Installs the kb-rag engine's Python environment, checks it, and adds the plugin 
                      ~240 MB on disk); done anyway when the embedder cannot be fetched from the hub
   -WithDocx          also install python-docx (the engine reads DOCX without it, less precisely)
   -WithOcr           also install the OCR engine (rapidocr-onnxruntime, ~80 MB with OpenCV): scanned PDFs
+  -WithWatch         also install watchdog: watched folders are followed by file events, not only scans
   -WithMcp           also install the MCP SDK for mcp-server\server.py
   -Python PATH       interpreter to build the environment from (default: py -3, else python, else python3;
                      3.10+; the Microsoft Store alias that only opens the Store is skipped)
@@ -467,6 +469,7 @@ if ($PyFailed) {
     $requirementArgs = @('requirements')
     if ($WithDocx) { $requirementArgs += '--with-docx' }
     if ($WithOcr) { $requirementArgs += '--with-ocr' }
+    if ($WithWatch) { $requirementArgs += '--with-watch' }
     $listed = @(Invoke-Native -Exe $Probe -Arguments (@($Engine) + $requirementArgs) -KeepErrors)
     $Requirements = @()
     if ($script:NativeCode -eq 0) {

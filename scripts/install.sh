@@ -41,6 +41,7 @@ Installs the kb-rag engine's Python environment, checks it, and adds the plugin 
                      ~240 MB on disk); done anyway when the embedder cannot be fetched from the hub
   --with-docx        also install python-docx (the engine reads DOCX without it, less precisely)
   --with-ocr         also install the OCR engine (rapidocr-onnxruntime, ~80 MB with OpenCV): scanned PDFs
+  --with-watch       also install watchdog: watched folders are followed by file events, not only scans
   --with-mcp         also install the MCP SDK for mcp-server/server.py
   --python PATH      interpreter to build the environment from (default: python3, else python; 3.10+)
   --venv DIR         virtual environment to use or create (default: ~/.kb-rag/venv)
@@ -66,6 +67,7 @@ MODELS=1
 OFFLINE_MODEL=0
 WITH_DOCX=0
 WITH_OCR=0
+WITH_WATCH=0
 WITH_MCP=0
 PYTHON_BASE=""
 VENV_DIR=""
@@ -98,6 +100,7 @@ while [ "$#" -gt 0 ]; do
         --offline-model) OFFLINE_MODEL=1; shift ;;
         --with-docx) WITH_DOCX=1; shift ;;
         --with-ocr) WITH_OCR=1; shift ;;
+        --with-watch) WITH_WATCH=1; shift ;;
         --with-mcp) WITH_MCP=1; shift ;;
         --python) need_value "$@"; PYTHON_BASE="$2"; shift 2 ;;
         --python=*) PYTHON_BASE="${1#*=}"; shift ;;
@@ -309,6 +312,7 @@ else
     requirement_args=(requirements)
     [ "$WITH_DOCX" -eq 1 ] && requirement_args+=(--with-docx)
     [ "$WITH_OCR" -eq 1 ] && requirement_args+=(--with-ocr)
+    [ "$WITH_WATCH" -eq 1 ] && requirement_args+=(--with-watch)
     REQUIREMENTS=()
     if listed="$("$PROBE" "$ENGINE" "${requirement_args[@]}")"; then
         while IFS= read -r line; do

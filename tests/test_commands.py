@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -178,8 +179,9 @@ def test_the_command_table_drives_the_dispatcher_and_the_cli(kb_engine):
     table = {command.name: command for command in kb_engine.COMMAND_TABLE}
     assert len(table) == len(kb_engine.COMMAND_TABLE), "a command is listed twice"
     assert kb_engine.Engine.COMMANDS == tuple(table)
-    assert kb_engine.Engine.WRITE_COMMANDS == {"ingest", "fetch", "zotero", "dedup", "delete", "reembed", "clear"}
-    assert {name for name, c in table.items() if c.background} == {"ingest", "zotero"}
+    assert kb_engine.Engine.WRITE_COMMANDS == {"ingest", "fetch", "zotero", "dedup", "delete", "reembed", "clear",
+                                               "watch", "sync"}
+    assert {name for name, c in table.items() if c.background} == {"ingest", "zotero", "sync"}
     parser = kb_engine.build_cli_parser()
     subcommands = next(a for a in parser._actions if a.dest == "command").choices
     assert set(subcommands) == set(table) - {"reload"}
@@ -187,6 +189,7 @@ def test_the_command_table_drives_the_dispatcher_and_the_cli(kb_engine):
         assert sub.description == table[name].help, name
     assert table["dedup"].writes({"apply": True}) and not table["dedup"].writes({})
     assert table["zotero"].writes({}) and not table["zotero"].writes({"dry_run": True})
+    assert table["watch"].writes({"add": ["/p"]}) and not table["watch"].writes({})
     engine = kb_engine.Engine()
     try:
         with pytest.raises(kb_engine.KBError) as info:
@@ -254,3 +257,22 @@ def test_every_field_is_refused_with_the_wrong_type_before_anything_runs(kb_engi
     finally:
         engine.close()
     assert set(WRONG_VALUE) == set(kb_engine.FIELD_TYPES) and checked >= 40
+
+
+def test_a_library_of_the_previous_schema_is_brought_up_to_date_by_a_search(engine, tmp_path, sample_dir):
+    """A library written by the release before (schema 5: no docs.zotero_library) answers a search at once, and
+    is at this engine's schema afterwards, its documents untouched."""
+    root = tmp_path / "kb"
+    shutil.copy2(sample_dir / "graphene_cvd_copper.pdf", tmp_path / "graphene_cvd_copper.pdf")
+    engine.execute("ingest", {"paths": [str(tmp_path / "graphene_cvd_copper.pdf")], "kb_root": str(root)})
+    engine.close()
+    con = sqlite3.connect(str(db_path(root)))
+    con.execute("ALTER TABLE docs DROP COLUMN zotero_library")
+    con.execute("PRAGMA user_version = 5")
+    con.commit()
+    con.close()
+    before = _snapshot(root)
+    hits = engine.execute("search", {"kb_root": str(root), "query": "graphene nucleation", "mode": "keyword"})
+    assert hits["results"] and user_version(root) == 6
+    after = _snapshot(root)
+    assert after["chunks"] == before["chunks"] and after["user_version"] == 6

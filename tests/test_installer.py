@@ -112,15 +112,16 @@ def run_install(args: list[str], env: dict, timeout: int = 600) -> subprocess.Co
 
 def test_requirements_agree_everywhere():
     import tomllib
-    listed = json.loads(engine_requirements(sys.executable, "--json", "--with-docx", "--with-ocr").stdout)
+    listed = json.loads(engine_requirements(sys.executable, "--json", "--with-docx", "--with-ocr",
+                                            "--with-watch").stdout)
     engine = {r["pip"] for r in listed if not r["optional"]}
     optional = {r["pip"] for r in listed if r["optional"]}
     assert engine and "torch>=2.1,<2.14" in engine
-    assert optional == {"python-docx>=1.1", "rapidocr-onnxruntime==1.4.4"}
+    assert optional == {"python-docx>=1.1", "rapidocr-onnxruntime==1.4.4", "watchdog>=4"}
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert set(project["dependencies"]) == engine
-    assert set(project["optional-dependencies"]["docx"]) | set(project["optional-dependencies"]["ocr"]) == optional
+    assert set().union(*(project["optional-dependencies"][x] for x in ("docx", "ocr", "watch"))) == optional
     docx_only = json.loads(engine_requirements(sys.executable, "--json", "--with-docx").stdout)
     assert {r["pip"] for r in docx_only if r["optional"]} == {"python-docx>=1.1"}
 
@@ -266,7 +267,7 @@ def test_help_lists_every_option():
     done = subprocess.run(["bash", str(INSTALL_SH), "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0
     for option in ("--profile", "--mirror", "--models", "--no-models", "--offline-model", "--with-docx", "--with-ocr",
-                   "--dry-run",
+                   "--with-watch", "--dry-run",
                    "-y, --yes", "--python", "--venv", "--no-venv", "--torch", "--plugin", "--with-mcp"):
         assert option in done.stdout
 
@@ -428,7 +429,8 @@ def test_powershell_translation_table():
               " console.log(JSON.stringify({ ps: m.installerCommand(o, 'win32').argv,"
               " sh: m.installerCommand(o, 'linux').argv })) })")
     args = ["--profile", "web", "--mirror=https://m.example/simple", "--models", "--no-models", "--offline-model",
-            "--with-docx", "--with-ocr", "--with-mcp", "--python", "C:\\Py\\python.exe", "--venv", "D:\\kb venv",
+            "--with-docx", "--with-ocr", "--with-watch", "--with-mcp", "--python", "C:\\Py\\python.exe", "--venv",
+            "D:\\kb venv",
             "--no-venv",
             "--torch", "cpu", "--plugin", "dsh-kb-rag@0.1.0", "--dry-run", "-y", "-h"]
     done = subprocess.run(["node", "-e", script, json.dumps(args)], cwd=NPM_PACKAGE, capture_output=True,
@@ -438,14 +440,15 @@ def test_powershell_translation_table():
     assert argv["ps"][:4] == ["-NoProfile", "-ExecutionPolicy", "Bypass", "-File"]
     assert argv["ps"][4].endswith("install.ps1")
     assert argv["ps"][5:] == ["-Profile", "web", "-Mirror", "https://m.example/simple", "-Models", "-NoModels",
-                              "-OfflineModel", "-WithDocx", "-WithOcr", "-WithMcp", "-Python", "C:\\Py\\python.exe",
+                              "-OfflineModel", "-WithDocx", "-WithOcr", "-WithWatch", "-WithMcp", "-Python", "C:\\Py\\python.exe",
                               "-Venv",
                               "D:\\kb venv", "-NoVenv", "-Torch", "cpu", "-Plugin", "dsh-kb-rag@0.1.0",
                               "-DryRun", "-Yes",
                               "-Help"]
     assert argv["sh"][0].endswith("install.sh")
     assert argv["sh"][1:] == ["--profile", "web", "--mirror", "https://m.example/simple", "--models", "--no-models",
-                              "--offline-model", "--with-docx", "--with-ocr", "--with-mcp", "--python",
+                              "--offline-model", "--with-docx", "--with-ocr", "--with-watch", "--with-mcp",
+                              "--python",
                               "C:\\Py\\python.exe",
                               "--venv", "D:\\kb venv", "--no-venv", "--torch", "cpu", "--plugin", "dsh-kb-rag@0.1.0",
                               "--dry-run", "--yes", "--help"]

@@ -38,7 +38,7 @@ from helpers import PLUGIN, ROOT, ensure_plugin_modules, sp  # noqa: E402
 
 SERVER = ROOT / "mcp-server" / "server.py"
 TOOL_NAMES = {"kb_ingest", "kb_zotero", "kb_search", "kb_rag", "kb_show", "kb_dedup", "kb_clear", "kb_stats",
-              "kb_fetch", "kb_status"}
+              "kb_fetch", "kb_status", "kb_watch"}
 CALL_TIMEOUT = 60
 
 
@@ -106,6 +106,7 @@ TOOL_HINTS = {
     "kb_show": (True, False, True, False),
     "kb_stats": (True, False, True, False),
     "kb_status": (True, False, True, False),
+    "kb_watch": (False, False, True, False),
     "kb_ingest": (False, False, True, False),
     "kb_zotero": (False, False, True, False),
     "kb_fetch": (False, False, False, True),

@@ -5,6 +5,7 @@ changes files under it the way people and programs do: copy, edit, move, delete,
 folder away and back, drop a thousand files, kill everything mid-sync."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -132,12 +133,19 @@ def source_state(daemon: Daemon) -> dict:
     return daemon.ok("watch")["sources"][0]
 
 
-def test_added_edited_moved_deleted(daemon_factory, tmp_path):
+# with file events (watchdog), and with scans alone (no watchdog, or KB_WATCH_EVENTS=0)
+BOTH_WAYS = pytest.mark.parametrize("events", ["1", "0"], ids=["events", "scans"])
+
+
+@BOTH_WAYS
+def test_added_edited_moved_deleted(daemon_factory, tmp_path, events):
     folder = tmp_path / "inbox"
     folder.mkdir()
-    daemon = daemon_factory()
+    daemon = daemon_factory(KB_WATCH_EVENTS=events)
     added = daemon.ok("watch", {"add": [str(folder)]})
     assert added["added"] == [str(folder)] and added["sources"][0]["state"] == "watching"
+    # with events, the next full scan is a minute away (KB_WATCH_RESCAN_S): only an event can be this quick
+    assert added["file_events"] is (events == "1" and importlib.util.find_spec("watchdog") is not None)
 
     landed = time.monotonic()
     sp.make_onecolumn_paper(folder)
@@ -203,12 +211,13 @@ def test_slow_write_is_ingested_once_complete(daemon_factory, tmp_path, sample_d
     assert docs(daemon.kb_root)[str(target)][1] == "indexed"
 
 
-def test_renamed_root_deletes_nothing_and_resumes(daemon_factory, tmp_path, sample_dir):
+@BOTH_WAYS
+def test_renamed_root_deletes_nothing_and_resumes(daemon_factory, tmp_path, sample_dir, events):
     folder = tmp_path / "drive"
     folder.mkdir()
     for name in ("graphene_cvd_copper.pdf", "battery_electrolytes.pdf"):
         shutil.copy2(sample_dir / name, folder / name)
-    daemon = daemon_factory()
+    daemon = daemon_factory(KB_WATCH_EVENTS=events)
     daemon.ok("watch", {"add": [str(folder)]})
     wait_for(lambda: len(docs(daemon.kb_root)) == 2 and idle(daemon.kb_root), 20)
 

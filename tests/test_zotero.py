@@ -781,3 +781,41 @@ def test_import_with_read_ahead_workers_and_vectors_matches_in_process(kb_engine
         results[workers] = ([(i["attachment_key"], i["status"], i["chunks"], i["annotations"]) for i in resp["items"]],
                             docs)
     assert results["0"] == results["1"]
+
+
+def test_group_libraries_are_told_apart_and_filtered(eng, zcopy, tmp_path):
+    """A group library beside the user's own (as Zotero keeps one it syncs): each document says which library it
+    came from, docs reports it, and the `library` filter selects one; a feed's items are no papers."""
+    con = sqlite3.connect(str(zcopy.db))
+    with con:
+        con.execute("INSERT INTO libraries (libraryID, type, editable, filesEditable) VALUES (2, 'group', 1, 1)")
+        con.execute("INSERT INTO groups (groupID, libraryID, name, description, version) "
+                    "VALUES (4711, 2, 'Catalysis Lab', '', 3)")
+        con.execute("INSERT INTO libraries (libraryID, type, editable, filesEditable) VALUES (3, 'feed', 1, 0)")
+        for library_id, key, attachment_key, maker in ((2, "GRPQ7K2A", "GRPA7TT3", sp.make_ligature_paper),
+                                                       (3, "FEDQ7K2A", "FEDA7TT3", sp.make_markdown)):
+            writer = zf.ZoteroWriter(con, library_id=library_id)
+            parent = writer.article(key, title=f"Shared paper of library {library_id}", date="2022-01-01 2022")
+            folder = zcopy.data_dir / "storage" / attachment_key
+            folder.mkdir()
+            paper = maker(folder)
+            writer.attachment(parent, attachment_key, path=f"storage:{paper.name}", link_mode=zf.LINK_IMPORTED_FILE,
+                              content_type="application/pdf" if paper.suffix == ".pdf" else "text/markdown")
+    con.close()
+    root = tmp_path / "kb"
+    resp = run_zotero(eng, zcopy, root)
+    libraries = {it["attachment_key"]: it["library"] for it in resp["items"]}
+    assert libraries["GRPA7TT3"] == "Catalysis Lab" and "FEDA7TT3" not in libraries
+    assert set(libraries.values()) == {"My Library", "Catalysis Lab"}
+    assert resp["libraries"] == {"My Library": len(libraries) - 1, "Catalysis Lab": 1}
+    docs = eng.execute("docs", {"kb_root": str(root)})["docs"]
+    by_library = {d["zotero_library"] for d in docs if d["status"] == "indexed"}
+    assert by_library == {"My Library", "Catalysis Lab"}
+    query = "strontium titanate quantum efficiency"
+    hits = eng.execute("search", {"kb_root": str(root), "query": query, "mode": "keyword",
+                                  "filters": {"library": "catalysis lab"}})["results"]
+    assert hits and {h["path"] for h in hits} == {str(zcopy.data_dir / "storage" / "GRPA7TT3" /
+                                                      "photocatalysis_ligatures.pdf")}
+    mine = eng.execute("search", {"kb_root": str(root), "query": query, "mode": "keyword",
+                                  "filters": {"library": ["My Library"]}})["results"]
+    assert all("GRPA7TT3" not in h["path"] for h in mine)

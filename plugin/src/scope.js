@@ -73,6 +73,15 @@ export class ScopeStore {
     return entry.state
   }
 
+  /** When the session's previous retrieval was (Unix seconds; null for its first), remembering `now` as the last:
+   * the sync notice counts what watched folders changed in between. */
+  sinceLastRetrieval(key, now) {
+    const entry = this._entry(key)
+    const before = entry.lastRetrieval ?? null
+    entry.lastRetrieval = now
+    return before
+  }
+
   /** True the first time it is called for a session (the stale-documents notice is given once). */
   firstStaleMention(key) {
     const entry = this._entry(key)

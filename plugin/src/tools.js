@@ -38,6 +38,25 @@ function picturesFor(tool, value, wanted) {
   return hits.map((h) => h?.picture).filter((p) => typeof p?.data === 'string').slice(0, wanted)
 }
 
+const SYNC_COUNTS = ['added', 'updated', 'moved', 'removed']
+
+/**
+ * The notice for what the library's watched folders (and Zotero libraries) changed since `since` (Unix seconds),
+ * from a `status` answer: the `sync` jobs that ended since then. null when there are none or nothing changed.
+ */
+export function syncNotice(status, since) {
+  if (!Array.isArray(status?.sources) || !status.sources.length) return null
+  const counts = Object.fromEntries(SYNC_COUNTS.map((key) => [key, 0]))
+  for (const job of Array.isArray(status.jobs) ? status.jobs : []) {
+    if (job?.command !== 'sync' || job.state !== 'done' || !(job.finished > since)) continue
+    for (const key of SYNC_COUNTS) counts[key] += Number(job.result?.totals?.[key]) || 0
+  }
+  const parts = SYNC_COUNTS.filter((key) => counts[key] > 0)
+    .map((key, i) => (i === 0 ? `${counts[key]} ${counts[key] === 1 ? 'paper' : 'papers'} ${key}` : `${counts[key]} ${key}`))
+  if (!parts.length) return null
+  return `Since the last search, the watched folders changed the library: ${parts.join(', ')}. These results include them.`
+}
+
 /**
  * @param {object} kb
  * @param {(exec: object, command: string, payload: object) => Promise<object>} kb.call  run an engine command
@@ -62,6 +81,16 @@ export function createTools(kb) {
       } catch (error) {
         if (exec.signal?.aborted) throw error
         kb.log.debug('stale check failed: %s', error.message)
+      }
+    }
+    const since = kb.scope.sinceLastRetrieval(key, Date.now() / 1000)
+    if (since !== null) {
+      try {
+        const synced = syncNotice(await kb.call(exec, 'status', {}), since)
+        if (synced) notices.push(synced)
+      } catch (error) {
+        if (exec.signal?.aborted) throw error
+        kb.log.debug('sync check failed: %s', error.message)
       }
     }
     return { scope: state.scope, strict: state.strict, scope_source: state.source, notices }

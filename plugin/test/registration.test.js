@@ -9,7 +9,7 @@ import { after, before, test } from 'node:test'
 import * as plugin from '../src/index.js'
 import { PLUGIN_DIR, cleanup, consoleCalls, enginePids, startHost, tempDir, textOf } from '../testlib/helpers.js'
 
-const TOOLS = ['kb_clear', 'kb_dedup', 'kb_fetch', 'kb_ingest', 'kb_rag', 'kb_scope', 'kb_search', 'kb_show', 'kb_stats', 'kb_status', 'kb_zotero']
+const TOOLS = ['kb_clear', 'kb_dedup', 'kb_fetch', 'kb_ingest', 'kb_rag', 'kb_scope', 'kb_search', 'kb_show', 'kb_stats', 'kb_status', 'kb_watch', 'kb_zotero']
 const SNAPSHOT = path.join(PLUGIN_DIR, 'test', 'fixtures', 'tool-schemas.json')
 
 let host
@@ -68,7 +68,7 @@ test('the interpreter: configured, else KB_PYTHON, else the installer record (wh
   }
 })
 
-test('all eleven tools register', () => {
+test('all twelve tools register', () => {
   const names = host.ctx.tools.schemas().map((s) => s.name).sort()
   assert.deepEqual(names, TOOLS)
 })

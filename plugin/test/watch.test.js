@@ -1,0 +1,81 @@
+// Watched folders through the plugin: kb_watch adds a folder in the workspace (relative paths are the workspace's),
+// the resident engine syncs a paper copied into it, and the next retrieval says so in the session's notices.
+
+import assert from 'node:assert/strict'
+import { copyFileSync, mkdirSync } from 'node:fs'
+import path from 'node:path'
+import { after, before, test } from 'node:test'
+import { syncNotice } from '../src/tools.js'
+import { cleanup, samplePapers, startHost, tempDir, textOf } from '../testlib/helpers.js'
+
+let cwd, staging
+const saved = {}
+before(() => {
+  cwd = tempDir('kbrag-watch-')
+  staging = tempDir('kbrag-watch-papers-')
+  samplePapers(staging)
+  mkdirSync(path.join(cwd, 'inbox'))
+  // the daemon inherits these: files settle in a second, folders are scanned twice a second
+  for (const [name, value] of [['KB_WATCH_SETTLE_S', '1'], ['KB_WATCH_SCAN_S', '0.5']]) {
+    saved[name] = process.env[name]
+    process.env[name] = value
+  }
+})
+after(() => {
+  for (const [name, value] of Object.entries(saved)) {
+    if (value === undefined) delete process.env[name]
+    else process.env[name] = value
+  }
+  cleanup(cwd)
+  cleanup(staging)
+})
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+
+test('a paper copied into a watched folder is found, and the next search says the library changed', async () => {
+  const host = await startHost()
+  try {
+    const watched = await host.call('kb_watch', { add: ['inbox'] }, { cwd })
+    assert.equal(watched.isError, false, textOf(watched))
+    assert.deepEqual(watched.value.added, [path.join(cwd, 'inbox')])
+    assert.match(textOf(watched), /Now watching: `.*inbox`/)
+
+    const first = await host.call('kb_search', { query: 'graphene nucleation' }, { cwd })
+    assert.equal(first.isError, false, textOf(first))
+    assert.deepEqual(first.value.session.notices, [])
+
+    copyFileSync(path.join(staging, 'graphene_cvd_copper.pdf'), path.join(cwd, 'inbox', 'graphene_cvd_copper.pdf'))
+    let synced = null
+    for (let i = 0; i < 100 && !synced; i++) {
+      await sleep(200)
+      const status = await host.call('kb_status', {}, { cwd })
+      synced = (status.value.jobs ?? []).find((j) => j.command === 'sync' && j.state === 'done')
+    }
+    assert.ok(synced, 'no sync job ended within 20 s')
+
+    const next = await host.call('kb_search', { query: 'graphene nucleation' }, { cwd })
+    assert.equal(next.isError, false, textOf(next))
+    assert.ok(next.value.results.some((hit) => hit.file === 'graphene_cvd_copper.pdf'))
+    assert.deepEqual(next.value.session.notices,
+      ['Since the last search, the watched folders changed the library: 1 paper added. These results include them.'])
+    assert.match(textOf(next), /_Library: Since the last search, the watched folders changed the library: 1 paper added/)
+    const again = await host.call('kb_search', { query: 'graphene nucleation' }, { cwd })
+    assert.deepEqual(again.value.session.notices, [])       // said once
+  } finally {
+    await host.dispose()
+  }
+})
+
+test('the sync notice counts only sync jobs that ended after the last retrieval, and only with watched sources', () => {
+  const job = (finished, totals, extra = {}) => ({ command: 'sync', state: 'done', finished, result: { totals }, ...extra })
+  const status = {
+    sources: [{ path: '/p', state: 'watching' }],
+    jobs: [job(90, { added: 5 }), job(110, { added: 2, removed: 1 }), job(120, { added: 1, updated: 1, moved: 0 }),
+      job(130, { added: 9 }, { state: 'failed' }), { command: 'ingest', state: 'done', finished: 140, result: { totals: { added: 7 } } }],
+  }
+  assert.equal(syncNotice(status, 100),
+    'Since the last search, the watched folders changed the library: 3 papers added, 1 updated, 1 removed. These results include them.')
+  assert.equal(syncNotice(status, 125), null)
+  assert.equal(syncNotice({ ...status, sources: [] }, 0), null)
+  assert.equal(syncNotice({ jobs: 'odd', sources: [{}] }, 0), null)
+})
