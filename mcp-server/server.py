@@ -2,8 +2,8 @@
 
 Eleven tools with the same contract as the DSH plugin (kb_ingest, kb_zotero, kb_search, kb_rag, kb_show, kb_dedup,
 kb_clear, kb_stats, kb_fetch, kb_status, kb_watch), served over stdio (default) or streamable HTTP on the loopback
-interface (`--http [--port N]`). Every call goes to one resident `kb_engine.py serve` process (see engine_client.py) working
-on the library at KB_ROOT (default ~/.kb-rag).
+interface (`--http [--port N]`). Every call goes to one resident `kb_engine.py serve` process (see
+engine_client.py) working on the library at KB_ROOT (default ~/.kb-rag).
 
 Over HTTP every request needs `Authorization: Bearer <token>`: the token comes from KB_MCP_TOKEN or `--token`, or
 is generated at start and printed on standard error. stdio needs no token.

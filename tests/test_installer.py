@@ -440,8 +440,8 @@ def test_powershell_translation_table():
     assert argv["ps"][:4] == ["-NoProfile", "-ExecutionPolicy", "Bypass", "-File"]
     assert argv["ps"][4].endswith("install.ps1")
     assert argv["ps"][5:] == ["-Profile", "web", "-Mirror", "https://m.example/simple", "-Models", "-NoModels",
-                              "-OfflineModel", "-WithDocx", "-WithOcr", "-WithWatch", "-WithMcp", "-Python", "C:\\Py\\python.exe",
-                              "-Venv",
+                              "-OfflineModel", "-WithDocx", "-WithOcr", "-WithWatch", "-WithMcp", "-Python",
+                              "C:\\Py\\python.exe", "-Venv",
                               "D:\\kb venv", "-NoVenv", "-Torch", "cpu", "-Plugin", "dsh-kb-rag@0.1.0",
                               "-DryRun", "-Yes",
                               "-Help"]
@@ -455,7 +455,8 @@ def test_powershell_translation_table():
     # Every PowerShell parameter the table produces is declared by install.ps1.
     ps1 = INSTALL_PS1.read_text(encoding="utf-8-sig")
     param_block = ps1[ps1.index("param("):]
-    for name in ("Profile", "Mirror", "Models", "NoModels", "OfflineModel", "WithDocx", "WithMcp", "Python", "Venv",
+    for name in ("Profile", "Mirror", "Models", "NoModels", "OfflineModel", "WithDocx", "WithWatch", "WithMcp", "Python",
+                 "Venv",
                  "NoVenv", "Torch", "Plugin", "DryRun", "Yes", "Help"):
         assert re.search(r"\$" + name + r"\b", param_block[:3000]), name
 
