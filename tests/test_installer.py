@@ -455,9 +455,8 @@ def test_powershell_translation_table():
     # Every PowerShell parameter the table produces is declared by install.ps1.
     ps1 = INSTALL_PS1.read_text(encoding="utf-8-sig")
     param_block = ps1[ps1.index("param("):]
-    for name in ("Profile", "Mirror", "Models", "NoModels", "OfflineModel", "WithDocx", "WithWatch", "WithMcp", "Python",
-                 "Venv",
-                 "NoVenv", "Torch", "Plugin", "DryRun", "Yes", "Help"):
+    for name in ("Profile", "Mirror", "Models", "NoModels", "OfflineModel", "WithDocx", "WithWatch", "WithMcp",
+                 "Python", "Venv", "NoVenv", "Torch", "Plugin", "DryRun", "Yes", "Help"):
         assert re.search(r"\$" + name + r"\b", param_block[:3000]), name
 
 
