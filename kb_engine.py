@@ -14079,7 +14079,7 @@ class Watcher:
         if self._job_running(root, folders):
             return None         # its files are in flight; look again once it is done
         now = time.monotonic()
-        if folders and not any(self._due(w, peek=True) for w in folders.values()) \
+        if not any(self._due(w, peek=True) for w in folders.values()) \
                 and now - self.listed.get(root, -math.inf) < WATCH_LIST_S:
             return None         # nothing due: the library is not even opened (an idle round costs next to nothing)
         self.listed[root] = now

@@ -368,3 +368,36 @@ def test_zotero_item_added_and_trashed_while_watched(daemon_factory, tmp_path):
     assert state["last_changes"]["removed"] == 1
     after = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
     assert after == before              # Zotero's files are read, never written (nor added to)
+
+
+def test_kb_engine_watch_in_the_foreground(tmp_path, sample_dir):
+    """`kb-engine watch` (the human command line): a line when it starts, a line per sync, Ctrl-C ends it cleanly;
+    `--add` and `--list` change and show the list."""
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    kb = tmp_path / "kb"
+    env = clean_env(**FAST)
+    added = subprocess.run([sys.executable, str(ENGINE), "watch", "--kb-root", str(kb), "--add", str(folder)],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert added.returncode == 0 and str(folder) in added.stdout, added
+    listed = subprocess.run([sys.executable, str(ENGINE), "watch", "--kb-root", str(kb), "--list", "--json"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert json.loads(listed.stdout)["sources"][0]["state"] == "not_watched"
+    proc = subprocess.Popen([sys.executable, str(ENGINE), "watch", "--kb-root", str(kb)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith(f"watching 1 folder(s) of {kb}") and "Ctrl-C stops" in first, first
+        shutil.copy2(sample_dir / "graphene_cvd_copper.pdf", folder / "graphene_cvd_copper.pdf")
+        line = proc.stdout.readline()
+        assert "sync done: 1 added" in line, line
+        assert found_in(kb, "oxygen exposure hydrogen anneal nucleation density", "graphene_cvd_copper.pdf")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+
+
+def found_in(kb_root: Path, query: str, name: str) -> bool:
+    done = subprocess.run([sys.executable, str(ENGINE), "search", "--kb-root", str(kb_root), query, "--mode",
+                           "keyword", "--json"], capture_output=True, text=True, env=clean_env(), timeout=120)
+    return any(Path(hit["path"]).name == name for hit in json.loads(done.stdout)["results"])

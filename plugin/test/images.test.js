@@ -24,7 +24,8 @@ function setup({ vision = true, service = true } = {}) {
     call: async (_exec, command, payload) => { sent.push([command, payload]); return structuredClone(answers[command]) },
     ready: async () => {},
     workspace: () => '/tmp',
-    scope: { ensure: async () => ({ scope: 'kb', strict: false, source: 'default' }), firstStaleMention: () => false },
+    scope: { ensure: async () => ({ scope: 'kb', strict: false, source: 'default' }), firstStaleMention: () => false,
+      sinceLastRetrieval: () => null },
     log: { debug() {} },
     images: { attachments: () => (service ? attachments : undefined), llm: () => llm },
   })
