@@ -13865,6 +13865,7 @@ class SourceWatch:
     given, so a file that job could not store is not sent again until it changes."""
     path: str
     mount: bool = False
+    zotero: bool = False
     state: str = "watching"
     reason: str | None = None
     seen: dict = field(default_factory=dict)
@@ -13875,6 +13876,15 @@ class SourceWatch:
     scan_seconds: float = 0.0
     next_scan: float = 0.0
     offline_since: float | None = None
+
+    def presence_changed(self) -> bool:
+        """Whether the source vanished, or came back, since the last look: a stat or two, asked every round, so
+        that a renamed or unmounted root is reported offline at once (it raises no dependable file event)."""
+        if self.zotero:
+            there = os.path.isfile(os.path.join(self.path, "zotero.sqlite"))
+        else:
+            there = os.path.isdir(self.path) and (not self.mount or os.path.ismount(self.path))
+        return there == (self.state == "offline")
 
     def compare(self, scan: FolderScan, stored: dict, now: float, settle: float, grace: float
                 ) -> tuple[list[str], list[str], float | None]:
@@ -14096,7 +14106,8 @@ class Watcher:
             for stale in [p for p in folders if not any(s["path"] == p for s in sources)]:
                 del folders[stale]
             for source in sources:
-                watch = folders.setdefault(source["path"], SourceWatch(source["path"], bool(source.get("mount"))))
+                watch = folders.setdefault(source["path"], SourceWatch(source["path"], bool(source.get("mount")),
+                                                                      source.get("kind") == "zotero"))
                 if not self._due(watch):
                     continue
                 started = time.perf_counter()
@@ -14138,7 +14149,7 @@ class Watcher:
             if not peek:
                 self.poked.pop(watch.path, None)
             return True
-        return now >= watch.next_scan
+        return now >= watch.next_scan or watch.presence_changed()
 
     def _next_scan(self, watch: SourceWatch, wake: float | None) -> float:
         # an offline folder has no events to tell of its return: it is looked for on the scan interval
@@ -14470,15 +14481,22 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     signature = zotero_signature(scan_zotero(source["path"]))
     request = {"zotero_db": source["db"]}
     read = read_zotero_request(request)
+    files_now = {a.attachment_key: path_key(a.file) for a in read[1] if a.path is not None}
     keys_now = {attachment.attachment_key for attachment in read[1]}
     meta_key = f"zotero_keys:{source['path']}"
     try:
-        keys_before = set(json.loads(lib.get_meta(meta_key) or "[]"))
+        before = json.loads(lib.get_meta(meta_key) or "{}")
     except ValueError:
-        keys_before = set()
+        before = {}
+    before = before if isinstance(before, dict) else {}
     removed = []
-    for key in sorted(keys_before - keys_now):
-        for row in lib.conn.execute("SELECT id, path FROM docs WHERE zotero_attachment_key = ?", (key,)).fetchall():
+    for key in sorted(set(before) - keys_now):
+        # its document: the one carrying its key, or the copy recorded at its file (a duplicate has no key)
+        rows = lib.conn.execute("SELECT id, path FROM docs WHERE zotero_attachment_key = ? OR (path = ? AND "
+                                "zotero_attachment_key IS NULL)", (key, before[key] or "")).fetchall()
+        for row in rows:
+            if row["path"] in files_now.values():
+                continue            # the same file is still another live attachment's
             with lib.transaction():
                 lib.delete_doc(row["id"])
                 lib.invalidate_cache()
@@ -14486,7 +14504,7 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     # imported after the removals, so that a recorded copy of a removed document's file is indexed in its place
     response = cmd_zotero(lib, request, progress, models, own_process, read)
     with lib.transaction():
-        lib.set_meta(meta_key, json.dumps(sorted(keys_now)))
+        lib.set_meta(meta_key, json.dumps({key: files_now.get(key) for key in sorted(keys_now)}, ensure_ascii=False))
         sources = read_sources(lib)
         for stored in sources:
             if stored["path"] == source["path"]:

@@ -353,6 +353,11 @@ def test_zotero_item_added_and_trashed_while_watched(daemon_factory, tmp_path):
                           content_type="application/pdf")
         trashed_item = con.execute("SELECT itemID FROM items WHERE key = ?", (indexed[0][0],)).fetchone()[0]
         writer.trash(trashed_item)
+        # and one whose file the library holds as a recorded copy (a duplicate row carries no Zotero key)
+        copy_key = next(k for (k,) in con.execute("SELECT i.key FROM itemAttachments a JOIN items i ON i.itemID = "
+                                                  "a.itemID WHERE a.path LIKE 'storage:%'") if k != indexed[0][1])
+        writer.trash(con.execute("SELECT a.parentItemID FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
+                                 "WHERE i.key = ?", (copy_key,)).fetchone()[0])
     con.close()
     before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
 
@@ -361,11 +366,13 @@ def test_zotero_item_added_and_trashed_while_watched(daemon_factory, tmp_path):
         daemon.kb_root, "SELECT 1 FROM docs WHERE zotero_attachment_key = ?", (indexed[0][1],)), 30)
     row = db_rows(daemon.kb_root, "SELECT title, zotero_key FROM docs WHERE zotero_attachment_key = 'WTCHA7TT'")[0]
     assert row == ("Oxygen Pre-Treatment Suppresses Graphene Nucleation", "WTCH7Q2K")     # Zotero's metadata
-    # the recorded copies of the trashed attachment's file took its place: the stub text stays searchable
+    # a recorded copy of the trashed attachment's file took its place: the stub text stays searchable
     assert db_rows(daemon.kb_root, "SELECT COUNT(*) FROM docs WHERE status = 'indexed' AND zotero_key IS NOT NULL "
                                    "AND zotero_key != 'WTCH7Q2K'")[0][0] == 1
+    stored = {Path(p).parent.name for p in docs(daemon.kb_root)}
+    assert copy_key not in stored and indexed[0][1] not in stored and len(stored) == 3, stored
     state = wait_for(lambda: (s := source_state(daemon))["state"] == "watching" and s, 10)
-    assert state["last_changes"]["removed"] == 1
+    assert state["last_changes"]["removed"] == 2
     after = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
     assert after == before              # Zotero's files are read, never written (nor added to)
 
