@@ -12608,6 +12608,9 @@ def render_status(answer: dict) -> str:
 
 def _source_line(source: dict) -> str:
     state = str(source.get("state") or "?").replace("_", " ")
+    sync = _mapping(source.get("sync"))
+    if sync.get("total"):
+        state += f" ({sync.get('done', 0)}/{sync['total']}, job {sync.get('job_id')})"
     detail = [f"{source['pending']} file(s) settling" if source.get("pending") else None,
               f"last sync {source['last_sync']}" if source.get("last_sync") else "not synced yet",
               _counts({k: v for k, v in _mapping(source.get("last_changes")).items() if v})]
@@ -14282,8 +14285,10 @@ def source_views(lib: Library | None, root: Path, live: dict[str, dict] | None =
         return []
     record = None if live is not None else watcher_record(root)
     states = live if live is not None else (record or {}).get("sources") or {}
+    sources = read_sources(lib)
+    active = JobStore(root).active() if sources else None
     views = []
-    for source in read_sources(lib):
+    for source in sources:
         state = states.get(source["path"])
         view = {"path": source["path"], "kind": source.get("kind", "folder"), "added": source.get("added"),
                 "last_sync": source.get("last_sync"), "last_changes": source.get("last_changes")}
@@ -14291,6 +14296,8 @@ def source_views(lib: Library | None, root: Path, live: dict[str, dict] | None =
             view.update(state="not_watched", reason="no resident engine is running")
         else:
             view.update(state)
+        if view["state"] == "syncing" and active is not None and active["command"] == "sync":
+            view["sync"] = {k: active.get(k) for k in ("job_id", "done", "total", "phase")}     # its progress
         views.append(view)
     return views
 

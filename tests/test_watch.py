@@ -273,6 +273,9 @@ def test_a_thousand_files_make_one_job_and_searches_answer(daemon_factory, tmp_p
     for path in staging.iterdir():          # dropped at once, as a copy of a folder does
         os.rename(path, folder / path.name)
     wait_for(lambda: sync_jobs(daemon.kb_root), 15)
+    syncing = wait_for(lambda: (s := source_state(daemon)).get("sync") and s, 15, every=0.05)
+    assert syncing["state"] == "syncing" and syncing["sync"]["total"] == 1000
+    assert syncing["sync"]["job_id"] == sync_jobs(daemon.kb_root)[0]["job_id"]
     answered = []
     while not idle(daemon.kb_root) or not answered:
         started = time.monotonic()
