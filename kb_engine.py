@@ -1011,6 +1011,7 @@ MIGRATIONS[4] = _migrate_4_to_5
 
 SCHEMA_V6 = """
 ALTER TABLE docs ADD COLUMN zotero_library TEXT;    -- the Zotero library: "My Library", or a group's name
+ALTER TABLE docs ADD COLUMN zotero_group INTEGER;   -- a group library's id (its deep links name it), else NULL
 """
 
 
@@ -8407,9 +8408,11 @@ class SearchHit:
     score: float
 
 
-def zotero_link(item_key: str, page: int | None) -> str:
-    """Deep link that opens the attachment in Zotero's reader, at the page when known."""
-    return f"zotero://open-pdf/library/items/{item_key}" + (f"?page={page}" if page else "")
+def zotero_link(item_key: str, page: int | None, group: int | None = None) -> str:
+    """Deep link that opens the attachment in Zotero's reader, at the page when known; a group library's item is
+    named through its group."""
+    library = f"groups/{group}" if group else "library"
+    return f"zotero://open-pdf/{library}/items/{item_key}" + (f"?page={page}" if page else "")
 
 
 def _ocr_pages(coverage: str | None) -> set[int]:
@@ -8430,7 +8433,7 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
     rows = {row["id"]: row for row in lib.conn.execute(
         "SELECT c.id, c.doc_id, c.section, c.block, c.text, c.page, c.page_end, c.page_label, c.page_map, "
         "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels, d.zotero_key, "
-        "d.zotero_attachment_key, d.page_coverage FROM chunks c JOIN docs d ON d.id = c.doc_id "
+        "d.zotero_attachment_key, d.zotero_group, d.page_coverage FROM chunks c JOIN docs d ON d.id = c.doc_id "
         f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
     records = []
     for hit in hits:
@@ -8459,7 +8462,8 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
             records[-1]["ocr"] = True           # the passage's text was read from a picture of its page
         if row["zotero_key"]:
             records[-1]["zotero_key"] = row["zotero_key"]
-            records[-1]["zotero_link"] = zotero_link(row["zotero_attachment_key"] or row["zotero_key"], page)
+            records[-1]["zotero_link"] = zotero_link(row["zotero_attachment_key"] or row["zotero_key"], page,
+                                                     row["zotero_group"])
         if with_citations:
             records[-1]["citations"], records[-1]["citations_more"] = hit_citations(lib, row["id"], row["doc_id"])
             records[-1]["captions"] = hit_captions(lib, row["text"], row["doc_id"], row["id"])
@@ -10087,6 +10091,7 @@ class ZoteroAttachment:
     tags: list[str]
     annotations: list[dict]
     library: str = ZOTERO_USER_LIBRARY     # "My Library", or the group library's name
+    group: int | None = None               # the group library's id
 
     @property
     def file(self) -> str:
@@ -10312,7 +10317,7 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
         notes = annotations.get(row["itemID"], [])
         path, problem = _resolve_attachment(row["path"], row["linkMode"], row["key"], data_dir, base_dir)
         version = _zotero_signature(parents.get(owner), parents.get(row["itemID"]), data, notes,
-                                    collections.get(owner, []), tags.get(owner, []), libraries[row["libraryID"]])
+                                    collections.get(owner, []), tags.get(owner, []), libraries[row["libraryID"]][0])
         attachments.append(ZoteroAttachment(
             item_key=parents[owner]["key"] if owner in parents else row["key"], attachment_key=row["key"],
             attachment_id=row["itemID"], path=path, problem=problem, version=version,
@@ -10321,23 +10326,23 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
                   "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
                   "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None)},
             collections=sorted(set(collections.get(owner, []))), tags=sorted(set(tags.get(owner, []))),
-            annotations=notes, library=libraries[row["libraryID"]]))
+            annotations=notes, library=libraries[row["libraryID"]][0], group=libraries[row["libraryID"]][1]))
     return attachments
 
 
-def zotero_libraries(conn: sqlite3.Connection) -> dict[int, str]:
-    """libraryID -> the name a user knows it by: "My Library" for their own, the group's name for a group
-    library. Feeds (RSS items Zotero keeps apart) are no library of papers and are left out."""
+def zotero_libraries(conn: sqlite3.Connection) -> dict[int, tuple[str, int | None]]:
+    """libraryID -> (the name a user knows it by, the group's id): "My Library" for their own, the group's name
+    for a group library. Feeds (RSS items Zotero keeps apart) are no library of papers and are left out."""
     if not _zotero_table(conn, "libraries"):
-        return {1: ZOTERO_USER_LIBRARY}       # before Zotero 5 there was only the user's library
-    groups = dict(conn.execute("SELECT libraryID, name FROM groups").fetchall()) if _zotero_table(conn, "groups") \
-        else {}
-    names = {}
+        return {1: (ZOTERO_USER_LIBRARY, None)}       # before Zotero 5 there was only the user's library
+    groups = {library_id: (name, group_id) for group_id, library_id, name in
+              conn.execute("SELECT groupID, libraryID, name FROM groups")} if _zotero_table(conn, "groups") else {}
+    names: dict[int, tuple[str, int | None]] = {}
     for library_id, kind in conn.execute("SELECT libraryID, type FROM libraries"):
         if kind == "user":
-            names[library_id] = ZOTERO_USER_LIBRARY
+            names[library_id] = (ZOTERO_USER_LIBRARY, None)
         elif kind == "group":
-            names[library_id] = groups.get(library_id) or f"group library {library_id}"
+            names[library_id] = groups.get(library_id) or (f"group library {library_id}", None)
     return names
 
 
@@ -13629,7 +13634,7 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, for
                   "zotero_key": attachment.item_key, "zotero_attachment_key": attachment.attachment_key,
                   "zotero_version": attachment.version,
                   "collections": json.dumps(attachment.collections, ensure_ascii=False),
-                  "zotero_library": attachment.library,
+                  "zotero_library": attachment.library, "zotero_group": attachment.group,
                   "tags": json.dumps(attachment.tags, ensure_ascii=False)}
         authors = zotero.authors
         fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(zotero.title),

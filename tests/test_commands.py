@@ -260,14 +260,15 @@ def test_every_field_is_refused_with_the_wrong_type_before_anything_runs(kb_engi
 
 
 def test_a_library_of_the_previous_schema_is_brought_up_to_date_by_a_search(engine, tmp_path, sample_dir):
-    """A library written by the release before (schema 5: no docs.zotero_library) answers a search at once, and
-    is at this engine's schema afterwards, its documents untouched."""
+    """A library written by the release before (schema 5: no docs.zotero_library nor zotero_group) answers a
+    search at once, and is at this engine's schema afterwards, its documents untouched."""
     root = tmp_path / "kb"
     shutil.copy2(sample_dir / "graphene_cvd_copper.pdf", tmp_path / "graphene_cvd_copper.pdf")
     engine.execute("ingest", {"paths": [str(tmp_path / "graphene_cvd_copper.pdf")], "kb_root": str(root)})
     engine.close()
     con = sqlite3.connect(str(db_path(root)))
     con.execute("ALTER TABLE docs DROP COLUMN zotero_library")
+    con.execute("ALTER TABLE docs DROP COLUMN zotero_group")
     con.execute("PRAGMA user_version = 5")
     con.commit()
     con.close()

@@ -816,6 +816,7 @@ def test_group_libraries_are_told_apart_and_filtered(eng, zcopy, tmp_path):
                                   "filters": {"library": "catalysis lab"}})["results"]
     assert hits and {h["path"] for h in hits} == {str(zcopy.data_dir / "storage" / "GRPA7TT3" /
                                                       "photocatalysis_ligatures.pdf")}
+    assert hits[0]["zotero_link"].startswith("zotero://open-pdf/groups/4711/items/GRPA7TT3")
     mine = eng.execute("search", {"kb_root": str(root), "query": query, "mode": "keyword",
                                   "filters": {"library": ["My Library"]}})["results"]
     assert all("GRPA7TT3" not in h["path"] for h in mine)
