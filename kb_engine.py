@@ -1153,8 +1153,10 @@ class Library:
         return self.root / DB_FILENAME
 
     @classmethod
-    def open(cls, root: Path, writable: bool) -> "Library | None":
-        """Open the library; a read-only open of a missing library gives None."""
+    def open(cls, root: Path, writable: bool, migrate: bool = True) -> "Library | None":
+        """Open the library; a read-only open of a missing library gives None. A read-only open of a library of
+        an older schema migrates it first, unless ``migrate`` is False (the watcher never writes a library that
+        no command asked for)."""
         db_path = root / DB_FILENAME
         if not writable and not db_path.exists():
             return None
@@ -1190,6 +1192,8 @@ class Library:
             conn.close()
             if version == 0:
                 return None
+            if not migrate:
+                raise KBError("needs_migration", f"{db_path} uses schema {version}; any command migrates it")
             # a library written by an older engine: bring it to this schema (one short transaction), then read
             try:
                 cls.open(root, writable=True).close()   # type: ignore[union-attr]
@@ -13779,10 +13783,12 @@ def watched_source(raw: str, kb_root: Path) -> dict:
     return {**base, "kind": "folder", "mount": os.path.ismount(path)}
 
 
-def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_root: Path) -> tuple[list, list, list]:
+def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_root: Path,
+                   options: dict | None = None) -> tuple[list, list, list]:
     """(sources after the request, paths added, paths removed). A folder inside a watched one is already
     watched; a folder around watched ones takes their place (a Zotero library is a source of its own, wherever
-    it lies). Removing keeps the documents."""
+    it lies). Removing keeps the documents. ``options`` (ocr; base_dir for a Zotero source) go with each source
+    added."""
     removed = []
     for raw in remove:
         path = os.path.abspath(os.path.expanduser(raw))
@@ -13802,7 +13808,8 @@ def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_ro
             continue        # already watched, as itself or as part of a watched folder
         if source["kind"] == "folder":
             sources = [s for s in sources if s.get("kind", "folder") != "folder" or not _inside(s["path"], path)]
-        sources.append(source)
+        kept = {k: v for k, v in (options or {}).items() if v and (k != "base_dir" or source["kind"] == "zotero")}
+        sources.append({**source, "options": kept} if kept else source)
         added.append(path)
     return sources, added, removed
 
@@ -14037,7 +14044,7 @@ class FileEvents:
         if self.observer is not None:
             try:
                 self.observer.stop()
-                self.observer.join(2)
+                self.observer.join(1)
             except Exception:
                 pass
             self.observer = None
@@ -14058,7 +14065,9 @@ class Watcher:
         self.ticking = threading.Lock()
         self.wake = threading.Event()
         self.poked: dict[str, float] = {}
-        self.events = FileEvents(self._poke) if events and os.environ.get("KB_WATCH_EVENTS", "1") != "0" else None
+        # file events start with the first watched source: a daemon whose libraries watch nothing runs no observer
+        self.want_events = events and os.environ.get("KB_WATCH_EVENTS", "1") != "0"
+        self.events: FileEvents | None = None
         self.thread: Any = None
         self.stopping = False
         self.beats: dict[Path, tuple[float, str]] = {}
@@ -14087,9 +14096,12 @@ class Watcher:
                 if job is not None:
                     started.append(job)
                 self._beat(root)
+            online = {path for folders in self.libraries.values() for path, watch in folders.items()
+                      if watch.state != "offline"}
+            if online and self.events is None and self.want_events:
+                self.events = FileEvents(self._poke)
             if self.events is not None:
-                self.events.follow({path for folders in self.libraries.values() for path, watch in folders.items()
-                                    if watch.state != "offline"})
+                self.events.follow(online)
         return started
 
     def _tick_library(self, root: Path) -> dict | None:
@@ -14101,7 +14113,7 @@ class Watcher:
                 and now - self.listed.get(root, -math.inf) < WATCH_LIST_S:
             return None         # nothing due: the library is not even opened (an idle round costs next to nothing)
         self.listed[root] = now
-        lib = Library.open(root, writable=False)
+        lib = Library.open(root, writable=False, migrate=False)
         if lib is None:
             folders.clear()
             return None
@@ -14296,7 +14308,8 @@ def source_views(lib: Library | None, root: Path, live: dict[str, dict] | None =
     for source in sources:
         state = states.get(source["path"])
         view = {"path": source["path"], "kind": source.get("kind", "folder"), "added": source.get("added"),
-                "last_sync": source.get("last_sync"), "last_changes": source.get("last_changes")}
+                "options": source.get("options") or {}, "last_sync": source.get("last_sync"),
+                "last_changes": source.get("last_changes")}
         if state is None:
             view.update(state="not_watched", reason="no resident engine is running")
         else:
@@ -14333,6 +14346,14 @@ WATCH_FIELDS = (
     Field("remove", "array of strings, or one string", "none",
           "watched folders to stop watching; their documents stay in the library (`delete` removes them)",
           cli=(Flag(("--remove",), "stop watching these folders", {"nargs": "+", "metavar": "FOLDER"}),)),
+    Field("ocr", "string", "`KB_OCR` when the sync runs",
+          "with `add`: OCR of the sources' PDFs, as `ingest` takes it (`auto`, `off`, `force`); kept with each source "
+          "added and used by every sync of it",
+          cli=(Flag(("--ocr",), "with --add: OCR of their PDFs: auto, off, force", {"choices": OCR_MODES}),)),
+    Field("base_dir", "string", "found",
+          "with `add` of a Zotero data folder: Zotero's linked attachment base directory, as `zotero` takes it; kept "
+          "with the source",
+          cli=(Flag(("--base-dir",), "with --add of a Zotero data folder: its linked attachment base directory"),)),
     KB_ROOT_FIELD,
 )
 
@@ -14345,11 +14366,16 @@ def _path_list(payload: dict, key: str) -> list[str]:
 def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher | None) -> dict:
     """Add, remove or list the library's watched folders."""
     add, remove = _path_list(payload, "add"), _path_list(payload, "remove")
+    options = {"ocr": _opt_str(payload, "ocr"), "base_dir": _opt_str(payload, "base_dir")}
+    if options["ocr"] is not None:
+        ocr_mode(options["ocr"])               # a bad value is refused before anything is stored
+    if options["base_dir"]:
+        options["base_dir"] = os.path.abspath(os.path.expanduser(options["base_dir"]))
     added: list[str] = []
     removed: list[str] = []
     if add or remove:
         target = written_library(lib)
-        sources, added, removed = change_sources(read_sources(target), add, remove, root)
+        sources, added, removed = change_sources(read_sources(target), add, remove, root, options)
         write_sources(target, sources)
     if watcher is not None:
         watcher.track(root)
@@ -14442,16 +14468,24 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
               and os.path.isfile(p)]        # only inside watched folders; one gone since is the next scan's
     total = len(ingest) + len(remove)
 
-    def shifted(event: dict) -> None:         # the ingest's file events, counted out of the whole job
+    offset = 0
+
+    def shifted(event: dict) -> None:         # the ingests' file events, counted out of the whole job
         if progress is not None:
-            progress({**event, "total": total} if event.get("phase") == "files" else event)
+            progress({**event, "done": offset + int(event.get("done") or 0), "total": total}
+                     if event.get("phase") == "files" else event)
 
     entries: list[dict] = []
     notes, errors = [], []
-    if ingest:
-        response = cmd_ingest(lib, {"paths": ingest}, shifted, models, own_process)
+    by_ocr: dict[str | None, list[str]] = {}       # each file read with its folder's OCR setting
+    for path in ingest:
+        owner = next((s for s in sources if s.get("kind", "folder") == "folder" and _inside(path, s["path"])), {})
+        by_ocr.setdefault((owner.get("options") or {}).get("ocr"), []).append(path)
+    for ocr, paths in by_ocr.items():
+        response = cmd_ingest(lib, {"paths": paths, "ocr": ocr}, shifted, models, own_process)
         entries += response["files"]
         notes += [response["note"]] if response.get("note") else []
+        offset += len(paths)
     removed = []
     online = _online_folders(lib, sources) if remove else []
     for done, stored_path in enumerate(remove, start=len(ingest) + 1):
@@ -14491,7 +14525,7 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     sync. (The import's entries, the paths removed.) The database's signature is taken before its snapshot, so
     a change made while this runs brings another sync."""
     signature = zotero_signature(scan_zotero(source["path"]))
-    request = {"zotero_db": source["db"]}
+    request = {"zotero_db": source["db"], **(source.get("options") or {})}
     read = read_zotero_request(request)
     files_now = {a.attachment_key: path_key(a.file) for a in read[1] if a.path is not None}
     keys_now = {attachment.attachment_key for attachment in read[1]}

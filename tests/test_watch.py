@@ -244,8 +244,11 @@ def test_watched_folders_persist_and_are_validated(daemon_factory, tmp_path, kb_
     bad = daemon.call("watch", {"add": [str(tmp_path / "nowhere")]})
     assert not bad["ok"] and bad["code"] == "bad_request" and "does not exist" in bad["error"]
     daemon.ok("watch", {"add": [str(folder / "inner")]})
-    around = daemon.ok("watch", {"add": [str(folder)]})          # takes the inner folder's place
+    odd = daemon.call("watch", {"add": [str(folder)], "ocr": "sideways"})
+    assert not odd["ok"] and odd["code"] == "bad_request" and "sideways" in odd["error"]
+    around = daemon.ok("watch", {"add": [str(folder)], "ocr": "off"})     # takes the inner folder's place
     assert [s["path"] for s in around["sources"]] == [str(folder)]
+    assert around["sources"][0]["options"] == {"ocr": "off"}
     assert daemon.ok("watch", {"add": [str(folder / "inner")]})["added"] == []
     daemon.close()
 
@@ -411,3 +414,23 @@ def found_in(kb_root: Path, query: str, name: str) -> bool:
     done = subprocess.run([sys.executable, str(ENGINE), "search", "--kb-root", str(kb_root), query, "--mode",
                            "keyword", "--json"], capture_output=True, text=True, env=clean_env(), timeout=120)
     return any(Path(hit["path"]).name == name for hit in json.loads(done.stdout)["results"])
+
+
+@needs_zotero
+def test_zotero_source_keeps_the_options_of_zotero(kb_engine, tmp_path, monkeypatch):
+    """A Zotero source added with `base_dir` keeps it: every sync resolves `attachments:` paths against it, as
+    `zotero {base_dir}` does (without it the attachment is missing)."""
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    kb = str(tmp_path / "kb")
+    engine = kb_engine.Engine()
+    try:
+        added = engine.execute("watch", {"kb_root": kb, "add": [str(lib.data_dir)], "base_dir": str(lib.base_dir)})
+        assert added["sources"][0]["kind"] == "zotero"
+        assert added["sources"][0]["options"] == {"base_dir": str(lib.base_dir)}
+        synced = engine.execute("sync", {"kb_root": kb})
+        g = lib.entries["G"]
+        entry = next(e for e in synced["files"] if e.get("attachment_key") == g.attachment_key)
+        assert entry["status"] == "added" and Path(entry["path"]) == g.path, entry
+    finally:
+        engine.close()
