@@ -13760,8 +13760,18 @@ def read_sources(lib: Library) -> list[dict]:
 
 
 def write_sources(lib: Library, sources: list[dict]) -> None:
+    """Store the source list (inside the caller's transaction, which read it)."""
+    lib.set_meta(SOURCES_META_KEY, json.dumps(sources, ensure_ascii=False, allow_nan=False))
+
+
+def update_sources(lib: Library, paths: set[str], **fields) -> None:
+    """Set fields of these sources, in one transaction (read, change, store)."""
     with lib.transaction():
-        lib.set_meta(SOURCES_META_KEY, json.dumps(sources, ensure_ascii=False, allow_nan=False))
+        sources = read_sources(lib)
+        for source in sources:
+            if source["path"] in paths:
+                source.update(fields)
+        write_sources(lib, sources)
 
 
 def watched_source(raw: str, kb_root: Path) -> dict:
@@ -14106,12 +14116,12 @@ class Watcher:
 
     def _tick_library(self, root: Path) -> dict | None:
         folders = self.libraries[root]
+        now = time.monotonic()
+        if (root not in self.jobs and not any(w.state == "syncing" or self._due(w, peek=True) for w in folders.values())
+                and now - self.listed.get(root, -math.inf) < WATCH_LIST_S):
+            return None         # nothing due and no job to follow: an idle round reads no file at all
         if self._job_running(root, folders):
             return None         # its files are in flight; look again once it is done
-        now = time.monotonic()
-        if not any(self._due(w, peek=True) for w in folders.values()) \
-                and now - self.listed.get(root, -math.inf) < WATCH_LIST_S:
-            return None         # nothing due: the library is not even opened (an idle round costs next to nothing)
         self.listed[root] = now
         lib = Library.open(root, writable=False, migrate=False)
         if lib is None:
@@ -14375,8 +14385,9 @@ def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher |
     removed: list[str] = []
     if add or remove:
         target = written_library(lib)
-        sources, added, removed = change_sources(read_sources(target), add, remove, root, options)
-        write_sources(target, sources)
+        with target.transaction():
+            sources, added, removed = change_sources(read_sources(target), add, remove, root, options)
+            write_sources(target, sources)
     if watcher is not None:
         watcher.track(root)
         if added or removed:
@@ -14508,7 +14519,8 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
     counted = [e for e in entries if e["status"] != "missing"]
     changes = {status: sum(e["status"] == status for e in counted) for status in SYNC_COUNTS[:-1]}
     changes["removed"] = len(removed)
-    _record_sync(lib, changes, {s["path"] for s in sources if s["path"] in zotero or s.get("kind") != "zotero"})
+    update_sources(lib, {s["path"] for s in sources if s["path"] in zotero or s.get("kind") != "zotero"},
+                   last_sync=now_iso(), last_changes=changes)
     totals = {**changes, "files": total, "vectors_missing": lib.count_missing_vectors()}
     result: dict[str, Any] = {"files": entries, "removed": removed, "totals": totals, "kb_root": str(lib.root)}
     if errors:
@@ -14551,67 +14563,8 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     response = cmd_zotero(lib, request, progress, models, own_process, read)
     with lib.transaction():
         lib.set_meta(meta_key, json.dumps({key: files_now.get(key) for key in sorted(keys_now)}, ensure_ascii=False))
-        sources = read_sources(lib)
-        for stored in sources:
-            if stored["path"] == source["path"]:
-                stored["zotero_signature"] = signature
-        lib.set_meta(SOURCES_META_KEY, json.dumps(sources, ensure_ascii=False, allow_nan=False))
+    update_sources(lib, {source["path"]}, zotero_signature=signature)
     return [{**e, "path": e.get("path") or e["attachment_key"]} for e in response["items"]], removed
-
-
-def _record_sync(lib: Library, changes: dict, paths: set[str]) -> None:
-    """The last sync of these sources and what it changed, kept with the sources."""
-    with lib.transaction():
-        sources = read_sources(lib)
-        for source in sources:
-            if source["path"] in paths:
-                source.update(last_sync=now_iso(), last_changes=changes)
-        lib.set_meta(SOURCES_META_KEY, json.dumps(sources, ensure_ascii=False, allow_nan=False))
-
-
-def watch_in_foreground(root: Path, bar_for: Callable[[], Any]) -> int:
-    """``kb-engine watch``: keep the library's folders in step until interrupted, a line per sync."""
-    watcher = Watcher()
-    watcher.track(root)
-    try:
-        jobs = watcher.tick()
-        folders = watcher.views(root)
-        if not folders:
-            print(f"no watched folders in {root}: add one with kb-engine watch --add FOLDER", file=sys.stderr)
-            return 1
-        events = watcher.events is not None and watcher.events.available
-        print(f"watching {len(folders)} folder(s) of {root}" + ("" if events else f"; {WATCH_EVENTS_NOTE}")
-              + "; Ctrl-C stops", flush=True)
-        while True:
-            for job in jobs:
-                finished = follow_job_file(root, job["job_id"], bar_for())
-                totals = (finished.get("result") or {}).get("totals") or {}
-                counts = ", ".join(f"{v} {k}" for k, v in totals.items() if v and k in SYNC_COUNTS)
-                print(f"{now_iso()}  sync {finished['state']}: {counts or 'nothing changed'}", flush=True)
-            watcher.wake.wait(watcher.sleep_s())
-            watcher.wake.clear()
-            jobs = watcher.tick()
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        watcher.stop()
-
-
-def follow_job_file(root: Path, job_id: str, bar, poll_s: float = 0.3) -> dict:
-    """Wait for a job of the library to end, drawing it on ``bar``; its last state."""
-    store = JobStore(root)
-    while True:
-        job = store.read(job_id)
-        if job is None:
-            return {"state": "gone"}
-        job = store.checked(job)
-        if bar is not None:
-            bar.draw(job)
-        if job["state"] not in JOB_ACTIVE_STATES:
-            if bar is not None:
-                bar.close()
-            return job
-        time.sleep(poll_s)
 
 
 # =============================================================================
@@ -15553,6 +15506,35 @@ def follow_job(engine: "Engine", payload: dict, bar: ProgressBar | None, poll_s:
         time.sleep(poll_s)
 
 
+def watch_in_foreground(engine: Engine, root: Path, bar_for: Callable[[], Any]) -> int:
+    """``kb-engine watch``: keep the library's folders in step until interrupted, a line per sync (each followed
+    with the progress bar as ``status --follow`` follows a job)."""
+    watcher = Watcher()
+    watcher.track(root)
+    try:
+        jobs = watcher.tick()
+        folders = watcher.views(root)
+        if not folders:
+            print(f"no watched folders in {root}: add one with kb-engine watch --add FOLDER", file=sys.stderr)
+            return 1
+        events = watcher.events is not None and watcher.events.available
+        print(f"watching {len(folders)} folder(s) of {root}" + ("" if events else f"; {WATCH_EVENTS_NOTE}")
+              + "; Ctrl-C stops", flush=True)
+        while True:
+            for job in jobs:
+                finished = follow_job(engine, {"kb_root": str(root), "job_id": job["job_id"]}, bar_for())["job"]
+                totals = (finished.get("result") or {}).get("totals") or {}
+                counts = ", ".join(f"{v} {k}" for k, v in totals.items() if v and k in SYNC_COUNTS)
+                print(f"{now_iso()}  sync {finished['state']}: {counts or 'nothing changed'}", flush=True)
+            watcher.wake.wait(watcher.sleep_s())
+            watcher.wake.clear()
+            jobs = watcher.tick()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        watcher.stop()
+
+
 def _print_ingest(response: dict) -> None:
     for entry in response["files"]:
         if entry["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED):
@@ -15829,7 +15811,7 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     if command.name == "status":                    # lists, shows, cancels or follows: its own flow
         return _human_status(args, library, engine)
     if command.name == "watch" and not (args.add or args.remove or args.list or args.json):
-        return watch_in_foreground(_kb_root(library), lambda: _terminal_progress(args))
+        return watch_in_foreground(engine, _kb_root(library), lambda: _terminal_progress(args))
     payload = {**cli_payload(command, args), **library}
     problem = _missing_one_of(command, payload)
     if problem:

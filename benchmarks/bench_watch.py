@@ -22,18 +22,16 @@ import argparse
 import importlib.util
 import json
 import os
-import queue
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO_ROOT, engine, record  # noqa: E402
+from common import REPO_ROOT, ServeProcess, engine, record  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 import sample_papers  # noqa: E402
@@ -57,40 +55,6 @@ def notes(folder: Path, count: int) -> None:
                                              f"bars; {i % 97} chicks fledged.\n", encoding="utf-8")
 
 
-class Daemon:
-    def __init__(self, kb_root: Path, env: dict):
-        self.kb_root = kb_root
-        self.proc = subprocess.Popen([sys.executable, str(ENGINE), "serve"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self.replies: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.next_id = 0
-
-    def _read(self) -> None:
-        for raw in self.proc.stdout:
-            line = json.loads(raw)
-            if line.get("event") != "progress":
-                self.replies.put(line)
-
-    def call(self, command: str, payload: dict | None = None) -> dict:
-        self.next_id += 1
-        line = {"id": self.next_id, "command": command, "payload": {"kb_root": str(self.kb_root), **(payload or {})}}
-        self.proc.stdin.write((json.dumps(line) + "\n").encode())
-        self.proc.stdin.flush()
-        reply = self.replies.get(timeout=600)
-        if not reply.get("ok"):
-            raise RuntimeError(f"{command}: {reply}")
-        return reply["response"]
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")     # utime + stime
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
-
-
 def jobs_idle(kb_root: Path) -> bool:
     folder = kb_root / ".kb-jobs"
     for path in folder.glob("*.json") if folder.is_dir() else ():
@@ -100,17 +64,17 @@ def jobs_idle(kb_root: Path) -> bool:
 
 
 def measure(mode: str, folder: Path, kb_root: Path, idle_s: float, papers: int, env: dict) -> dict:
-    daemon = Daemon(kb_root, {**env, "KB_WATCH_EVENTS": "1" if mode == "events" else "0"})
+    daemon = ServeProcess(kb_root, {**env, "KB_WATCH_EVENTS": "1" if mode == "events" else "0"})
     try:
-        listed = daemon.call("watch")
+        listed = daemon.ok("watch")
         time.sleep(5)                       # the first scan and, with events, the watches are set up
-        source = daemon.call("watch")["sources"][0]
+        source = daemon.ok("watch")["sources"][0]
         assert source["pending"] == 0, source
         before, started = daemon.cpu_seconds(), time.monotonic()
         time.sleep(idle_s)
         cpu = daemon.cpu_seconds() - before
         minutes = (time.monotonic() - started) / 60
-        source = daemon.call("watch")["sources"][0]
+        source = daemon.ok("watch")["sources"][0]
         delays = []
         with tempfile.TemporaryDirectory() as staging:
             for maker in PAPERS[:papers]:
@@ -120,7 +84,7 @@ def measure(mode: str, folder: Path, kb_root: Path, idle_s: float, papers: int, 
                 shutil.copy(paper, target)
                 query = QUERIES[paper.name]
                 while not any(Path(hit["path"]).name == target.name for hit in
-                              daemon.call("search", {"query": query, "mode": "keyword", "top_k": 20})["results"]):
+                              daemon.ok("search", {"query": query, "mode": "keyword", "top_k": 20})["results"]):
                     if time.monotonic() - landed > 120:
                         raise RuntimeError(f"{target.name} not found within 120 s")
                     time.sleep(0.1)

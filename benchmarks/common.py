@@ -120,3 +120,62 @@ def recorded(name: str, results_dir: Path = RESULTS_DIR) -> dict | None:
     """A recorded result, or None when the benchmark has not been recorded."""
     path = results_dir / f"{name}.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+class ServeProcess:
+    """A resident `kb_engine.py serve` driven over its JSON lines, one request at a time, for the benchmarks and
+    tests that need a real daemon (bench_watch, tests/test_watch.py): ``call`` sends a request for ``kb_root``
+    and returns its reply line (progress events are read past). Started in a session of its own, so ``kill``
+    reaches it and nothing else."""
+
+    def __init__(self, kb_root: Path, env: dict):
+        import queue
+        import threading
+        self.kb_root = kb_root
+        self.proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "kb_engine.py"), "serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env, start_new_session=True)
+        self.replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.next_id = 0
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            line = json.loads(raw)
+            if line.get("event") != "progress":
+                self.replies.put(line)
+
+    def call(self, command: str, payload: dict | None = None, timeout: float = 600) -> dict:
+        self.next_id += 1
+        line = {"id": self.next_id, "command": command, "payload": {"kb_root": str(self.kb_root), **(payload or {})}}
+        self.proc.stdin.write((json.dumps(line) + "\n").encode())
+        self.proc.stdin.flush()
+        reply = self.replies.get(timeout=timeout)
+        assert reply["id"] == self.next_id, reply
+        return reply
+
+    def ok(self, command: str, payload: dict | None = None) -> dict:
+        """The response of a request that must succeed."""
+        reply = self.call(command, payload)
+        if not reply.get("ok"):
+            raise RuntimeError(f"{command}: {reply}")
+        return reply["response"]
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time the daemon has used (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self, timeout: float = 60) -> None:
+        """End of input: the daemon stops; killed when it does not within ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        import signal
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)

@@ -8,76 +8,31 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import queue
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import zotero_fixture as zf
-from helpers import ENGINE, clean_env, db_rows, sp, use_minilm
+from helpers import ENGINE, ROOT, clean_env, db_rows, sp, use_minilm
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ServeProcess  # noqa: E402   (a serve daemon driven over JSON lines, shared with bench_watch)
 
 FAST = {"KB_WATCH_SETTLE_S": "1", "KB_WATCH_GRACE_S": "3", "KB_WATCH_SCAN_S": "0.5", "KB_ASYNC_THRESHOLD": "1000"}
-
-
-class Daemon:
-    """`kb_engine.py serve` driven over its JSON lines: call() sends one request and returns its reply."""
-
-    def __init__(self, kb_root: Path, **env):
-        self.kb_root = kb_root
-        self.proc = subprocess.Popen([sys.executable, str(ENGINE), "serve"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=clean_env(**{**FAST, **env}), start_new_session=True)
-        self.replies: queue.Queue = queue.Queue()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        self.next_id = 0
-
-    def _read(self) -> None:
-        for raw in self.proc.stdout:
-            line = json.loads(raw)
-            if line.get("event") != "progress":
-                self.replies.put(line)
-
-    def call(self, command: str, payload: dict | None = None, timeout: float = 120) -> dict:
-        self.next_id += 1
-        request = {"id": self.next_id, "command": command, "payload": {"kb_root": str(self.kb_root), **(payload or {})}}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
-        reply = self.replies.get(timeout=timeout)
-        assert reply["id"] == self.next_id
-        return reply
-
-    def ok(self, command: str, payload: dict | None = None) -> dict:
-        reply = self.call(command, payload)
-        assert reply["ok"], reply
-        return reply["response"]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
 
 
 @pytest.fixture
 def daemon_factory(tmp_path):
     started = []
 
-    def start(**env) -> Daemon:
-        daemon = Daemon(tmp_path / "kb", **env)
+    def start(**env) -> ServeProcess:
+        daemon = ServeProcess(tmp_path / "kb", clean_env(**{**FAST, **env}))
         started.append(daemon)
         return daemon
 
@@ -110,7 +65,7 @@ def docs(kb_root: Path) -> dict[str, tuple]:
     return {r[0]: tuple(r[1:]) for r in db_rows(kb_root, "SELECT path, id, status, chunk_count FROM docs")}
 
 
-def found(daemon: Daemon, query: str, name: str) -> bool:
+def found(daemon: ServeProcess, query: str, name: str) -> bool:
     reply = daemon.ok("search", {"query": query, "mode": "keyword", "top_k": 10})
     return any(Path(hit["path"]).name == name for hit in reply["results"])
 
@@ -129,7 +84,7 @@ def sync_jobs(kb_root: Path) -> list[dict]:
     return sorted((j for j in jobs if j["command"] == "sync"), key=lambda j: j["created"])
 
 
-def source_state(daemon: Daemon) -> dict:
+def source_state(daemon: ServeProcess) -> dict:
     return daemon.ok("watch")["sources"][0]
 
 
