@@ -45,6 +45,7 @@ Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 from __future__ import annotations
 
 import argparse
+import calendar
 import functools
 import hashlib
 import html
@@ -317,6 +318,11 @@ ENVIRONMENT_VARIABLES = (
            "`2`, `60`",
            "seconds between two scans of a watched folder without file events (longer for a large folder: scans "
            "take at most 2% of a core), and with them (events can be lost)"),
+    EnvVar("KB_ZOTERO_FULL_S",
+           "`21600`",
+           "a sync of a watched Zotero library reads only the attachments saved since the last one (Zotero's "
+           "clientDateModified and versions) and those whose collections, tags, annotations or file changed; every "
+           "this many seconds it reads them all (`0`: always)"),
     EnvVar("KB_WATCH_EVENTS",
            "`1`",
            "`0` turns file-system events off: watched folders are scanned every `KB_WATCH_SCAN_S` instead (for "
@@ -10204,12 +10210,12 @@ def _resolve_attachment(raw_path: str | None, link_mode: int, key: str, data_dir
     """(file path, None) or (None, reason) for an attachment's stored path."""
     if not raw_path:
         return None, "no_file"
-    if raw_path.startswith("storage:"):
-        return str(data_dir / "storage" / key / raw_path[len("storage:"):]), None
+    if raw_path.startswith("storage:"):     # (os.path, not pathlib: a sync resolves every attachment's path)
+        return os.path.normpath(os.path.join(data_dir, "storage", key, raw_path[len("storage:"):])), None
     if raw_path.startswith("attachments:"):
         if base_dir is None:
             return None, "base_directory_unknown"
-        return str(base_dir / raw_path[len("attachments:"):]), None
+        return os.path.normpath(os.path.join(base_dir, raw_path[len("attachments:"):])), None
     if link_mode == 3:        # a web link: no file
         return None, "web_link"
     return raw_path, None
@@ -10228,8 +10234,7 @@ def _zotero_fields(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, d
     return values
 
 
-def _zotero_authors(conn: sqlite3.Connection, item_id: int) -> list[str]:
-    types_table = _zotero_table(conn, "creatorTypes")
+def _zotero_authors(conn: sqlite3.Connection, item_id: int, types_table: str) -> list[str]:
     rows = conn.execute(
         "SELECT c.firstName, c.lastName, t.creatorType FROM itemCreators ic "
         "JOIN creators c ON c.creatorID = ic.creatorID "
@@ -10295,8 +10300,35 @@ def _zotero_year(date: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path | None) -> list[ZoteroAttachment]:
-    """Every file attachment of a live (not trashed) item, with its parent's metadata."""
+@dataclass
+class ZoteroCatalog:
+    """What whole-table queries tell of a Zotero library, without a query per item: its live file attachments
+    (``rows``: not trashed, of a kind the engine indexes, in a library of papers) and what their signatures and
+    digests are made of besides each item's fields and authors."""
+    rows: list[sqlite3.Row]                       # itemAttachments joined with items: itemID, key, path, ...
+    libraries: dict[int, tuple[str, int | None]]
+    items: dict[int, sqlite3.Row]                 # itemID -> key, version, modified (every item)
+    collections: dict[int, list[str]]
+    tags: dict[int, list[str]]
+    annotations: dict[int, list[dict]]
+    n_collections: int
+
+    def owner(self, row: sqlite3.Row) -> int:
+        """The item whose metadata an attachment carries: its parent, or itself when it stands alone."""
+        return row["parentItemID"] or row["itemID"]
+
+    def digest(self, row: sqlite3.Row) -> str:
+        """What an attachment's import takes from beyond its own and its parent's items: collections, tags,
+        annotation keys, library name, stored path. A renamed collection, an erased annotation or a file renamed
+        by Zotero changes it while no item's clientDateModified moves."""
+        owner = self.owner(row)
+        parts = [self.items[owner]["key"] if owner in self.items else None, sorted(self.collections.get(owner, [])),
+                 sorted(self.tags.get(owner, [])), [n["key"] for n in self.annotations.get(row["itemID"], [])],
+                 self.libraries[row["libraryID"]][0], row["path"]]
+        return hashlib.sha1(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def read_zotero_catalog(conn: sqlite3.Connection) -> ZoteroCatalog:
     types_table = _zotero_table(conn, "itemTypesCombined", "itemTypes")
     trashed = {r[0] for r in conn.execute("SELECT itemID FROM deletedItems")} if _zotero_table(conn, "deletedItems") \
         else set()
@@ -10307,31 +10339,47 @@ def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path
         "ORDER BY a.itemID").fetchall()
     libraries = zotero_libraries(conn)
     client = "clientDateModified" if _zotero_column(conn, "items", "clientDateModified") else "NULL"
-    parents = {r["itemID"]: r for r in conn.execute(
+    items = {r["itemID"]: r for r in conn.execute(
         f"SELECT itemID, key, version, dateModified || '|' || COALESCE({client}, '') AS modified FROM items")}
     wanted = [r for r in rows if r["itemID"] not in trashed and r["parentItemID"] not in trashed
               and _zotero_file_kind(r["contentType"], r["path"]) and r["libraryID"] in libraries]
-    fields = _zotero_fields(conn, list({r["parentItemID"] or r["itemID"] for r in wanted}))
-    collections, tags = _zotero_collections(conn), _zotero_tags(conn)
-    annotations = _zotero_annotations(conn, trashed)
+    n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
+        if _zotero_table(conn, "collections") else 0
+    return ZoteroCatalog(wanted, libraries, items, _zotero_collections(conn), _zotero_tags(conn),
+                         _zotero_annotations(conn, trashed), n_collections)
+
+
+def zotero_attachments(conn: sqlite3.Connection, catalog: ZoteroCatalog, data_dir: Path, base_dir: Path | None,
+                       rows: list[sqlite3.Row] | None = None) -> list[ZoteroAttachment]:
+    """The catalog's attachments (or those of ``rows``), each with its parent's metadata and its signature."""
+    rows = catalog.rows if rows is None else rows
+    fields = _zotero_fields(conn, list({catalog.owner(r) for r in rows}))
+    creator_types = _zotero_table(conn, "creatorTypes") or "creatorTypes"
     attachments = []
-    for row in wanted:
-        owner = row["parentItemID"] or row["itemID"]
+    for row in rows:
+        owner = catalog.owner(row)
         data = fields.get(owner, {})
-        notes = annotations.get(row["itemID"], [])
+        notes = catalog.annotations.get(row["itemID"], [])
+        collections, tags = catalog.collections.get(owner, []), catalog.tags.get(owner, [])
+        library, group = catalog.libraries[row["libraryID"]]
         path, problem = _resolve_attachment(row["path"], row["linkMode"], row["key"], data_dir, base_dir)
-        version = _zotero_signature(parents.get(owner), parents.get(row["itemID"]), data, notes,
-                                    collections.get(owner, []), tags.get(owner, []), libraries[row["libraryID"]][0])
+        version = _zotero_signature(catalog.items.get(owner), catalog.items.get(row["itemID"]), data, notes,
+                                    collections, tags, library)
         attachments.append(ZoteroAttachment(
-            item_key=parents[owner]["key"] if owner in parents else row["key"], attachment_key=row["key"],
-            attachment_id=row["itemID"], path=path, problem=problem, version=version,
-            meta={"title": data.get("title"), "authors": _zotero_authors(conn, owner),
+            item_key=catalog.items[owner]["key"] if owner in catalog.items else row["key"],
+            attachment_key=row["key"], attachment_id=row["itemID"], path=path, problem=problem, version=version,
+            meta={"title": data.get("title"), "authors": _zotero_authors(conn, owner, creator_types),
                   "year": _zotero_year(data.get("date")),
                   "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
                   "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None)},
-            collections=sorted(set(collections.get(owner, []))), tags=sorted(set(tags.get(owner, []))),
-            annotations=notes, library=libraries[row["libraryID"]][0], group=libraries[row["libraryID"]][1]))
+            collections=sorted(set(collections)), tags=sorted(set(tags)), annotations=notes, library=library,
+            group=group))
     return attachments
+
+
+def read_zotero_library(conn: sqlite3.Connection, data_dir: Path, base_dir: Path | None) -> list[ZoteroAttachment]:
+    """Every file attachment of a live (not trashed) item, with its parent's metadata."""
+    return zotero_attachments(conn, read_zotero_catalog(conn), data_dir, base_dir)
 
 
 def zotero_libraries(conn: sqlite3.Connection) -> dict[int, tuple[str, int | None]]:
@@ -10354,6 +10402,44 @@ def _zotero_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
     return any(r[1] == column for r in conn.execute(f"PRAGMA table_info({table})"))
 
 
+# Zotero stamps every save of an item with clientDateModified (its transaction's time, UTC, to the second) and
+# every sync with a higher version: a sync of a watched library reads again only the attachments saved since the
+# last one, their parents' and annotations' saves included. Changes that save no item (a collection renamed, an
+# annotation erased, a file renamed by Zotero) show in each attachment's digest (ZoteroCatalog.digest).
+ZOTERO_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+ZOTERO_MARK_SLACK_S = 60     # saves stamped up to this long before the mark are read again (a clock set back
+                             # a little; Zotero runs one transaction at a time, so saves are stamped in order)
+
+
+def zotero_mark(conn: sqlite3.Connection) -> dict | None:
+    """Where a library's history stands in this snapshot: its latest clientDateModified and the highest version
+    in each of its libraries. None for a schema without clientDateModified (Zotero 4): each sync reads it all."""
+    if not _zotero_column(conn, "items", "clientDateModified"):
+        return None
+    latest = conn.execute("SELECT MAX(clientDateModified) FROM items").fetchone()[0]
+    versions = {str(library): version or 0 for library, version in
+                conn.execute("SELECT libraryID, MAX(version) FROM items GROUP BY libraryID")}
+    return {"modified": latest or "", "versions": versions}
+
+
+def zotero_touched(conn: sqlite3.Connection, mark: dict) -> set[int] | None:
+    """The items saved since ``mark`` (zotero_mark of an earlier snapshot), and the attachments whose annotations
+    were; None when the mark is unreadable (the caller then reads everything)."""
+    try:
+        latest = calendar.timegm(time.strptime(mark["modified"], ZOTERO_TIME_FORMAT))
+        versions = [(int(library), int(version)) for library, version in mark["versions"].items()]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    since = time.strftime(ZOTERO_TIME_FORMAT, time.gmtime(latest - ZOTERO_MARK_SLACK_S))
+    where = " OR ".join(["i.clientDateModified >= ?"] + ["(i.libraryID = ? AND i.version > ?)"] * len(versions))
+    params = [since, *(value for pair in versions for value in pair)]
+    touched = {r[0] for r in conn.execute(f"SELECT i.itemID FROM items i WHERE {where}", params)}
+    if _zotero_table(conn, "itemAnnotations"):
+        touched |= {r[0] for r in conn.execute("SELECT a.parentItemID FROM itemAnnotations a JOIN items i ON "
+                                               f"i.itemID = a.itemID WHERE {where}", params)}
+    return touched
+
+
 def _zotero_signature(parent, attachment, fields: dict, notes: list[dict], collections: list[str],
                       tags: list[str], library: str) -> int:
     """A number that changes whenever anything imported from this attachment changes in Zotero.
@@ -10371,7 +10457,7 @@ def _zotero_signature(parent, attachment, fields: dict, notes: list[dict], colle
 
 def _zotero_file_kind(content_type: str | None, path: str | None) -> str | None:
     """The suffix of an attachment the engine can index (HTML snapshots and web links are not)."""
-    suffix = Path(path or "").suffix.lower()
+    suffix = os.path.splitext(path or "")[1].lower()
     if suffix in SUPPORTED_SUFFIXES:
         return suffix
     return ZOTERO_ATTACHMENT_TYPES.get((content_type or "").lower())
@@ -13674,30 +13760,41 @@ def read_zotero_request(payload: dict) -> tuple[Path, list[ZoteroAttachment], in
     limit = _opt_int(payload, "limit", 0, 0, 10**7)
     base_dir = zotero_base_directory(db.parent, _opt_str(payload, "base_dir"))
     with ZoteroSnapshot(db) as conn:
-        attachments = read_zotero_library(conn, db.parent, base_dir)
-        n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
-            if _zotero_table(conn, "collections") else 0
-    return db, attachments[:limit] if limit else attachments, n_collections
+        catalog = read_zotero_catalog(conn)
+        attachments = zotero_attachments(conn, catalog, db.parent, base_dir)
+    return db, attachments[:limit] if limit else attachments, catalog.n_collections
 
 
 def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) -> bool:
     """Whether importing the attachment would write anything, judged as zotero_overlay's unchanged
     check does (size and mtime against the library, Zotero's signature and attachment key), without reading
     the file."""
-    if attachment.path is None or not os.path.isfile(attachment.path):
+    if attachment.path is None:
         return False                     # missing: reported, nothing to write
-    path = os.path.abspath(attachment.path)
+    file_work, row = zotero_file_needs_work(lib, attachment.path, force)
+    if file_work or row is None:
+        return file_work
+    target = _zotero_target_row(lib, row, attachment)     # None: another attachment's document holds the file
+    return target is not None and target["status"] == "indexed" and not _zotero_data_current(target, attachment)
+
+
+def zotero_file_needs_work(lib: Library, path: str, force: bool = False) -> tuple[bool, sqlite3.Row | None]:
+    """(whether ingesting an attachment's file would write anything, the library's document at its path): a
+    file the library lacks or holds at another size or mtime, or a recorded copy whose original is gone. A
+    missing file needs none (it is reported)."""
+    path = os.path.abspath(path)
     try:
         stat = os.stat(path)
     except OSError:
-        return False
+        return False, None
+    if not stat_module.S_ISREG(stat.st_mode):
+        return False, None
     row = lib.doc_by_path(path)
     if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
-        return True
+        return True, row
     if row["status"] == "duplicate" and (_original_row(lib, row) is None or _original_is_gone(lib, row)):
-        return True                      # ingest_file re-reads it or lets it take the original's place
-    target = _zotero_target_row(lib, row, attachment)     # None: another attachment's document holds the file
-    return target is not None and target["status"] == "indexed" and not _zotero_data_current(target, attachment)
+        return True, row                 # ingest_file re-reads it or lets it take the original's place
+    return False, row
 
 
 def zotero_pending(lib: Library, payload: dict) -> tuple[int, int]:
@@ -13728,6 +13825,7 @@ WATCH_SETTINGS = {
     "KB_WATCH_GRACE_S": 30.0,     # a vanished file's document waits this long before it is removed
     "KB_WATCH_SCAN_S": 2.0,       # the shortest time between two scans of a folder without file events
     "KB_WATCH_RESCAN_S": 60.0,    # with file events: a full scan this often anyway (events can be lost)
+    "KB_ZOTERO_FULL_S": 21600.0,  # a Zotero source's sync reads every attachment this often, only changes between
 }
 WATCH_SCAN_SHARE = 0.02     # scanning takes at most this share of a core: a large folder is scanned less often
 WATCH_DEBOUNCE_S = 0.5      # after a file event, the scan waits this long for the rest of the burst
@@ -14532,39 +14630,112 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
 
 def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], None] | None, models: Models,
                        own_process: bool) -> tuple[list[dict], list[str]]:
-    """Import a watched Zotero library (attachments whose Zotero data or file changed; the rest is skipped by
-    their signature) and remove the documents of attachments that left it (trashed or deleted) since the last
-    sync. (The import's entries, the paths removed.) The database's signature is taken before its snapshot, so
-    a change made while this runs brings another sync."""
+    """Bring a watched Zotero library's changes in: remove the documents of attachments that left it (trashed or
+    deleted) since the last sync, then import the attachments that changed (all of them on a full pass, see
+    zotero_sync_rows). (The import's entries, the paths removed.) The database's signature is taken before its
+    snapshot, so a change made while this runs brings another sync; the mark and the known attachments are
+    stored only once the import is done, so a sync cut short is done again."""
     signature = zotero_signature(scan_zotero(source["path"]))
-    request = {"zotero_db": source["db"], **(source.get("options") or {})}
-    read = read_zotero_request(request)
-    files_now = {a.attachment_key: path_key(a.file) for a in read[1] if a.path is not None}
-    keys_now = {attachment.attachment_key for attachment in read[1]}
+    options = source.get("options") or {}
+    request = {"zotero_db": source["db"], **options}
+    db = locate_zotero_db(source["db"])
+    base_dir = zotero_base_directory(db.parent, _opt_str(request, "base_dir"))
     meta_key = f"zotero_keys:{source['path']}"
+    known = _known_attachments(lib, meta_key)
+    mark = source.get("zotero_mark") if isinstance(source.get("zotero_mark"), dict) else None
+    full = mark is None or not _mark_recent(mark)
+    with ZoteroSnapshot(db) as conn:
+        catalog = read_zotero_catalog(conn)
+        files = {row["key"]: _catalog_file(row, db.parent, base_dir) for row in catalog.rows}
+        now = {row["key"]: (path_key(files[row["key"]] or "") or None, catalog.digest(row)) for row in catalog.rows}
+        removed = _remove_departed(lib, known, now)
+        touched = None if full or mark is None else zotero_touched(conn, mark)
+        full = full or touched is None
+        rows = zotero_sync_rows(lib, catalog, known, now, files, touched)
+        attachments = zotero_attachments(conn, catalog, db.parent, base_dir, rows)
+        new_mark = zotero_mark(conn)
+    if not full:        # an attachment saved just before the mark is read again: it is imported only if it changed
+        attachments = [a for a in attachments if a.attachment_key not in known or _zotero_needs_work(lib, a, False)]
+    # imported after the removals, so that a recorded copy of a removed document's file is indexed in its place
+    response = cmd_zotero(lib, request, progress, models, own_process, (db, attachments, catalog.n_collections))
+    with lib.transaction():
+        lib.set_meta(meta_key, json.dumps({key: list(now[key]) for key in sorted(now)}, ensure_ascii=False))
+    if new_mark is not None:
+        new_mark["full_pass"] = time.time() if full or mark is None else mark["full_pass"]
+    update_sources(lib, {source["path"]}, zotero_signature=signature, zotero_mark=new_mark)
+    return [{**e, "path": e.get("path") or e["attachment_key"]} for e in response["items"]], removed
+
+
+def zotero_sync_rows(lib: Library, catalog: ZoteroCatalog, known: dict[str, list], now: dict[str, tuple],
+                     files: dict[str, str | None], touched: set[int] | None) -> list[sqlite3.Row]:
+    """The attachments a sync imports: every one on a full pass (``touched`` None); otherwise those new since the
+    last sync, saved since it (themselves, their parents or their annotations: ``touched``), whose digest or file
+    path moved, or whose file the library does not hold as it is now (edited outside Zotero, or a recorded copy
+    whose original was just removed)."""
+    if touched is None:
+        return catalog.rows
+    # one read of the library's files instead of a query per attachment (a Zotero library has thousands)
+    held = {r["path"]: (r["size"], r["mtime_ns"], r["status"]) for r in
+            lib.conn.execute("SELECT path, size, mtime_ns, status FROM docs")}
+
+    def file_changed(path: str | None) -> bool:
+        if path is None:
+            return False
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return False            # missing: reported by the import of a new or saved attachment, not each time
+        if not stat_module.S_ISREG(stat.st_mode):
+            return False
+        doc = held.get(path_key(path))
+        if doc is None or doc[:2] != (stat.st_size, stat.st_mtime_ns):
+            return True
+        return doc[2] == "duplicate" and zotero_file_needs_work(lib, path)[0]
+
+    return [row for row in catalog.rows if list(now[row["key"]]) != known.get(row["key"]) or row["itemID"] in touched
+            or catalog.owner(row) in touched or file_changed(files[row["key"]])]
+
+
+def _catalog_file(row: sqlite3.Row, data_dir: Path, base_dir: Path | None) -> str | None:
+    """An attachment's file as an absolute path (None when it cannot be resolved), without a query."""
+    path, _ = _resolve_attachment(row["path"], row["linkMode"], row["key"], data_dir, base_dir)
+    return os.path.abspath(path) if path is not None else None
+
+
+def _known_attachments(lib: Library, meta_key: str) -> dict[str, list]:
+    """The attachments a source's last sync saw: key -> [file, digest] (a file alone before digests were kept)."""
     try:
-        before = json.loads(lib.get_meta(meta_key) or "{}")
+        known = json.loads(lib.get_meta(meta_key) or "{}")
     except ValueError:
-        before = {}
-    before = before if isinstance(before, dict) else {}
+        return {}
+    if not isinstance(known, dict):
+        return {}
+    return {key: value if isinstance(value, list) and len(value) == 2 else [value, None]
+            for key, value in known.items()}
+
+
+def _mark_recent(mark: dict) -> bool:
+    """Whether a source's last full pass is recent enough for a sync to read only what changed since its mark."""
+    last = mark.get("full_pass")
+    return isinstance(last, (int, float)) and 0 <= time.time() - last < watch_setting("KB_ZOTERO_FULL_S")
+
+
+def _remove_departed(lib: Library, known: dict[str, list], now: dict[str, tuple]) -> list[str]:
+    """Delete the documents of attachments the last sync saw and the library no longer has; the paths removed."""
+    files_now = {file for file, _ in now.values() if file is not None}
     removed = []
-    for key in sorted(set(before) - keys_now):
+    for key in sorted(set(known) - set(now)):
         # its document: the one carrying its key, or the copy recorded at its file (a duplicate has no key)
         rows = lib.conn.execute("SELECT id, path FROM docs WHERE zotero_attachment_key = ? OR (path = ? AND "
-                                "zotero_attachment_key IS NULL)", (key, before[key] or "")).fetchall()
+                                "zotero_attachment_key IS NULL)", (key, known[key][0] or "")).fetchall()
         for row in rows:
-            if row["path"] in files_now.values():
+            if row["path"] in files_now:
                 continue            # the same file is still another live attachment's
             with lib.transaction():
                 lib.delete_doc(row["id"])
                 lib.invalidate_cache()
             removed.append(row["path"])
-    # imported after the removals, so that a recorded copy of a removed document's file is indexed in its place
-    response = cmd_zotero(lib, request, progress, models, own_process, read)
-    with lib.transaction():
-        lib.set_meta(meta_key, json.dumps({key: files_now.get(key) for key in sorted(keys_now)}, ensure_ascii=False))
-    update_sources(lib, {source["path"]}, zotero_signature=signature)
-    return [{**e, "path": e.get("path") or e["attachment_key"]} for e in response["items"]], removed
+    return removed
 
 
 # =============================================================================

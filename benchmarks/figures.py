@@ -437,6 +437,23 @@ def performance_watch(results_dir: Path = RESULTS_DIR) -> str:
             f"{_source(result)}.\n")
 
 
+def performance_zotero_sync(results_dir: Path = RESULTS_DIR) -> str:
+    result = _need("zotero_sync", results_dir)
+    f = result["figures"]
+    full = f["full_pass"]["seconds"]
+    rows = ["| sync | time (median) | attachments in its entries | each |", "|---|---|---|---|"]
+    for name, label in (("unchanged", "nothing changed"), ("one_item_saved", "one item saved by Zotero"),
+                        ("collection_renamed", "a collection holding a third of the items renamed"),
+                        ("full_pass", "full pass (`KB_ZOTERO_FULL_S=0`), every sync before this change")):
+        m = f[name]
+        share = f" ({m['seconds'] / full:.0%} of a full pass)" if name in ("unchanged", "one_item_saved") else ""
+        rows.append(f"| {label} | **{m['seconds']:.3f} s**{share} | {m['entries']:,} | "
+                    f"{', '.join(f'{s:.3f}' for s in m['each_s'])} |")
+    return ("\n".join(rows) + f"\n\nA Zotero library of {f['items']:,} attachments ({f['database_mb']} MB database), "
+            f"synced in process on {f['cpus']} cores after a first sync that imported everything in "
+            f"{f['first_sync_s']} s; no embedding model. Recorded {_source(result)}.\n")
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "readme-quality": readme_quality,
     "performance-fulltext": performance_fulltext,
@@ -456,6 +473,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "performance-ocr": performance_ocr,
     "performance-ocr-memory": performance_ocr_memory,
     "performance-watch": performance_watch,
+    "performance-zotero-sync": performance_zotero_sync,
 }
 
 

@@ -397,3 +397,74 @@ def test_zotero_source_keeps_the_options_of_zotero(kb_engine, tmp_path, monkeypa
         assert entry["status"] == "added" and Path(entry["path"]) == g.path, entry
     finally:
         engine.close()
+
+
+@needs_zotero
+def test_zotero_sync_reads_only_what_changed(kb_engine, tmp_path, monkeypatch):
+    """After the first sync of a watched Zotero library, a sync reads only the attachments Zotero saved since
+    (themselves, their parents or their annotations: clientDateModified), those whose collections, tags,
+    annotations or stored path changed without an item being saved, and those whose file changed on disk; the
+    rest is not read at all. Every KB_ZOTERO_FULL_S a full pass reads everything."""
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    a, b, c, h = (lib.entries[name] for name in "ABCH")
+    kb = tmp_path / "kb"
+    engine = kb_engine.Engine()
+
+    def sync() -> dict[str, dict]:
+        return {e["attachment_key"]: e for e in engine.execute("sync", {"kb_root": str(kb)})["files"]}
+
+    def title(entry) -> str:
+        return db_rows(kb, "SELECT title FROM docs WHERE zotero_attachment_key = ?", (entry.attachment_key,))[0][0]
+
+    con = sqlite3.connect(str(lib.db))
+    try:
+        engine.execute("watch", {"kb_root": str(kb), "add": [str(lib.data_dir)], "base_dir": str(lib.base_dir)})
+        assert set(sync()) == {e.attachment_key for e in lib.listed.values()}      # the first sync reads all
+        assert sync() == {}                                                          # nothing changed: none
+        ids = dict(con.execute("SELECT key, itemID FROM items"))
+        with con:
+            writer = zf.ZoteroWriter(con)
+            # Zotero saves an edit of C's title: the item's clientDateModified moves
+            writer.set_field(ids[c.item_key], "title", "Corrected Electrolyte Title")
+            con.execute("UPDATE items SET clientDateModified = '2024-11-05 10:00:00' WHERE itemID = ?",
+                        (ids[c.item_key],))
+            # B's title changed with no save stamped (no Zotero edit does this): only a full pass reads it
+            writer.set_field(ids[b.item_key], "title", "Unstamped Title Change")
+        changed = sync()
+        assert set(changed) == {c.attachment_key} and changed[c.attachment_key]["status"] == "updated", changed
+        assert title(c) == "Corrected Electrolyte Title" and title(b) != "Unstamped Title Change"
+
+        with con:           # a renamed collection and an erased annotation save no item of A
+            con.execute("UPDATE collections SET collectionName = 'Carbon', clientDateModified = "
+                        "'2024-11-05 11:00:00' WHERE key = ?", (lib.collections["Graphene"],))
+            erased = ids[lib.annotations[1].key]
+            con.execute("DELETE FROM itemAnnotations WHERE itemID = ?", (erased,))
+            con.execute("DELETE FROM items WHERE itemID = ?", (erased,))
+        changed = sync()
+        assert set(changed) == {a.attachment_key} and changed[a.attachment_key]["annotations"] == 1, changed
+        assert db_rows(kb, "SELECT collections FROM docs WHERE zotero_attachment_key = ?",
+                       (a.attachment_key,))[0][0] == '["Materials/Carbon"]'
+
+        stat = h.path.stat()   # a file changed outside Zotero (its database untouched)
+        os.utime(h.path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
+        assert set(sync()) == {h.attachment_key}
+
+        with con:           # a new paper saved from the browser: it alone is read
+            parent = writer.article("NW5K8QPZ", title="Heat Stress in Reef Corals", date="2021-01-01 2021",
+                                    added="2024-11-06 09:00:00")
+            folder = lib.data_dir / "storage" / "NW5KA2TT"
+            folder.mkdir()
+            paper = sp.make_filler_paper(folder, 61, pages=1, name="Heat stress in reef corals.pdf")
+            writer.attachment(parent, "NW5KA2TT", path=f"storage:{paper.name}", link_mode=zf.LINK_IMPORTED_FILE,
+                              content_type="application/pdf", added="2024-11-06 09:00:00")
+        changed = sync()
+        assert set(changed) == {"NW5KA2TT"} and changed["NW5KA2TT"]["status"] == "added", changed
+
+        monkeypatch.setenv("KB_ZOTERO_FULL_S", "0")     # the full pass
+        full = sync()
+        assert set(full) == {e.attachment_key for e in lib.listed.values()} | {"NW5KA2TT"}
+        assert full[b.attachment_key]["status"] == "updated" and title(b) == "Unstamped Title Change"
+    finally:
+        con.close()
+        engine.close()
