@@ -5,7 +5,9 @@ schema files (system.sql, userdata.sql, triggers.sql from the shared Zotero
 fixtures) are loaded into an empty ``zotero.sqlite``, then the item types, fields
 and creator types are filled from ``schema.json`` with the ids Zotero assigns at
 runtime (in the order of schema.json, so they differ from the fixed ids of Zotero
-5 and from Zotero 6's: the engine has to look everything up by name).
+5 and from Zotero 6's: the engine has to look everything up by name). Without the
+shared fixtures (CI) the project's own tables stand in: Zotero 7's tables and
+columns that the engine reads, with a short list of item types (PROJECT_TABLES).
 
 The library (see ``build_library``) holds real PDFs written by
 examples/sample_papers.py:
@@ -65,8 +67,11 @@ MIME = {".pdf": "application/pdf", ".html": "text/html", ".txt": "text/plain", "
 
 
 def fixtures_root() -> Path | None:
-    """The shared Zotero fixtures folder: $KB_ZOTERO_FIXTURES, else ../shared/zotero beside the repo."""
+    """The shared Zotero fixtures folder: $KB_ZOTERO_FIXTURES, else ../shared/zotero beside the repo;
+    KB_ZOTERO_FIXTURES=off runs without them, as CI does (the project's tables stand in for Zotero's schema)."""
     env = os.environ.get("KB_ZOTERO_FIXTURES")
+    if env == "off":
+        return None
     for cand in ([Path(env)] if env else []) + [ROOT.parent / "shared" / "zotero"]:
         if (cand / "schema" / "userdata.sql").is_file():
             return cand
@@ -100,8 +105,114 @@ def _stamp(day: int, minute: int = 0) -> str:
 # ---------------------------------------------------------------------------
 # an empty database, as a new Zotero 7 installation makes it
 
-def create_database(db_path: Path, schema_dir: Path) -> None:
-    """Load the schema SQL and fill the type tables from schema.json (Zotero's _updateGlobalSchema)."""
+# Where Zotero's own schema files are absent (CI has no shared fixtures), the database is made from the tables
+# below instead: the tables and columns the engine reads and this module writes, in the order Zotero 7's
+# userdata schema (version 129) declares them, without Zotero's indexes and triggers; and the item types, fields
+# and creator types the library uses, in the shape of Zotero's schema.json.
+PROJECT_TABLES = """
+CREATE TABLE version (schema TEXT PRIMARY KEY, version INT NOT NULL);
+CREATE TABLE settings (setting TEXT, key TEXT, value, PRIMARY KEY (setting, key));
+CREATE TABLE itemTypes (itemTypeID INTEGER PRIMARY KEY, typeName TEXT, templateItemTypeID INT, display INT DEFAULT 1);
+CREATE TABLE itemTypesCombined (itemTypeID INT PRIMARY KEY, typeName TEXT NOT NULL, display INT NOT NULL DEFAULT 1,
+                                custom INT NOT NULL);
+CREATE TABLE fields (fieldID INTEGER PRIMARY KEY, fieldName TEXT, fieldFormatID INT);
+CREATE TABLE fieldsCombined (fieldID INT PRIMARY KEY, fieldName TEXT NOT NULL, label TEXT, fieldFormatID INT,
+                             custom INT NOT NULL);
+CREATE TABLE itemTypeFields (itemTypeID INT, fieldID INT, hide INT, orderIndex INT,
+                             PRIMARY KEY (itemTypeID, orderIndex));
+CREATE TABLE itemTypeFieldsCombined (itemTypeID INT NOT NULL, fieldID INT NOT NULL, hide INT, orderIndex INT NOT NULL,
+                                     PRIMARY KEY (itemTypeID, orderIndex));
+CREATE TABLE baseFieldMappings (itemTypeID INT, baseFieldID INT, fieldID INT,
+                                PRIMARY KEY (itemTypeID, baseFieldID, fieldID));
+CREATE TABLE baseFieldMappingsCombined (itemTypeID INT, baseFieldID INT, fieldID INT,
+                                        PRIMARY KEY (itemTypeID, baseFieldID, fieldID));
+CREATE TABLE creatorTypes (creatorTypeID INTEGER PRIMARY KEY, creatorType TEXT);
+CREATE TABLE itemTypeCreatorTypes (itemTypeID INT, creatorTypeID INT, primaryField INT,
+                                   PRIMARY KEY (itemTypeID, creatorTypeID));
+CREATE TABLE libraries (libraryID INTEGER PRIMARY KEY, type TEXT NOT NULL, editable INT NOT NULL,
+                        filesEditable INT NOT NULL,
+                        version INT NOT NULL DEFAULT 0, clientVersion INT NOT NULL DEFAULT 0,
+                        storageVersion INT NOT NULL DEFAULT 0, lastSync INT NOT NULL DEFAULT 0,
+                        archived INT NOT NULL DEFAULT 0, isAdmin INT NOT NULL DEFAULT 0);
+CREATE TABLE groups (groupID INTEGER PRIMARY KEY, libraryID INT NOT NULL UNIQUE REFERENCES libraries(libraryID),
+                     name TEXT NOT NULL, description TEXT NOT NULL, version INT NOT NULL);
+CREATE TABLE items (itemID INTEGER PRIMARY KEY, itemTypeID INT NOT NULL,
+                    dateAdded TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+                    dateModified TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+                    clientDateModified TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+                    libraryID INT NOT NULL REFERENCES libraries(libraryID), key TEXT NOT NULL,
+                    version INT NOT NULL DEFAULT 0, clientVersion INT NOT NULL DEFAULT 0, synced INT NOT NULL DEFAULT 0,
+                    UNIQUE (libraryID, key));
+CREATE TABLE itemDataValues (valueID INTEGER PRIMARY KEY, value UNIQUE, valueNormalized TEXT);
+CREATE TABLE itemData (itemID INT REFERENCES items(itemID) ON DELETE CASCADE, fieldID INT,
+                       valueID REFERENCES itemDataValues(valueID), PRIMARY KEY (itemID, fieldID));
+CREATE TABLE itemNotes (itemID INTEGER PRIMARY KEY REFERENCES items(itemID) ON DELETE CASCADE, parentItemID INT,
+                        note TEXT, title TEXT);
+CREATE TABLE itemAttachments (itemID INTEGER PRIMARY KEY REFERENCES items(itemID) ON DELETE CASCADE, parentItemID INT,
+                              linkMode INT, contentType TEXT, charsetID INT, path TEXT, syncState INT DEFAULT 0,
+                              storageModTime INT, storageHash TEXT, lastProcessedModificationTime INT, lastRead INT);
+CREATE TABLE itemAnnotations (itemID INTEGER PRIMARY KEY REFERENCES items(itemID) ON DELETE CASCADE,
+                              parentItemID INT NOT NULL REFERENCES itemAttachments(itemID), type INTEGER NOT NULL,
+                              authorName TEXT, text TEXT, textNormalized TEXT, comment TEXT, commentNormalized TEXT,
+                              color TEXT, pageLabel TEXT, sortIndex TEXT NOT NULL, position TEXT NOT NULL,
+                              isExternal INT NOT NULL);
+CREATE TABLE tags (tagID INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, nameNormalized TEXT);
+CREATE TABLE itemTags (itemID INT NOT NULL REFERENCES items(itemID) ON DELETE CASCADE,
+                       tagID INT NOT NULL REFERENCES tags(tagID), type INT NOT NULL, PRIMARY KEY (itemID, tagID));
+CREATE TABLE creators (creatorID INTEGER PRIMARY KEY, firstName TEXT, lastName TEXT, fieldMode INT,
+                       firstNameNormalized TEXT, lastNameNormalized TEXT, UNIQUE (lastName, firstName, fieldMode));
+CREATE TABLE itemCreators (itemID INT NOT NULL REFERENCES items(itemID) ON DELETE CASCADE,
+                           creatorID INT NOT NULL REFERENCES creators(creatorID), creatorTypeID INT NOT NULL DEFAULT 1,
+                           orderIndex INT NOT NULL DEFAULT 0,
+                           PRIMARY KEY (itemID, creatorID, creatorTypeID, orderIndex));
+CREATE TABLE collections (collectionID INTEGER PRIMARY KEY, collectionName TEXT NOT NULL, parentCollectionID INT,
+                          clientDateModified TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+                          libraryID INT NOT NULL REFERENCES libraries(libraryID), key TEXT NOT NULL,
+                          version INT NOT NULL DEFAULT 0, clientVersion INT NOT NULL DEFAULT 0,
+                          synced INT NOT NULL DEFAULT 0, UNIQUE (libraryID, key));
+CREATE TABLE collectionItems (collectionID INT NOT NULL REFERENCES collections(collectionID) ON DELETE CASCADE,
+                              itemID INT NOT NULL REFERENCES items(itemID) ON DELETE CASCADE,
+                              orderIndex INT NOT NULL DEFAULT 0, PRIMARY KEY (collectionID, itemID));
+CREATE TABLE deletedCollections (collectionID INTEGER PRIMARY KEY, dateDeleted DEFAULT CURRENT_TIMESTAMP NOT NULL);
+CREATE TABLE deletedItems (itemID INTEGER PRIMARY KEY REFERENCES items(itemID) ON DELETE CASCADE,
+                           dateDeleted DEFAULT CURRENT_TIMESTAMP NOT NULL);
+"""
+PROJECT_USERDATA_VERSION = 129
+_ARTICLE_FIELDS = [{"field": "title"}, {"field": "abstractNote"}, {"field": "publicationTitle"}, {"field": "volume"},
+                   {"field": "issue"}, {"field": "pages"}, {"field": "date"}, {"field": "DOI"}, {"field": "url"},
+                   {"field": "accessDate"}, {"field": "extra"}]
+PROJECT_GLOBAL_SCHEMA = {
+    "version": 1,
+    "itemTypes": [
+        {"itemType": "annotation", "fields": [], "creatorTypes": []},
+        {"itemType": "attachment", "fields": [{"field": "title"}, {"field": "url"}, {"field": "accessDate"}],
+         "creatorTypes": []},
+        {"itemType": "book", "fields": [{"field": "title"}, {"field": "publisher"}, {"field": "date"},
+                                        {"field": "ISBN"}], "creatorTypes": [{"creatorType": "author", "primary": True},
+                                                                            {"creatorType": "editor"}]},
+        {"itemType": "conferencePaper", "fields": [{"field": "title"}, {"field": "date"},
+                                                   {"field": "proceedingsTitle", "baseField": "publicationTitle"},
+                                                   {"field": "DOI"}],
+         "creatorTypes": [{"creatorType": "author", "primary": True}, {"creatorType": "editor"}]},
+        {"itemType": "journalArticle", "fields": _ARTICLE_FIELDS,
+         "creatorTypes": [{"creatorType": "author", "primary": True}, {"creatorType": "editor"}]},
+        {"itemType": "note", "fields": [], "creatorTypes": []},
+    ],
+}
+
+
+def shared_schema() -> Path | None:
+    """Zotero's own schema files from the shared fixtures, when they are there."""
+    root = fixtures_root()
+    return root / "schema" if root is not None else None
+
+
+def create_database(db_path: Path, schema_dir: Path | None) -> None:
+    """An empty Zotero database: Zotero's schema SQL with the type tables filled from its schema.json (Zotero's
+    _updateGlobalSchema) when ``schema_dir`` holds them, else the project's tables (PROJECT_TABLES)."""
+    if schema_dir is None:
+        _create_project_database(db_path)
+        return
     sql_files = {name: schema_dir / f"{name}.sql" for name in ("system", "userdata", "triggers")}
     schema = json.loads((schema_dir / "schema.json").read_text(encoding="utf-8"))
     con = sqlite3.connect(str(db_path))
@@ -119,6 +230,20 @@ def create_database(db_path: Path, schema_dir: Path) -> None:
             con.execute("INSERT INTO settings VALUES ('account', 'localUserKey', 'KbRagT7Q')")
             con.execute("INSERT INTO settings VALUES ('client', 'lastVersion', '7.0.11')")
             con.execute("INSERT INTO settings VALUES ('client', 'lastCompatibleVersion', '7.0.11')")
+    finally:
+        con.close()
+
+
+def _create_project_database(db_path: Path) -> None:
+    con = sqlite3.connect(str(db_path))
+    try:
+        con.executescript(PROJECT_TABLES)
+        with con:
+            _fill_global_schema(con, PROJECT_GLOBAL_SCHEMA)
+            con.execute("INSERT INTO version VALUES ('userdata', ?)", (PROJECT_USERDATA_VERSION,))
+            con.execute("INSERT INTO version VALUES ('globalSchema', ?)", (PROJECT_GLOBAL_SCHEMA["version"],))
+            con.execute("INSERT INTO libraries (libraryID, type, editable, filesEditable, version) "
+                        "VALUES (1, 'user', 1, 1, 0)")
     finally:
         con.close()
 
@@ -352,8 +477,6 @@ def build_library(base: Path, fixtures: Path | None = None) -> ZoteroLibrary:
     """Write the data directory under ``base`` ('Zotero/'), a folder of linked files ('Linked Papers/')
     and the would-be base directory ('ZoteroBase/'); return what was written."""
     fixtures = fixtures or fixtures_root()
-    if fixtures is None:
-        raise FileNotFoundError("shared Zotero fixtures not found (set KB_ZOTERO_FIXTURES)")
     base = Path(base)
     data_dir = base / "Zotero"
     storage = data_dir / "storage"
@@ -362,7 +485,7 @@ def build_library(base: Path, fixtures: Path | None = None) -> ZoteroLibrary:
     for d in (storage, outside, base_dir / "Reviews"):
         d.mkdir(parents=True, exist_ok=True)
     db = data_dir / "zotero.sqlite"
-    create_database(db, fixtures / "schema")
+    create_database(db, fixtures / "schema" if fixtures is not None else None)
 
     def stored(key: str, maker, *args) -> Path:
         folder = storage / key

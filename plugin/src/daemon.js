@@ -379,10 +379,15 @@ export class EngineDaemon {
  * One daemon per workspace, at most `max` of them, each stopped after `idleMs` without a request.
  */
 export class DaemonPool {
-  constructor({ create, max = 4, idleMs = 30 * 60_000, log }) {
+  /**
+   * `keep(workspace, daemon)`: asked when a daemon has been idle for `idleMs`; a promise of true keeps it running
+   * for another spell (its library has watched sources, which only a running engine keeps in step).
+   */
+  constructor({ create, max = 4, idleMs = 30 * 60_000, log, keep = null }) {
     this.create = create
     this.max = max
     this.idleMs = idleMs
+    this.keep = keep
     this.log = log ?? { debug() {} }
     this.daemons = new Map()
     this.timers = new Map()
@@ -419,9 +424,14 @@ export class DaemonPool {
   _arm(workspace, daemon) {
     if (!(this.idleMs > 0) || !daemon.idle || this.daemons.get(workspace) !== daemon) return
     this._clearTimer(workspace)
-    const timer = setTimeout(() => {
+    const timer = setTimeout(async () => {
       this.timers.delete(workspace)
-      if (!daemon.idle || this.daemons.get(workspace) !== daemon) return
+      if (this.closing || !daemon.idle || this.daemons.get(workspace) !== daemon) return
+      if (this.keep && await this.keep(workspace, daemon).catch(() => false)) {
+        this._arm(workspace, daemon)
+        return
+      }
+      if (this.closing || !daemon.idle || this.daemons.get(workspace) !== daemon) return     // a call came meanwhile
       this.daemons.delete(workspace)
       this.log.debug('stopping the idle engine of %s', workspace)
       daemon.stop().catch(() => {})
@@ -434,6 +444,16 @@ export class DaemonPool {
     const timer = this.timers.get(workspace)
     if (timer) clearTimeout(timer)
     this.timers.delete(workspace)
+  }
+
+  /** Stop a workspace's daemon if it is idle (one started for nothing); true when it was stopped. */
+  release(workspace) {
+    const daemon = this.daemons.get(workspace)
+    if (!daemon || !daemon.idle) return false
+    this._clearTimer(workspace)
+    this.daemons.delete(workspace)
+    daemon.stop().catch(() => {})
+    return true
   }
 
   /** Make room for one more daemon: stop the least recently used idle one. */

@@ -99,11 +99,22 @@ export function apply(ctx, config) {
   const python = resolvePython(config.python)
   log.debug('engine interpreter: %s', python)
   const gate = new DependencyGate({ python, engine, autoPip, env: process.env, log })
+  // how this host chose the library, in its words: an answer read from no library says so (`kb_root_from`)
+  const chosen = `the kb-rag plugin's kbRoot setting ("${config.kbRoot}" in the workspace; ` +
+    'kb-engine finds the same library from any folder inside it); change kbRoot to open another'
+  const library = (ws) => ({ kb_root: path.resolve(ws, config.kbRoot), kb_root_from: chosen })
+  // Only a running engine keeps watched folders and Zotero libraries in step: one whose library watches any is
+  // not stopped for idleness (asked again each time its idle spell ends, since any host may change the list).
+  const watches = async (ws, daemon) => {
+    const listed = await daemon.request('watch', library(ws))
+    return Array.isArray(listed?.sources) && listed.sources.length > 0
+  }
   const pool = new DaemonPool({
     max: MAX_DAEMONS,
     idleMs: config.idleMinutes * 60_000,
     log,
     create: (workspace) => new EngineDaemon({ python, engine, cwd: workspace, env: engineEnv(), log }),
+    keep: watches,
   })
   const scope = new ScopeStore({ questions: () => ctx.get('userQuestions'), log })
 
@@ -125,15 +136,11 @@ export function apply(ctx, config) {
   const call = async (exec, command, payload) => {
     await ready(exec)
     const ws = workspace(exec)
-    const kbRoot = path.resolve(ws, config.kbRoot)
     const onProgress = (event) => {
       log.debug('%s progress: %s %s/%s %s', command, event.phase ?? '', event.done ?? '', event.total ?? '', event.path ?? '')
     }
-    // how this host chose the library, in its words: an answer read from no library says so (`kb_root_from`)
-    const chosen = `the kb-rag plugin's kbRoot setting ("${config.kbRoot}" in the workspace; ` +
-      'kb-engine finds the same library from any folder inside it); change kbRoot to open another'
     try {
-      return await pool.request(ws, command, { ...payload, kb_root: kbRoot, kb_root_from: chosen }, { signal: exec.signal, onProgress })
+      return await pool.request(ws, command, { ...payload, ...library(ws) }, { signal: exec.signal, onProgress })
     } catch (error) {
       throw toToolError(error, command)
     }
@@ -143,5 +150,28 @@ export function apply(ctx, config) {
   const images = config.modelImages === 'auto' ? { attachments: () => ctx.get('attachments'), llm: () => ctx.get('llm') } : null
   for (const tool of createTools({ call, ready, workspace, scope, log, images })) ctx.tools.register(tool)
 
-  ctx.effect(() => () => pool.closeAll())
+  // A library with watched sources is kept in step from the moment the host starts, not from the first kb_* call:
+  // the engine of the host's own workspace is started now when its library exists, and let go at once when the
+  // library watches nothing.
+  const starting = new AbortController()
+  const watchFromStart = async () => {
+    const ws = workspace(null)
+    if (!existsSync(path.join(library(ws).kb_root, 'kb.sqlite')) || !existsSync(engine)) return
+    try {
+      await gate.check({ signal: starting.signal })
+      if (starting.signal.aborted) return
+      const listed = await pool.request(ws, 'watch', library(ws), { signal: starting.signal })
+      const count = Array.isArray(listed?.sources) ? listed.sources.length : 0
+      if (count) log.debug('keeping %d watched source(s) of %s in step', count, library(ws).kb_root)
+      else pool.release(ws)
+    } catch (error) {
+      log.debug('the engine was not started for watched sources: %s', error?.message ?? error)
+    }
+  }
+  watchFromStart()
+
+  ctx.effect(() => () => {
+    starting.abort()
+    return pool.closeAll()
+  })
 }

@@ -2,11 +2,11 @@
 // the resident engine syncs a paper copied into it, and the next retrieval says so in the session's notices.
 
 import assert from 'node:assert/strict'
-import { copyFileSync, mkdirSync } from 'node:fs'
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync } from 'node:fs'
 import path from 'node:path'
 import { after, before, test } from 'node:test'
 import { syncNotice } from '../src/tools.js'
-import { cleanup, samplePapers, startHost, tempDir, textOf } from '../testlib/helpers.js'
+import { alive, cleanup, enginePids, samplePapers, startHost, tempDir, textOf, waitFor } from '../testlib/helpers.js'
 
 let cwd, staging
 const saved = {}
@@ -78,4 +78,82 @@ test('the sync notice counts only sync jobs that ended after the last retrieval,
   assert.equal(syncNotice(status, 125), null)
   assert.equal(syncNotice({ ...status, sources: [] }, 0), null)
   assert.equal(syncNotice({ jobs: 'odd', sources: [{}] }, 0), null)
+})
+
+/** The sync jobs of a library that ended, read from its jobs folder (no engine asked). */
+function syncsDone(kbRoot) {
+  const folder = path.join(kbRoot, '.kb-jobs')
+  if (!existsSync(folder)) return []
+  return readdirSync(folder).filter((name) => name.endsWith('.json') && name !== 'watcher.json')
+    .map((name) => { try { return JSON.parse(readFileSync(path.join(folder, name), 'utf8')) } catch { return {} } })
+    .filter((job) => job.command === 'sync' && job.state === 'done')
+}
+
+/** Start a host whose own workspace (the folder it was started in) is `dir`. */
+async function hostStartedIn(dir, config = {}) {
+  const previous = process.cwd()
+  process.chdir(dir)
+  try {
+    return await startHost(config)
+  } finally {
+    process.chdir(previous)
+  }
+}
+
+test('a library that watches a folder is kept in step from the start of the host, before any kb_* call', async () => {
+  const ws = tempDir('kbrag-watch-start-')
+  try {
+    mkdirSync(path.join(ws, 'papers'))
+    const first = await startHost()
+    try {
+      assert.equal((await first.call('kb_watch', { add: ['papers'] }, { cwd: ws })).isError, false)
+    } finally {
+      await first.dispose()
+    }
+    assert.ok(await waitFor(() => enginePids().length === 0, { timeoutMs: 6000 }), 'the first host left an engine')
+
+    const host = await hostStartedIn(ws)
+    try {
+      assert.ok(await waitFor(() => enginePids().length === 1, { timeoutMs: 15_000 }), 'no engine was started')
+      copyFileSync(path.join(staging, 'graphene_cvd_copper.pdf'), path.join(ws, 'papers', 'graphene_cvd_copper.pdf'))
+      assert.ok(await waitFor(() => syncsDone(path.join(ws, '.kb')).some((job) => job.result?.totals?.added === 1),
+        { timeoutMs: 30_000, stepMs: 200 }), 'the paper was not synced without a kb_* call')
+    } finally {
+      await host.dispose()
+    }
+  } finally {
+    cleanup(ws)
+  }
+})
+
+test('a host whose library watches nothing lets its engine go; an engine that watches is not stopped for idleness', async () => {
+  const ws = tempDir('kbrag-watch-idle-')
+  try {
+    mkdirSync(path.join(ws, 'papers'))
+    const host = await hostStartedIn(ws, { idleMinutes: 0.01 })       // an idle spell of 0.6 s
+    try {
+      assert.equal((await host.call('kb_stats', {}, { cwd: ws })).isError, false)
+      const [plain] = enginePids()
+      assert.ok(plain && await waitFor(() => !alive(plain), { timeoutMs: 8000 }), 'an engine watching nothing stayed')
+
+      assert.equal((await host.call('kb_watch', { add: ['papers'] }, { cwd: ws })).isError, false)
+      const [watching] = enginePids()
+      await sleep(3000)                                       // five idle spells
+      assert.ok(alive(watching), 'the engine of a library that watches a folder was stopped for idleness')
+      assert.equal((await host.call('kb_watch', { remove: ['papers'] }, { cwd: ws })).isError, false)
+      assert.ok(await waitFor(() => !alive(watching), { timeoutMs: 8000 }), 'the engine stayed after the last source went')
+    } finally {
+      await host.dispose()
+    }
+    // a host started where the library watches nothing starts no engine for good
+    const again = await hostStartedIn(ws)
+    try {
+      await sleep(2500)
+      assert.ok(await waitFor(() => enginePids().length === 0, { timeoutMs: 8000 }), 'an engine stayed for nothing')
+    } finally {
+      await again.dispose()
+    }
+  } finally {
+    cleanup(ws)
+  }
 })
