@@ -66,9 +66,10 @@ def jobs_idle(kb_root: Path) -> bool:
 def measure(mode: str, folder: Path, kb_root: Path, idle_s: float, papers: int, env: dict) -> dict:
     daemon = ServeProcess(kb_root, {**env, "KB_WATCH_EVENTS": "1" if mode == "events" else "0"})
     try:
-        listed = daemon.ok("watch")
+        daemon.ok("watch")
         time.sleep(5)                       # the first scan and, with events, the watches are set up
-        source = daemon.ok("watch")["sources"][0]
+        listed = daemon.ok("watch")         # (file_events is true once the observer runs, after the first round)
+        source = listed["sources"][0]
         assert source["pending"] == 0, source
         before, started = daemon.cpu_seconds(), time.monotonic()
         time.sleep(idle_s)

@@ -313,6 +313,14 @@ class EngineClient:
                 pass
         await self._reap()
 
+    async def close_if_idle(self) -> bool:
+        """Stop the engine unless a request is in flight or waiting (then False): for one started for nothing."""
+        if self._lock.locked():
+            return False
+        async with self._lock:          # taken at once (nothing awaited since the check): no request interleaves
+            await self.close()
+        return True
+
     async def close(self) -> None:
         """Stop the engine: end of input first (it exits 0), then a kill if it lingers. A later request starts it
         again."""

@@ -209,13 +209,32 @@ def build_server(engine: EngineClient) -> Server:
 
     @asynccontextmanager
     async def lifespan(_server):
+        watching = asyncio.create_task(watch_from_start(engine))
         try:
             yield {}
         finally:
+            watching.cancel()
             await engine.close()
 
     return Server(SERVER_NAME, version=_version(), instructions=INSTRUCTIONS, lifespan=lifespan,
                   on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+
+async def watch_from_start(engine: EngineClient) -> None:
+    """Keep a library's watched folders and Zotero libraries in step from the server's start, not from its first
+    tool call: when the library exists, the engine starts now and lists its sources; with none it stops again
+    (the first tool call starts it)."""
+    if not (Path(engine.kb_root) / "kb.sqlite").is_file():
+        return
+    try:
+        listed = await engine.request("watch", {"kb_root": str(engine.kb_root), "kb_root_from": engine.kb_root_from})
+    except (EngineError, EngineCrashed) as exc:
+        log.info("the engine was not started for watched sources: %s", exc)
+        return
+    if listed.get("sources"):
+        log.info("keeping %d watched source(s) of %s in step", len(listed["sources"]), engine.kb_root)
+    else:
+        await engine.close_if_idle()
 
 
 def _version() -> str:

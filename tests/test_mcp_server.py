@@ -676,3 +676,49 @@ def test_ocr_pages_are_fractions_of_the_next_item_and_progress_only_grows():
     assert [round(v, 2) for v in values] == [1, 1.2, 1.4, 2, 3]
     assert sent[1][2] == "OCR page 1/4: scan.pdf" and sent[1][1] is None
     assert sent[3] == (2, 3, "files 2/3: scan.pdf (added)")
+
+
+def _syncs_done(kb_root: Path) -> list[dict]:
+    folder = kb_root / ".kb-jobs"
+    jobs = [json.loads(p.read_text()) for p in folder.glob("*.json") if p.name != "watcher.json"] \
+        if folder.is_dir() else []
+    return [job for job in jobs if job.get("command") == "sync" and job.get("state") == "done"]
+
+
+def test_watched_library_is_kept_in_step_from_the_server_start(tmp_path, sample_dir):
+    """A library that watches a folder is kept in step as soon as the server starts, before any tool call; a
+    library that watches nothing leaves no engine running until the first call."""
+    kb, inbox = tmp_path / "kb", tmp_path / "inbox"
+    inbox.mkdir()
+    added = subprocess.run([sys.executable, str(ROOT / "kb_engine.py"), "watch", "--kb-root", str(kb), "--add",
+                            str(inbox)], capture_output=True, text=True, env=server_env(kb), timeout=120)
+    assert added.returncode == 0, added.stderr
+
+    async def no_calls(session):
+        for _ in range(50):
+            if engine_pids(kb):
+                break
+            await anyio.sleep(0.2)
+        assert engine_pids(kb), "no engine was started for the watched folder"
+        (inbox / "graphene_cvd_copper.pdf").write_bytes((sample_dir / "graphene_cvd_copper.pdf").read_bytes())
+        for _ in range(150):
+            if any(job["result"]["totals"]["added"] == 1 for job in _syncs_done(kb)):
+                return True
+            await anyio.sleep(0.2)
+        return False
+
+    assert run_session(kb, no_calls, KB_WATCH_SETTLE_S="1", KB_WATCH_SCAN_S="0.5"), "not synced within 30 s"
+
+    unwatched = subprocess.run([sys.executable, str(ROOT / "kb_engine.py"), "watch", "--kb-root", str(kb),
+                                "--remove", str(inbox)], capture_output=True, text=True, env=server_env(kb),
+                               timeout=120)
+    assert unwatched.returncode == 0, unwatched.stderr
+
+    async def idle(session):
+        for _ in range(50):
+            if not engine_pids(kb):
+                return True
+            await anyio.sleep(0.2)
+        return False
+
+    assert run_session(kb, idle), "an engine kept running for a library that watches nothing"
