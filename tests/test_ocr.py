@@ -211,6 +211,38 @@ def test_a_layer_of_ascii_symbols_is_garbled_and_formulas_are_not(kb_engine, sca
             assert kb_engine.ocr_reason(doc[0], blocks, "auto") == "garbled"
 
 
+def test_a_layer_read_byte_by_byte_is_garbled_and_accented_languages_are_not(kb_engine, tmp_path):
+    """A font whose two-byte codes come out as single bytes leaves control characters among Latin-1 letters and
+    signs (the corpus's Chinese mathematics page, mineru/garbled_formula.pdf, reads "Ø”\x17 ... dž\x06Ø\x1fª"): the
+    page is OCR'd ('garbled'). Czech and Vietnamese prose, as rich in accented letters but free of control
+    characters, keeps its layer, as does the same mojibake with its control characters gone."""
+    import pymupdf
+    chinese = ("本文研究了石墨烯在铜箔上的化学气相沉积生长过程以及"
+               "氧气预处理对成核密度的影响结果表明退火时间越长晶畴越大") * 6
+    mojibake = chinese.encode("utf-16-be").decode("latin-1")           # each character read as its two bytes
+    with pymupdf.open() as doc:
+        page = doc.new_page()
+        page.insert_textbox(page.rect + (40, 40, -40, -40), mojibake, fontsize=7)
+        blocks, _ = kb_engine._pdf_page_blocks(page)
+        text = "".join(b.text for b in blocks)
+        assert kb_engine._byte_map_share(text) >= kb_engine.OCR_BYTE_MAP_SHARE, text[:120]
+        assert kb_engine.ocr_reason(page, blocks, "auto") == "garbled"
+    czech = ("Příliš žluťoučký kůň úpěl ďábelské ódy; výsledky měření ukázaly, že teplota žíhání ovlivňuje "
+             "hustotu nukleace grafenu na měděné fólii. ") * 8
+    vietnamese = ("Kết quả nghiên cứu cho thấy mật độ mầm graphene trên lá đồng giảm khi xử lý oxy trước, và thời "
+                  "gian ủ càng dài thì các miền tinh thể càng lớn. ") * 8
+    scrubbed = "".join(ch for ch in mojibake if not (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0))
+    for name, layer in (("Czech", czech), ("Vietnamese", vietnamese), ("mojibake without controls", scrubbed)):
+        assert kb_engine._byte_map_share(layer) == 0.0, name
+    assert sum(0xA0 <= ord(ch) <= 0x24F for ch in vietnamese) / len(vietnamese.replace(" ", "")) > 0.1
+    corpus = os.environ.get("KB_CORPUS_DIR")
+    real = Path(corpus or "") / "mineru" / "garbled_formula.pdf"
+    if corpus and real.is_file():
+        with pymupdf.open(real) as doc:
+            blocks, _ = kb_engine._pdf_page_blocks(doc[0])
+            assert kb_engine.ocr_reason(doc[0], blocks, "auto") == "garbled"
+
+
 def test_a_page_is_read_as_drawn_before_its_layer_goes(kb_engine, scans, monkeypatch, tmp_path):
     """Under force (and for a broken layer, whose glyphs still draw the text) the page is OCR'd as it is drawn,
     and only then is its text layer replaced: removed first, the text would be gone from the picture too."""
