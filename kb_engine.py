@@ -13798,10 +13798,12 @@ def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) 
     return target is not None and target["status"] == "indexed" and not _zotero_data_current(target, attachment)
 
 
-def zotero_file_needs_work(lib: Library, path: str, force: bool = False) -> tuple[bool, sqlite3.Row | None]:
+def zotero_file_needs_work(lib: Library, path: str, force: bool = False,
+                           held: dict[str, sqlite3.Row] | None = None) -> tuple[bool, sqlite3.Row | None]:
     """(whether ingesting an attachment's file would write anything, the library's document at its path): a
     file the library lacks or holds at another size or mtime, or a recorded copy whose original is gone. A
-    missing file needs none (it is reported)."""
+    missing file needs none (it is reported). ``held``: the library's documents by stored path, read once by a
+    caller that asks of thousands of files (size, mtime_ns, status, duplicate_of, sha256 are enough)."""
     path = os.path.abspath(path)
     try:
         stat = os.stat(path)
@@ -13809,7 +13811,7 @@ def zotero_file_needs_work(lib: Library, path: str, force: bool = False) -> tupl
         return False, None
     if not stat_module.S_ISREG(stat.st_mode):
         return False, None
-    row = lib.doc_by_path(path)
+    row = held.get(path_key(path)) if held is not None else lib.doc_by_path(path)
     if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
         return True, row
     if row["status"] == "duplicate" and (_original_row(lib, row) is None or _original_is_gone(lib, row)):
@@ -14695,25 +14697,11 @@ def zotero_sync_rows(lib: Library, catalog: ZoteroCatalog, known: dict[str, list
     if touched is None:
         return catalog.rows
     # one read of the library's files instead of a query per attachment (a Zotero library has thousands)
-    held = {r["path"]: (r["size"], r["mtime_ns"], r["status"]) for r in
-            lib.conn.execute("SELECT path, size, mtime_ns, status FROM docs")}
-
-    def file_changed(path: str | None) -> bool:
-        if path is None:
-            return False
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return False            # missing: reported by the import of a new or saved attachment, not each time
-        if not stat_module.S_ISREG(stat.st_mode):
-            return False
-        doc = held.get(path_key(path))
-        if doc is None or doc[:2] != (stat.st_size, stat.st_mtime_ns):
-            return True
-        return doc[2] == "duplicate" and zotero_file_needs_work(lib, path)[0]
-
+    held = {r["path"]: r for r in lib.conn.execute("SELECT path, size, mtime_ns, status, duplicate_of, sha256 "
+                                                   "FROM docs")}
     return [row for row in catalog.rows if list(now[row["key"]]) != known.get(row["key"]) or row["itemID"] in touched
-            or catalog.owner(row) in touched or file_changed(files[row["key"]])]
+            or catalog.owner(row) in touched
+            or ((file := files[row["key"]]) is not None and zotero_file_needs_work(lib, file, held=held)[0])]
 
 
 def _catalog_file(row: sqlite3.Row, data_dir: Path, base_dir: Path | None) -> str | None:
