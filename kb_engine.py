@@ -78,7 +78,7 @@ __all__ = ["Engine", "KBError", "page_texts", "main"]
 SCHEMA_VERSION = 6
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 9
+PARSER_REVISION = 10
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"       # a project's library, found from any folder inside the project
@@ -3331,9 +3331,10 @@ def _numbers_before_titles(ordered: list[_PdfBlock]) -> list[_PdfBlock]:
 
 def _column_order(blocks: list[_PdfBlock], column: Callable[[_PdfBlock], str]) -> list[_PdfBlock]:
     columns = [column(b) for b in blocks]
-    left_chars = sum(len(b.text) for b, c in zip(blocks, columns) if c == "left")
-    right_chars = sum(len(b.text) for b, c in zip(blocks, columns) if c == "right")
-    if min(left_chars, right_chars) < 200 or columns.count("left") < 2 or columns.count("right") < 2:
+    # room taken in Latin letters: a CJK character is set twice as wide (200 fill as much as 400 letters do)
+    left_chars = sum(len(b.text) + len(_CJK_CHAR.findall(b.text)) for b, c in zip(blocks, columns) if c == "left")
+    right_chars = sum(len(b.text) + len(_CJK_CHAR.findall(b.text)) for b, c in zip(blocks, columns) if c == "right")
+    if min(left_chars, right_chars) < 200:
         return sorted(blocks, key=lambda b: (round(b.bbox[1], 0), b.bbox[0]))
     full = sorted((b for b, c in zip(blocks, columns) if c == "full"), key=lambda b: b.bbox[1])
     ordered: list[_PdfBlock] = []

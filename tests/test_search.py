@@ -260,6 +260,46 @@ def test_two_column_columns_not_interleaved(search):
                      "neighbouring domains can pair with each other", hit["snippet"]), hit["snippet"]
 
 
+def _column_lines(page, x: float, y: float, lines: list[str], size: float = 10.5) -> None:
+    for n, line in enumerate(lines):
+        page.insert_text((x, y + n * size * 1.5), line, fontname="china-s", fontsize=size)
+
+
+def test_chinese_columns_below_a_figure_are_read_left_then_right(kb_engine, tmp_path):
+    # A Chinese journal page: a full-width figure caption, then the left column's last line of a paragraph carried
+    # over from the page before and a new paragraph, beside a right column set as one block. Eight lines of CJK
+    # fill a column as 400 letters would; read by rows, the right column came between the two left paragraphs.
+    pymupdf = pytest.importorskip("pymupdf")
+    carried = "后再进入下一轮的干旱胁迫处理。"
+    left = ["2) 根系取样。每个处理随机选取六株幼苗，用",
+            "清水冲洗根系表面的土壤颗粒，再用吸水纸吸干表",
+            "面水分，随后将主根与侧根分开称量鲜重。侧根按",
+            "照直径分为三级，分别置于烘箱中以八十度烘干至",
+            "恒重，记录干重并计算根冠比。同一批样品另取一",
+            "部分用于测定可溶性糖和脯氨酸的含量，测定前在",
+            "液氮中研磨成粉末，保存于零下八十度的冰箱中备",
+            "用，全部测定均重复三"]
+    right = ["次，取平均值作为该处理的结果。统计分析采用单",
+             "因素方差分析，显著性水平设为百分之五，多重比",
+             "较采用最小显著差数法。作图使用开源软件完成，",
+             "图中误差线表示标准误。为了检验干旱胁迫对根系",
+             "形态的影响是否随品种而变化，我们在方差分析中",
+             "加入品种与处理的交互项，并对交互作用显著的指",
+             "标逐一进行简单效应检验，结果汇总于表二之中，",
+             "供后文讨论根系可塑性时参考，不再单独列出。"]
+    doc = pymupdf.open()
+    page = doc.new_page(width=595, height=842)
+    page.insert_text((230, 560), "图1 试验小区的布置与取样位置", fontname="china-s", fontsize=9)
+    _column_lines(page, 57, 600, [carried])
+    _column_lines(page, 57, 616, left)
+    _column_lines(page, 308, 600, right)
+    path = tmp_path / "journal_page.pdf"
+    doc.save(path)
+    text = kb_engine.page_texts(str(path))[0].replace("\n", "")
+    at = [text.find(part) for part in ("图1", carried, "根系取样", "取平均值作为", "不再单独列出")]
+    assert -1 not in at and at == sorted(at), (at, text)
+
+
 # ---------------------------------------------------------------------------
 # filters
 
