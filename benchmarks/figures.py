@@ -108,7 +108,9 @@ def performance_sections(results_dir: Path = RESULTS_DIR) -> str:
     rows = ["| set | papers | headings | heading recall (with the next page) | label precision | level accuracy |",
             "|---|---|---|---|---|---|"]
     dates = []
-    for name, label in (("section_headings", "main"), ("section_headings_heldout", "held-out")):
+    for name, label in (("section_headings", "main"), ("section_headings_heldout", "held-out"),
+                        ("section_headings_zh_journals", "Chinese journals"),
+                        ("section_headings_zh_journals_ocr", "Chinese journals, scanned copies")):
         result = recorded(name, results_dir)
         if result is None:
             continue
@@ -393,7 +395,7 @@ def performance_ocr(results_dir: Path = RESULTS_DIR) -> str:
     hits = ["| papers | questions | originals page-hit@1 / @5 | copies: page-hit@1 / @5 (share of the originals' @5) |",
             "|---|---|---|---|"]
     sources = []
-    for name, label in (("ocr_heldout", "held-out"), ("ocr", "development")):
+    for name, label in (("ocr_heldout", "held-out"), ("ocr_zh_journals", "Chinese journals"), ("ocr", "development")):
         result = _need(name, results_dir)
         f = result["figures"]
         for key, summary in f["summary"].items():

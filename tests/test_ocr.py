@@ -402,6 +402,33 @@ def test_ocr_lines_of_a_table_row_go_left_to_right(kb_engine):
                                                                          "right two"]
 
 
+def test_ocr_lines_keep_their_heading_numbers_and_the_body_size(kb_engine):
+    """The recognizer glues a heading's number to its CJK text ("2.2.1计算基础性能得分"): the layer sets it apart,
+    so the heading reads as numbered, but not a number before a measure word ("3个节点"). A line of running text
+    whose box a raised citation mark made taller is written at the body size: at its box's height it read as
+    set larger, and as a heading; a heading set larger stays larger."""
+    import pymupdf
+    assert kb_engine.ocr_line_text("2.2.1计算基础性能得分") == "2.2.1 计算基础性能得分"
+    assert kb_engine.ocr_line_text("3实验评估") == "3 实验评估"
+    assert kb_engine.ocr_line_text("3个节点的结果相近") == "3个节点的结果相近"
+    assert kb_engine.ocr_line_text("2023年的观测资料表明土壤水分逐年下降") == "2023年的观测资料表明土壤水分逐年下降"
+    assert kb_engine.ocr_line_text("2.Methods") == "2. Methods"
+
+    def line(text, y, height, x1=287):
+        return [text, [57, y, x1, y + height], 0.95]
+    body = "观测期间共布设二十四个样点每个样点取样三次"            # 21 characters across 230 points: 11 a character
+    lines = [line(body, 100 + 16 * n, 10.5) for n in range(8)]
+    lines.append(line("处理组的水分利用效率明显高于对照组[8-11]。", 240, 16.5))     # raised marks: a tall box
+    lines.append(line("3 实验评估", 262, 14.5, x1=140))
+    page = pymupdf.open().new_page(width=595, height=842)
+    kb_engine.layer_ocr_lines(page, lines)
+    blocks, _ = kb_engine._pdf_page_blocks(page)
+    size = {line.text: line.size for block in blocks for line in block.lines}
+    # the size a layer line reports follows how far its text was stretched to its box, within a few per cent
+    assert abs(size["处理组的水分利用效率明显高于对照组[8-11]。"] - size[body]) < 0.05 * size[body], size
+    assert size["3 实验评估"] > 1.2 * size[body]
+
+
 def test_page_texts_follows_kb_ocr(kb_engine, scans, ocr_cache, monkeypatch):
     """page_texts is the engine's text of a page under the ingest rule: with KB_OCR=off a scan has none, and it
     is refused as ingest refuses it."""

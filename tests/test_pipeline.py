@@ -1,5 +1,5 @@
 """The ingest pipeline: cheap checks in order, reading in spawned worker processes, one commit per file,
-vectors encoded on a thread (section 20 (Ingest) of kb_engine.py: triage_file, prepare_file, store_prepared,
+vectors encoded on a thread (section 22 (Ingest) of kb_engine.py: triage_file, prepare_file, store_prepared,
 FileReader, VectorFeeder, ingest_files, cmd_ingest).
 
 Covered here: reading in workers stores exactly what reading in-process stores (every column of docs, chunks,
