@@ -113,7 +113,8 @@ def load_headings(path: Path) -> list[dict]:
 # -- the library -----------------------------------------------------------------------------------------
 
 def build_library(docs: list[dict], corpus: Path, work: Path, ocr_cache: Path | None = None,
-                  scanned: bool = False) -> Path:
+                  scanned: bool = False) -> tuple[Path, Path]:
+    """The library of the documents, and the folder they were read from (their scanned copies' with ``scanned``)."""
     kb_engine = repo_engine()
     kb = work / "kb"
     if work.exists():
@@ -139,7 +140,7 @@ def build_library(docs: list[dict], corpus: Path, work: Path, ocr_cache: Path | 
         print(f"library: {len(paths)} documents in {time.perf_counter() - started:.1f} s ({kb})", file=sys.stderr)
     finally:
         engine.close()
-    return kb
+    return kb, corpus
 
 
 def passages_by_doc(kb: Path, corpus: Path, docs: list[dict]) -> dict[str, list[tuple[int, int, list[str]]]]:
@@ -249,9 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if absent:
         print(f"not in the corpus at {corpus}: {absent}", file=sys.stderr)
         return 2
-    kb = build_library(docs, corpus, Path(args.work), args.ocr_cache, args.scanned)
-    if args.scanned:
-        corpus = Path(args.work) / "scans"
+    kb, corpus = build_library(docs, corpus, Path(args.work), args.ocr_cache, args.scanned)
     passages = passages_by_doc(kb, corpus, docs)
     rows = [score_document(d, passages[d["doc"]]) for d in docs]
     print_report(rows, args.misses)
