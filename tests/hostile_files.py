@@ -60,3 +60,45 @@ def docx_one_long_run(path: Path, run_mb: int) -> Path:
             part.write(block)
         part.write(b"</w:t></w:r></w:p>")
     return _docx(Path(path), body)
+
+
+def nested_drawing_pdf(path: Path, depth: int, fanout: int = 10, text: str = "A page whose drawing nests") -> Path:
+    """A one-page PDF of a few kilobytes whose drawing costs fanout ** depth strokes: form XObject k draws form
+    k - 1 ``fanout`` times (each a little shifted), and the page draws the top one under a line of real text.
+    Every consumer that interprets the page (text extraction, rendering, the glyphs of a box) walks all of them, so
+    at depth 6 or 7 one page costs minutes to hours of PyMuPDF while the file stays tiny: the PDF form of the
+    "billion laughs" XML bomb. Written by hand, since PyMuPDF flattens what it draws."""
+    objects: list[bytes] = []
+
+    def add(body: bytes) -> int:
+        objects.append(body)
+        return len(objects)
+
+    def stream(dictionary: str, data: bytes) -> bytes:
+        return f"<< {dictionary} /Length {len(data)} >>\nstream\n".encode() + data + b"\nendstream"
+
+    catalog = add(b"")                 # filled in once the page tree's number is known
+    pages = add(b"")
+    font = add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    previous = add(stream("/Type /XObject /Subtype /Form /BBox [0 0 612 792]", b"0.5 w 10 10 m 20 20 l S"))
+    for level in range(1, depth + 1):
+        calls = b" ".join(f"q 1 0 0 1 {i % 3} {i % 2} cm /X{level - 1} Do Q".encode() for i in range(fanout))
+        previous = add(stream(f"/Type /XObject /Subtype /Form /BBox [0 0 612 792] "
+                              f"/Resources << /XObject << /X{level - 1} {previous} 0 R >> >>", calls))
+    safe = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+    content = add(stream("", f"BT /F1 12 Tf 72 720 Td ({safe}) Tj ET q /X{depth} Do Q".encode()))
+    page = add(f"<< /Type /Page /Parent {pages} 0 R /MediaBox [0 0 612 792] /Contents {content} 0 R "
+               f"/Resources << /Font << /F1 {font} 0 R >> /XObject << /X{depth} {previous} 0 R >> >> >>".encode())
+    objects[catalog - 1] = f"<< /Type /Catalog /Pages {pages} 0 R >>".encode()
+    objects[pages - 1] = f"<< /Type /Pages /Kids [{page} 0 R] /Count 1 >>".encode()
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root {catalog} 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    path.write_bytes(bytes(out))
+    return path
