@@ -117,6 +117,10 @@ DOCUMENT_LIMITS = {
     "KB_MAX_CHUNKS": 20_000,       # passages of one document (a 1,000-page book makes about 5,000)
     "KB_OCR_MAX_PAGES": 300,       # pages of one document that are OCR'd (4 to 9 s each on two cores)
     "KB_OCR_PAGE_SECONDS": 120,    # one page's OCR; past it the page is left out (a page takes 4 to 9 s)
+    # One page's reading (or one step of a file without pages) in a reader process; past it the process is killed
+    # and the file gets a timed_out entry. A page OCR'd gets KB_OCR_PAGE_SECONDS more. A real page takes well under
+    # a second; only a file built to exhaust its reader (drawings nested into billions of strokes) gets near it.
+    "KB_READ_SECONDS": 60,
 }
 
 
@@ -306,6 +310,12 @@ ENVIRONMENT_VARIABLES = (
            "`120`",
            "the longest one page's OCR may take (a page takes 4 to 9 s on two cores); a page past it is left out, "
            "uncached, and the ingest entry says how many were"),
+    EnvVar("KB_READ_SECONDS",
+           "`60`",
+           "the longest a reader process may spend on one page of a file (or one step of a file without pages); "
+           "past it the process is killed, the file gets a `timed_out` error entry and the batch goes on. A page "
+           "being OCR'd gets `KB_OCR_PAGE_SECONDS` more. Reading in the engine process (`KB_INGEST_WORKERS=0`) has "
+           "no such deadline"),
     EnvVar("KB_ASYNC_THRESHOLD",
            "`25`",
            "through the JSON protocols, an ingest with more files than this to work on, or a zotero import with "
@@ -2761,12 +2771,15 @@ OCR_CACHE_FILENAME = "ocr-cache.sqlite"     # beside kb.sqlite in a library; in 
 class ReadOptions:
     """How files are read, sent to reader processes: the OCR mode (None: KB_OCR's, else auto), the cache of OCR'd
     pages (a SQLite file), the threads of the OCR models (0: onnxruntime's choice, every core) and where each
-    OCR'd page is reported (``on_page(done, total)``: pages of the document gone through, its page count; set in
-    the process that reads, never pickled)."""
+    OCR'd page is reported (``on_page(done, total)``: pages of the document gone through, its page count). The
+    reader also says when it starts each step (``on_step(kind, number, total)``: a ``page`` read, a page's
+    ``ocr``, the ``describe`` step after the pages), the heartbeat its reader process is timed by. Both are set in
+    the process that reads, never pickled."""
     ocr: str | None = None
     ocr_cache: str | None = None
     ocr_threads: int = 0
     on_page: Callable[[int, int], None] | None = field(default=None, compare=False)
+    on_step: Callable[[str, int, int], None] | None = field(default=None, compare=False)
 
 
 def ocr_mode(value: str | None = None) -> str:
@@ -3690,6 +3703,7 @@ class _PdfOcr:
         options = options or ReadOptions()
         self.threads, self.pages = options.ocr_threads, pages        # pages: the document's count, for progress
         self.on_page = options.on_page or (lambda done, total: None)
+        self.on_step = options.on_step or (lambda kind, number, total: None)
         self.mode = ocr_mode(options.ocr)
         self.available = self.mode != "off" and ocr_available()
         self.path = path
@@ -3717,6 +3731,7 @@ class _PdfOcr:
                 self._sha256 = sha256_of_file(self.path)
             except OSError:
                 self._sha256 = ""           # read, not cached
+        self.on_step("ocr", number, self.pages)
         try:
             lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds, self.threads,
                               clear=reason in ("garbled", "forced"))
@@ -3753,6 +3768,7 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
         for number, page in enumerate(doc):
             if max_pages is not None and number >= max_pages:
                 break
+            ocr.on_step("page", number + 1, ocr.pages)
             try:
                 page_blocks, margin = ocr.page_blocks(page, number + 1, *_pdf_page_blocks(page))
                 raw_pages.append((page_blocks, page.rect.height))
@@ -10626,6 +10642,18 @@ class JobCancelled(Exception):
     """Raised inside a job when its cancellation was requested."""
 
 
+# The check a job's process installs (run_job): a wait that can last, such as the wait for a reader process on a
+# file that never finishes, asks it on every poll, so that a cancel stops the job within a second or so even when
+# no progress event comes. Elsewhere (serve, the CLI, the Python API) nothing is installed and nothing is asked.
+_CANCEL_CHECK: list[Callable[[], bool]] = []
+
+
+def stop_if_cancelled() -> None:
+    """Raise JobCancelled when this process runs a job whose cancellation was requested."""
+    if _CANCEL_CHECK and _CANCEL_CHECK[0]():
+        raise JobCancelled()
+
+
 def async_threshold() -> int:
     try:
         return max(0, int(os.environ.get("KB_ASYNC_THRESHOLD", "25")))
@@ -11293,6 +11321,8 @@ def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
     (OCR'd pages go through their own cache file)."""
     try:
         extracted = extract_file(path, options=options)
+        if options is not None and options.on_step is not None:
+            options.on_step("describe", 0, 0)
         meta = extract_metadata(extracted, path)
         chunks = chunk_document(extracted)
         if len(chunks) > document_limit("KB_MAX_CHUNKS"):
@@ -11601,11 +11631,13 @@ VECTOR_BATCH = 128           # chunks per encoding call: large enough for throug
 
 
 def ingest_workers(own_process: bool) -> int:
-    """Worker processes that read files ahead of the commits (KB_INGEST_WORKERS; 0 reads in-process).
+    """Reader processes that read files ahead of the commits (KB_INGEST_WORKERS; 0 reads in-process).
 
     By default one core is left to the main process, which commits and (on its encoding thread) embeds. Inside
-    someone else's program (the Python API) the default is 0: a spawned worker re-imports the program's main
-    module, which is only safe when that module guards its entry point.
+    someone else's program (the Python API) the default is 0: a spawned process re-imports the program's main
+    module, which is only safe when that module guards its entry point. Only a reader process can be stopped, so
+    only there does a read run under its deadline (KB_READ_SECONDS); the engine's own processes (the CLI, serve,
+    jobs) always read there.
     """
     value = os.environ.get("KB_INGEST_WORKERS", "").strip()
     if value.isdigit():
@@ -11613,32 +11645,57 @@ def ingest_workers(own_process: bool) -> int:
     return max(1, min(4, (os.cpu_count() or 1) - 1)) if own_process else 0
 
 
-# Set only in a reader process, by its initializer: the queue its OCR page progress goes back on. A pool's
-# task arguments are pickled and a queue cannot be, so the queue travels once, when the process starts.
-_READER_PROCESS: dict = {}
-
-
-def _reader_init(parent_pid: int, channel) -> None:
-    """Reader-process initializer: keep the progress queue, and end with the engine process."""
-    _READER_PROCESS["channel"] = channel
+def _reader_main(conn, parent_pid: int) -> None:
+    """A reader process: reads the files it is handed, one at a time, and says as it goes which step it is on
+    (each page, each page's OCR, the describing after the pages): the heartbeat the engine times it by. The
+    engine kills it when a step runs past its limit, or when the job it reads for is cancelled."""
     _watch_parent(parent_pid)
+    conn.send(("ready",))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        read, path, options = task
 
+        def step(kind: str, number: int, total: int) -> None:
+            conn.send(("step", kind, number, total))
 
-def _read_in_reader(read: Callable[..., PreparedFile], path: str, options: ReadOptions) -> PreparedFile:
-    """A pool task: ``read`` with each OCR'd page reported on the process's progress queue."""
-    channel = _READER_PROCESS.get("channel")
-    if channel is not None:
-        options = replace(options, on_page=lambda done, total: channel.put((path, done, total)))
-    return read(path, options)
+        def page(done: int, total: int) -> None:
+            conn.send(("ocr", done, total))
+
+        try:
+            result = read(path, replace(options, on_page=page, on_step=step))
+        except MemoryError:
+            result = PreparedFile(failure="the reader ran out of memory on this file")
+        except Exception as exc:       # a parser bug must not end the process the next files need
+            result = PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
+        try:
+            conn.send(("done", result))
+        except (TypeError, ValueError, AttributeError) as exc:     # a result that cannot be pickled
+            conn.send(("done", PreparedFile(failure=f"the reader's result could not be sent back: {exc}")))
 
 
 def _watch_parent(parent_pid: int) -> None:
-    """Worker-process initializer: end with the engine process, even when that one is killed outright.
+    """Reader-process start: end with the engine process, even when that one is killed outright.
 
-    A killed parent cannot tell its pool to stop, and the workers' queue never reports end of file (each worker
-    holds a copy of its write end), so without this they would wait forever.
+    A killed parent cannot tell its readers to stop, and a reader blocked on its pipe would wait forever. On Linux
+    the kernel kills the reader with its parent (PR_SET_PDEATHSIG): a reader deep in one page of MuPDF holds the
+    interpreter lock, so a watching thread would not run until the page is done, which for a hostile page is
+    never. Elsewhere the thread is all there is.
     """
     import threading
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, 9, 0, 0, 0)         # PR_SET_PDEATHSIG, SIGKILL
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:          # the parent died before the line above: end now
+        os._exit(0)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
@@ -11647,112 +11704,259 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="kb-parent-watch", daemon=True).start()
 
 
-class FileReader:
-    """Reads pending files in worker processes, ahead of the in-order commits.
+class ReadHandle:
+    """A file handed to the reader processes: ``done()`` once its reading is over, read, failed or stopped."""
 
-    A worker that dies (a parser crash on a hostile PDF) breaks the pool: every file it held is then read again
-    alone in a fresh one-worker pool, so only the file that really crashes it is reported, and the batch goes on.
-    Each page a worker OCRs comes back on a queue and goes to ``progress`` as an ``ocr`` event while the engine
-    waits for that worker's file. The OCR models of parallel workers share the cores between them.
+    def __init__(self, pending: PendingFile):
+        self.pending = pending
+        self.result: PreparedFile | None = None
+        self.deaths = 0          # reader processes that died under this file
+
+    def done(self) -> bool:
+        return self.result is not None
+
+
+class _ReaderProcess:
+    """One reader process, the file it holds and the step it last said it began."""
+
+    def __init__(self, context):
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_reader_main, args=(child, os.getpid()), name="kb-reader",
+                                       daemon=True)
+        self.process.start()
+        child.close()
+        self.ready = False
+        self.handle: ReadHandle | None = None
+        self.files = 0
+        self.step: tuple[str, int, int] = ("start", 0, 0)
+        self.since = time.monotonic()
+
+    def kill(self) -> None:
+        try:
+            self.process.kill()
+            self.process.join(5)
+        except (OSError, ValueError, AssertionError):
+            pass
+        self.conn.close()
+
+
+READ_STEP_WORDS = {"start": "opening the file", "page": "page {number} of {total}",
+                   "ocr": "the OCR of page {number} of {total}", "describe": "describing the document"}
+
+
+class FileReader:
+    """Reads pending files in reader processes, ahead of the commits, each file under a deadline.
+
+    Files start in the order they were handed over, one per process. Each process says which step of its file it
+    has begun (a page, a page's OCR, the describing); a step that runs past KB_READ_SECONDS (KB_OCR_PAGE_SECONDS
+    more for OCR) gets its process killed and its file a ``timed_out`` entry, and the batch goes on. A process
+    that dies under a file (a parser crash on a hostile PDF, or a kill from outside) is replaced and the file
+    read once more; a file that kills two processes is reported as crashing the reader. Each page a process
+    OCRs goes to ``progress`` as an ``ocr`` event. Waits ask ``stop_if_cancelled`` on every poll, so a cancelled
+    job stops at once, whatever its reader is doing. With no processes (``workers`` 0) files are read in-process,
+    with no deadline.
     """
 
-    PROGRESS_POLL_S = 0.25      # how often a wait for a worker's file passes its OCR progress on
+    PROGRESS_POLL_S = 0.25      # how often a wait takes in what the reader processes report
+    FILES_PER_PROCESS = 200     # a reader process is replaced after this many files (MuPDF keeps caches)
+    START_FAILURES = 3          # reader processes dying before they are ready, in a row, before the files fail
+    START_SECONDS = 120         # a process not ready by then (importing the engine takes a second or two) is dead
 
     def __init__(self, workers: int, read: Callable[..., PreparedFile] | None = None,
                  options: ReadOptions | None = None, progress: Callable[[dict], None] | None = None):
+        from collections import deque
         self.workers = workers
-        self.read = read or prepare_file      # module-level, so a spawned worker can import it
+        self.read = read or prepare_file      # module-level, so a spawned process can import it
         options = options or ReadOptions()
         if workers > 1 and not options.ocr_threads:
             options = replace(options, ocr_threads=max(1, (os.cpu_count() or 1) // workers))
         self.options = options
         self.progress = progress
-        self.pool = None
-        self.channel: Any = None      # the workers' progress queue, made with the first pool
+        self.queue: deque[ReadHandle] = deque()
+        self.processes: list[_ReaderProcess] = []
+        self.started = 0               # reader processes started, over the reader's life
+        self.start_failures = 0
+        self.context: Any = None
 
-    def _new_pool(self, workers: int):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        # spawn, not fork: the engine may hold threads (model loading, downloads) that fork would copy mid-lock
-        context = multiprocessing.get_context("spawn")
-        if self.channel is None:
-            self.channel = context.Queue()
-        options = {"max_tasks_per_child": 200} if sys.version_info >= (3, 11) else {}
-        return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_reader_init,
-                                   initargs=(os.getpid(), self.channel), **options)
+    # -- handing files over, taking results back ---------------------------------------------------------------
+    def submit(self, pending: PendingFile, first: bool = False) -> ReadHandle | None:
+        """Queue a file for a reader process (``first``: ahead of the others); None when files are read
+        in-process."""
+        if self.workers <= 0:
+            return None
+        handle = ReadHandle(pending)
+        if first:
+            self.queue.appendleft(handle)
+        else:
+            self.queue.append(handle)
+        self.pump(0)
+        return handle
+
+    def result(self, pending: PendingFile, handle: ReadHandle | None) -> PreparedFile:
+        if handle is None:
+            on_page = functools.partial(self._report, pending.path) if self.progress is not None else None
+            return self.read(pending.path, replace(self.options, on_page=on_page))
+        while handle.result is None:
+            stop_if_cancelled()
+            self.pump(self.PROGRESS_POLL_S)
+        return handle.result
+
+    def read_now(self, pending: PendingFile) -> PreparedFile:
+        return self.result(pending, self.submit(pending, first=True))
+
+    def pump(self, timeout: float) -> None:
+        """Start reader processes as the queue needs them, hand queued files to idle ones, take in what they
+        report (waiting up to ``timeout`` for it), and stop a process whose step ran past its limit."""
+        from multiprocessing.connection import wait
+        self._start_processes()
+        self._assign()
+        waiting = [p for p in self.processes if p.handle is not None or not p.ready]
+        if not waiting:
+            return
+        try:
+            answered = wait([p.conn for p in waiting], timeout)
+        except OSError:
+            answered = [p.conn for p in waiting]      # a closed pipe: _take finds which
+        for process in waiting:
+            if process.conn in answered:
+                self._take(process)
+        self._stop_overdue()
+        self._assign()
 
     def _report(self, path: str, done: int, total: int) -> None:
         if self.progress is not None:
             self.progress({"phase": "ocr", "path": path, "done": done, "total": total})
 
-    def _pass_progress_on(self) -> None:
-        import queue
-        while self.channel is not None:
-            try:
-                path, done, total = self.channel.get_nowait()
-            except (queue.Empty, OSError, ValueError, EOFError):
+    # -- the processes ------------------------------------------------------------------------------------------
+    def _start_processes(self) -> None:
+        import multiprocessing
+        busy = sum(p.handle is not None for p in self.processes)
+        wanted = min(self.workers, busy + len(self.queue))
+        while len(self.processes) < wanted:
+            if self.context is None:
+                # spawn, not fork: the engine may hold threads (model loading, downloads) that fork would copy
+                # mid-lock
+                self.context = multiprocessing.get_context("spawn")
+            self.processes.append(_ReaderProcess(self.context))
+            self.started += 1
+
+    def _assign(self) -> None:
+        for process in self.processes:
+            if not self.queue:
                 return
-            self._report(path, done, total)
-
-    def _wait(self, handle) -> PreparedFile:
-        from concurrent.futures import TimeoutError as StillRunning
-        while True:
+            if not process.ready or process.handle is not None:
+                continue
+            handle = self.queue.popleft()
             try:
-                return handle.result(timeout=self.PROGRESS_POLL_S)
-            except StillRunning:
-                pass
-            finally:
-                self._pass_progress_on()
+                process.conn.send((self.read, handle.pending.path, self.options))
+            except (OSError, ValueError):
+                self.queue.appendleft(handle)
+                self._lost(process)
+                return
+            process.handle, process.step, process.since = handle, ("start", 0, 0), time.monotonic()
 
-    def submit(self, pending: PendingFile):
-        from concurrent.futures.process import BrokenProcessPool
-        if self.workers <= 0:
-            return None
-        pool = self.pool if self.pool is not None else self._new_pool(self.workers)
-        self.pool = pool
+    def _take(self, process: _ReaderProcess) -> None:
+        """Everything a process has sent; its death when its pipe is closed."""
         try:
-            return pool.submit(_read_in_reader, self.read, pending.path, self.options)
-        except BrokenProcessPool:      # a worker died between files (killed from outside): start afresh
-            self._discard_pool()
-            self.pool = pool = self._new_pool(self.workers)
-            return pool.submit(_read_in_reader, self.read, pending.path, self.options)
+            while process.conn.poll():
+                message = process.conn.recv()
+                kind = message[0]
+                process.since = time.monotonic()
+                if kind == "ready":
+                    process.ready, self.start_failures = True, 0
+                elif kind == "step":
+                    process.step = tuple(message[1:4])
+                elif kind == "ocr" and process.handle is not None:
+                    self._report(process.handle.pending.path, message[1], message[2])
+                elif kind == "done" and process.handle is not None:
+                    process.handle.result, process.handle = message[1], None
+                    process.files += 1
+                    if process.files >= self.FILES_PER_PROCESS:
+                        self._retire(process)
+                        return
+        except (EOFError, OSError):
+            self._lost(process)
 
-    def result(self, pending: PendingFile, handle) -> PreparedFile:
-        from concurrent.futures.process import BrokenProcessPool
+    def _lost(self, process: _ReaderProcess) -> None:
+        """A process that died: its file is read once more in a fresh one, or, having killed two, reported."""
+        self._drop(process)
+        handle = process.handle
+        if not process.ready:
+            process.process.join(1)         # for its exit code
+            self.start_failures += 1
+            if self.start_failures >= self.START_FAILURES:
+                self._fail_queue(f"reader processes die as they start (exit code {process.process.exitcode}); "
+                                 "KB_INGEST_WORKERS=0 reads files in the engine process")
         if handle is None:
-            on_page = functools.partial(self._report, pending.path) if self.progress is not None else None
-            return self.read(pending.path, replace(self.options, on_page=on_page))
+            return
+        handle.deaths += 1
+        if handle.deaths >= 2:
+            handle.result = PreparedFile(failure="the file crashed the document reader (its process died, twice); "
+                                                 "the file is probably damaged")
+        else:
+            self.queue.appendleft(handle)
+
+    def _fail_queue(self, why: str) -> None:
+        while self.queue:
+            self.queue.popleft().result = PreparedFile(failure=why)
+
+    def _stop_overdue(self) -> None:
+        """Kill each process whose step has run past its limit; its file is stored as timed out."""
+        limit = document_limit("KB_READ_SECONDS")
+        now = time.monotonic()
+        for process in list(self.processes):
+            if not process.ready and now - process.since > max(limit, self.START_SECONDS):    # never came up
+                process.kill()
+                self._lost(process)
+                continue
+            handle = process.handle
+            kind, number, total = process.step
+            allowed = limit + (document_limit("KB_OCR_PAGE_SECONDS") if kind == "ocr" else 0)
+            if handle is None or now - process.since <= allowed:
+                continue
+            self._drop(process)
+            process.kill()
+            what = READ_STEP_WORDS.get(kind, kind).format(number=number, total=total)
+            handle.result = PreparedFile(rejected=(
+                STATUS_ERROR, "timed_out",
+                f"reading stopped: {what} took longer than KB_READ_SECONDS ({limit} s"
+                + (", plus KB_OCR_PAGE_SECONDS for OCR" if kind == "ocr" else "") + "); a page that costs this "
+                "much is usually built to exhaust readers (drawings nested many levels deep); the library keeps "
+                "this entry until the file changes, and ingest with force tries again"))
+
+    def _drop(self, process: _ReaderProcess) -> None:
+        if process in self.processes:
+            self.processes.remove(process)
+
+    def _retire(self, process: _ReaderProcess) -> None:
+        self._drop(process)
         try:
-            return self._wait(handle)
-        except BrokenProcessPool:
-            self._discard_pool()
-            return self._read_alone(pending.path)
-
-    def read_now(self, pending: PendingFile) -> PreparedFile:
-        return self.result(pending, self.submit(pending))
-
-    def _read_alone(self, path: str) -> PreparedFile:
-        from concurrent.futures.process import BrokenProcessPool
-        pool = self._new_pool(1)
-        try:
-            return self._wait(pool.submit(_read_in_reader, self.read, path, self.options))
-        except BrokenProcessPool:
-            return PreparedFile(failure="the file crashed the document reader (its worker process died); "
-                                        "the file is probably damaged")
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-    def _discard_pool(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = None
+            process.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        process.process.join(5)
+        if process.process.is_alive():
+            process.kill()
+        process.conn.close()
 
     def close(self) -> None:
-        self._discard_pool()
-        if self.channel is not None:
-            self.channel.cancel_join_thread()       # nothing left to read: never block on a half-sent report
-            self.channel.close()
-            self.channel = None
+        """Stop every reader process now: an idle one is asked to end, a busy one is killed (a cancelled job or
+        a failed batch must not wait for a file that may never finish)."""
+        processes, self.processes = self.processes, []
+        for process in processes:
+            if process.handle is None and process.ready:
+                try:
+                    process.conn.send(None)
+                    continue
+                except (OSError, ValueError):
+                    pass
+            process.kill()
+        for process in processes:
+            process.process.join(5)
+            if process.process.is_alive():
+                process.kill()
+            process.conn.close()
+        self.queue.clear()
 
 
 class VectorFeeder:
@@ -11951,23 +12155,26 @@ def ocr_pages_only(progress: Callable[[dict], None] | None) -> Callable[[dict], 
 def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
                  feeder: VectorFeeder | None, workers: int = 0,
                  on_entry: Callable[[int, dict], dict] | None = None, ocr: str | None = None) -> list[dict]:
-    """Ingest files in order, one transaction each, reading later files in worker processes meanwhile.
+    """Ingest files, one transaction each, reading them in reader processes meanwhile; the entries come back in
+    input order.
 
-    The cheap checks run here, in order; a file that needs reading goes to a worker as soon as a second such file
-    shows up (one changed file among many unchanged ones is read in-process: a worker costs a second to start).
-    ``on_entry(index, entry)`` runs right after each file is stored, in input order, and may return a new entry
-    (the Zotero import lays an item's data over its file there).
+    The cheap checks run here, in order, and every file that needs reading goes to the reader as it is found, so
+    reading starts in input order. A file is committed as soon as its reading is over, not after the files ahead
+    of it: a short paper behind a 300-page scan is stored (and survives a kill) while the scan is still read. Of
+    identical files, the first in input order is stored first, so which copy is the original never depends on
+    which read finished first. ``on_entry(index, entry)`` runs right after each file is stored, with the file's
+    index in ``files``, and may return a new entry (the Zotero import lays an item's data over its file there).
     """
-    from collections import deque
     options = ReadOptions(ocr=ocr_mode(ocr), ocr_cache=str(lib.root / OCR_CACHE_FILENAME))
     reader = FileReader(workers, options=options, progress=progress)
     lookahead = max(2, 2 * reader.workers)
-    window: deque = deque()
-    entries: list[dict] = []
-    pending_count = 0
+    window: list[tuple[int, Any]] = []      # (index, a finished entry or [pending, handle]), in input order
+    entries: list[dict | None] = [None] * len(files)
+    stored = 0
+    in_flight: list[str] = []      # the file being stored when something fails
 
-    def finish_front() -> None:
-        item = window.popleft()
+    def commit(index: int, item: Any) -> None:
+        nonlocal stored
         if isinstance(item, dict):
             entry = item
         else:
@@ -11982,48 +12189,63 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
             if feeder is not None and entry["status"] in (STATUS_ADDED, STATUS_UPDATED):
                 feeder.feed(embedding_inputs(lib.chunk_passages(path=pending.path), feeder.passage_format))
         if on_entry is not None:
-            entry = on_entry(len(entries), entry)
-        entries.append(entry)
+            entry = on_entry(index, entry)
+        entries[index] = entry
+        stored += 1
         if feeder is not None:
             feeder.store_ready(lib)
         if progress:
-            progress({"phase": "files", "done": len(entries), "total": len(files), "path": entry["path"],
+            progress({"phase": "files", "done": stored, "total": len(files), "path": entry["path"],
                       "status": entry["status"]})
 
-    def front_ready() -> bool:
-        front = window[0]
-        return isinstance(front, dict) or (front[1] is not None and front[1].done())
+    def ready(position: int) -> bool:
+        item = window[position][1]
+        if isinstance(item, dict) or item[1] is None:
+            return True     # finished at the checks, or read in-process (in order) as it is committed
+        pending, handle = item
+        return handle.done() and not any(isinstance(other, list) and other[0].sha == pending.sha
+                                         for _, other in window[:position])
 
-    in_flight: list[str] = []      # the file being stored when something fails
+    def commit_ready() -> bool:
+        """Commit every file whose reading is over; whether any was."""
+        reader.pump(0)
+        position, any_done = 0, False
+        while position < len(window):
+            if ready(position):
+                commit(*window.pop(position))
+                any_done = True
+            else:
+                position += 1
+        return any_done
 
     try:
-        for path, explicit in files:
+        for index, (path, explicit) in enumerate(files):
             in_flight[:] = [path]
             outcome = triage_file(lib, path, explicit, force)
             if isinstance(outcome, PendingFile):
-                pending_count += 1
-                window.append([outcome, reader.submit(outcome) if pending_count > 1 else None])
-                if pending_count == 2:       # now worth a worker: the first file is read there too
-                    for item in window:
-                        if isinstance(item, list) and item[1] is None:
-                            item[1] = reader.submit(item[0])
+                window.append((index, [outcome, reader.submit(outcome)]))
             else:
-                window.append(outcome)
-            while window and (len(window) > lookahead or front_ready()):
-                finish_front()
+                window.append((index, outcome))
+            commit_ready()
+            while len(window) > lookahead and not commit_ready():
+                stop_if_cancelled()
+                reader.pump(reader.PROGRESS_POLL_S)
         while window:
-            finish_front()
+            if not commit_ready():
+                stop_if_cancelled()
+                reader.pump(reader.PROGRESS_POLL_S)
     except BaseException as exc:
         if feeder is not None:
             feeder.stop()
+        done = [e for e in entries if e is not None]
         if is_disk_full(exc):
             stopped = [_file_entry(p, STATUS_ERROR, time.perf_counter(), reason="disk_full",
                                    error="not stored: the disk is full") for p in in_flight]
-            raise DiskFull(lib.root, {"files": entries + stopped}) from None
+            raise DiskFull(lib.root, {"files": done + stopped}) from None
         raise
     finally:
         reader.close()
-    return entries
+    return [e for e in entries if e is not None]
 
 
 # =============================================================================
@@ -16354,17 +16576,29 @@ def run_job(kb_root: str, job_id: str) -> int:
     job.update(state="running", pid=os.getpid())
     store.write(job)
     last_write = 0.0
+    unsaved = False
 
     def progress(event: dict) -> None:
-        nonlocal last_write
+        nonlocal last_write, unsaved
         fold_progress(job, event)        # the item just reported is committed: count it before stopping
         if store.cancel_requested(job_id):
             raise JobCancelled()
+        unsaved = True
         if time.monotonic() - last_write > JOB_WRITE_INTERVAL_S:
             store.write(job)
-            last_write = time.monotonic()
+            last_write, unsaved = time.monotonic(), False
+
+    def cancelled() -> bool:
+        """Asked by waits that can last (a reader on a long file): the job file shows the last item counted, not
+        one from before the wait, and a cancel is seen at once."""
+        nonlocal last_write, unsaved
+        if unsaved and time.monotonic() - last_write > JOB_WRITE_INTERVAL_S:
+            store.write(job)
+            last_write, unsaved = time.monotonic(), False
+        return store.cancel_requested(job_id)
 
     engine = Engine(own_process=True)
+    _CANCEL_CHECK[:] = [cancelled]
     try:
         result = engine.execute(job["command"], {**job["payload"], "_job_id": job_id}, progress=progress)
         entries = result.get("files", result.get("items")) or []     # ingest's files, zotero's items

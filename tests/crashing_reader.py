@@ -6,7 +6,8 @@ multiprocessing hands the parent's sys.path to the child (pytest puts tests/ on 
 
     read(path)  kb_engine.prepare_file(path), except that a file whose name contains "crash" kills the
                 worker process outright (os._exit(3), as a segfaulting parser would) and one whose name
-                contains "slow" is read half a second late.
+                contains "slow" is read half a second late, and one whose name contains "hang" is never read
+                (the process sleeps on: a stand-in for a page that never finishes, sending no heartbeat).
     pid(path)   the process id of the worker (a plain int, for checking where reading happens).
 """
 from __future__ import annotations
@@ -30,6 +31,9 @@ def read(path: str, options=None):
         os._exit(CRASH_EXIT_CODE)
     if "slow" in name:
         time.sleep(0.5)
+    if "hang" in name:
+        while True:
+            time.sleep(60)
     return kb_engine.prepare_file(path, options)
 
 

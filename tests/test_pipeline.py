@@ -71,15 +71,10 @@ class RecordingReader(RealFileReader):
     def __init__(self, workers, read=None, options=None, progress=None):
         super().__init__(workers, read or type(self).read_with, options, progress)
         self.submitted: list[tuple[str, bool]] = []      # (path, handed to a worker)
-        self.pools = 0
         RecordingReader.instances.append(self)
 
-    def _new_pool(self, workers):
-        self.pools += 1
-        return super()._new_pool(workers)
-
-    def submit(self, pending):
-        handle = super().submit(pending)
+    def submit(self, pending, first=False):
+        handle = super().submit(pending, first)
         self.submitted.append((pending.path, handle is not None))
         return handle
 
@@ -248,7 +243,10 @@ def test_workers_store_exactly_what_in_process_reading_stores(paper_set, tmp_pat
     files = sorted(str(p) for p in paper_set.iterdir())
     assert [f["path"] for f in serial["files"]] == files          # input order, whatever finished first
     assert [f["path"] for f in parallel["files"]] == files
-    assert [e["path"] for e in events if e.get("phase") == "files"] == files
+    # each file is reported as it is stored, in the order the reads finish: every file once, counted up by one
+    reported = [e for e in events if e.get("phase") == "files"]
+    assert sorted(e["path"] for e in reported) == files
+    assert [e["done"] for e in reported] == list(range(1, len(files) + 1))
     assert_totals(serial)
     assert_totals(parallel)
     statuses = {f["status"] for f in parallel["files"]}
@@ -256,10 +254,10 @@ def test_workers_store_exactly_what_in_process_reading_stores(paper_set, tmp_pat
     assert _entries(serial) == _entries(parallel)
     assert serial["totals"] == parallel["totals"]
 
-    # in-process: no pool at all; with workers: every file needing work was read in one
-    assert serial_reader.workers == 0 and serial_reader.pools == 0
+    # in-process: no reader process at all; with workers: every file needing work was read in one of two
+    assert serial_reader.workers == 0 and serial_reader.started == 0
     assert not any(in_worker for _, in_worker in serial_reader.submitted)
-    assert parallel_reader.workers == 2 and parallel_reader.pools == 1
+    assert parallel_reader.workers == 2 and parallel_reader.started == 2
     assert sorted(path for path, in_worker in parallel_reader.submitted if in_worker) == files
 
     a, b = library_dump(tmp_path / "serial"), library_dump(tmp_path / "parallel")
@@ -271,22 +269,23 @@ def test_workers_store_exactly_what_in_process_reading_stores(paper_set, tmp_pat
     assert_db_ok(tmp_path / "parallel")
 
 
-def test_workers_start_only_for_a_second_file(tmp_path, monkeypatch, no_vectors, recording):
+def test_every_file_is_read_in_a_reader_process_in_input_order(tmp_path, monkeypatch, no_vectors, recording):
+    """With reader processes, every file goes to one, the first first (the second used to be handed over before
+    the first, so a short paper waited behind a long scan), and one changed file too: only there does its read
+    run under KB_READ_SECONDS."""
     papers = tmp_path / "papers"
     paths = [_write_md(papers, f"{name}.md", topic) for name, topic in
              (("a", "alpine lakes"), ("b", "basalt weathering"), ("c", "cave fauna"))]
     first = _ingest(monkeypatch, tmp_path / "kb", [papers], workers=2)
     assert [f["status"] for f in first["files"]] == ["added"] * 3
     reader = recording.instances[-1]
-    # the first file waited for the second, then both (and the third) went to the pool, each once
-    assert sorted(reader.submitted) == sorted((str(p), True) for p in paths)
-    assert reader.submitted[0] == (str(paths[1]), True)
+    assert reader.submitted == [(str(p), True) for p in paths]
 
     paths[1].write_text(paths[1].read_text(encoding="utf-8") + "\nA late note on basalt.\n", encoding="utf-8")
     second = _ingest(monkeypatch, tmp_path / "kb", [papers], workers=2)
     assert [f["status"] for f in second["files"]] == ["skipped", "updated", "skipped"]
     reader = recording.instances[-1]
-    assert reader.submitted == [] and reader.pools == 0, "one changed file must not start a worker"
+    assert reader.submitted == [(str(paths[1]), True)] and reader.started == 1
     chunks = library_dump(tmp_path / "kb")["chunks"][str(paths[1])]
     assert any("late note on basalt" in c["text"] for c in chunks)
 
@@ -410,17 +409,13 @@ def test_reader_survives_a_worker_dying_between_files(tmp_path):
     reader = RealFileReader(1)
     try:
         assert reader.result(first, reader.submit(first)).chunks
-        workers = spawned_workers(os.getpid())
-        pool_pids = [pid for pid in getattr(reader.pool, "_processes", {}) or {} if pid in workers]
-        if not pool_pids:
-            pytest.skip("the reader's worker process was not found (executor internals differ)")
-        for pid in pool_pids:
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while not getattr(reader.pool, "_broken", False) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        (process,) = reader.processes
+        assert process.process.pid in spawned_workers(os.getpid())
+        os.kill(process.process.pid, signal.SIGKILL)
+        process.process.join(10)            # dead (its pipe closed) before the next file is handed over
         result = reader.result(second, reader.submit(second))
         assert result.failure is None and result.chunks
+        assert reader.started == 2          # the dead process was replaced, and the file read once
     finally:
         reader.close()
 
