@@ -678,15 +678,17 @@ def test_10_clear_and_reembed_are_refused_while_a_job_writes(tmp_path):
         assert job["state"] in ("queued", "running"), job
         return job["done"] >= 300
     deadline = time.monotonic() + 300
-    while not stored_300():
-        assert time.monotonic() < deadline, "the 300 papers were not stored within 300 s"
-        time.sleep(0.05)
-    cleared = one_shot("clear", {"kb_root": str(kb), "confirm": True}, env)
-    reembedded = one_shot("reembed", {"kb_root": str(kb)}, env)
+    try:
+        while not stored_300():
+            assert time.monotonic() < deadline, "the 300 papers were not stored within 300 s"
+            time.sleep(0.05)
+        cleared = one_shot("clear", {"kb_root": str(kb), "confirm": True}, env)
+        reembedded = one_shot("reembed", {"kb_root": str(kb)}, env)
+    finally:        # the job never ends by itself
+        assert one_shot("status", {"kb_root": str(kb), "job_id": started["job_id"], "cancel": True}, env)[
+            "cancel_requested"] is True
     assert cleared["ok"] is False and cleared["code"] == "job_running" and started["job_id"] in cleared["error"]
     assert reembedded["ok"] is False and reembedded["code"] == "job_running"
-    assert one_shot("status", {"kb_root": str(kb), "job_id": started["job_id"], "cancel": True}, env)[
-        "cancel_requested"] is True
     job, _ = follow_job(kb, started["job_id"], env)
     assert job["state"] == "cancelled" and job["done"] == 300, job
     con = sqlite3.connect(str(kb / "kb.sqlite"))

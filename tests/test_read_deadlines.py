@@ -30,10 +30,26 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="reads /proc to 
 NEVER_FINISHES = 9          # 10**9 strokes on the page: hours of PyMuPDF on any machine
 
 
+_MARKS: list[str] = []
+
+
 def marked_env(**extra) -> tuple[dict, str]:
-    """The environment of an engine whose processes (its reader processes included) can be found by a marker."""
+    """The environment of an engine whose processes (its reader processes included) can be found by a marker;
+    whatever still runs with it when the test ends is killed (a failed test must not leave a reader at work)."""
     mark = uuid.uuid4().hex
+    _MARKS.append(mark)
     return clean_env(KB_EMBED_MODEL="none", KB_TEST_PROCESS_MARK=mark, **extra), mark
+
+
+@pytest.fixture(autouse=True)
+def _kill_what_the_test_started():
+    yield
+    while _MARKS:
+        for pid in marked_processes(_MARKS.pop()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def marked_processes(mark: str) -> list[int]:
