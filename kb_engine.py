@@ -11546,43 +11546,6 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
     return {"vectors_written": written, "vectors_missing": lib.count_missing_vectors(), "model": embedder.model_id}
 
 
-def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None) -> dict:
-    """Re-read title, authors, year, journal and DOI of indexed documents (first pages only); chunks,
-    vectors and references stay as they are."""
-    rows = [r for r in _docs_under(lib, paths, statuses=("indexed",)) if not r["zotero_key"]]   # Zotero's own win
-    entries = []
-    for done, row in enumerate(rows, start=1):
-        started = time.perf_counter()
-        if progress:
-            progress({"phase": "metadata", "done": done, "total": len(rows), "path": row["path"]})
-        if not os.path.exists(fs_path(row)):
-            entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], "not_found",
-                                       "no such file or folder"))
-            continue
-        try:
-            extracted = extract_file(fs_path(row), max_pages=2)
-            meta = extract_metadata(extracted, row["path"])
-        except FileRejected as rejected:
-            entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], rejected.reason,
-                                       rejected.message))
-            continue
-        except OSError as exc:
-            entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], "unreadable",
-                                       _short_error(exc)))
-            continue
-        with lib.transaction():
-            lib.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
-                             "first_author_key = ?, metadata_source = ? WHERE id = ?",
-                             (meta.title, json.dumps(meta.authors, ensure_ascii=False), meta.year, meta.journal,
-                              meta.doi, title_key(meta.title), surname_key(meta.authors[0]) if meta.authors else None,
-                              json.dumps(dict.fromkeys(METADATA_FIELDS, "extracted")), row["id"]))
-            lib.reindex_headings(row["id"], meta.title)
-        entries.append(_file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title, "metadata"))
-    totals = {status: sum(e["status"] == status for e in entries) for status in INGEST_STATUSES}
-    totals.update(files=len(entries), chunks=sum(e["chunks"] for e in entries), chunks_written=0)
-    return {"files": entries, "totals": totals, "kb_root": str(lib.root), "metadata_only": True}
-
-
 def _docs_under(lib: Library, paths: list[str] | None, statuses: tuple[str, ...]) -> list[sqlite3.Row]:
     """Library documents with these statuses, all of them or those at/under the given paths."""
     marks = ", ".join("?" * len(statuses))
@@ -11957,6 +11920,66 @@ class FileReader:
                 process.kill()
             process.conn.close()
         self.queue.clear()
+
+
+def read_first_pages(path: str, options: ReadOptions | None = None) -> PreparedFile:
+    """The metadata of a file's first two pages (what ``metadata_only`` refreshes), as a reader process returns
+    it: the same deadline as any read."""
+    try:
+        extracted = extract_file(path, max_pages=2, options=options)
+        return PreparedFile(meta=extract_metadata(extracted, path))
+    except FileRejected as rejected:
+        return PreparedFile(rejected=(rejected.status, rejected.reason, rejected.message))
+    except OSError as exc:
+        return PreparedFile(rejected=(STATUS_ERROR, "unreadable", _short_error(exc)))
+
+
+def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None,
+                     workers: int = 0) -> dict:
+    """Re-read title, authors, year, journal and DOI of indexed documents (first pages only), in reader processes
+    when there are any (each read under KB_READ_SECONDS); chunks, vectors and references stay as they are."""
+    rows = [r for r in _docs_under(lib, paths, statuses=("indexed",)) if not r["zotero_key"]]   # Zotero's own win
+    entries = []
+    reader = FileReader(workers, read=read_first_pages, options=ReadOptions(ocr="off"))
+    try:
+        handed: list[tuple[sqlite3.Row, PendingFile | None, ReadHandle | None]] = []
+        for row in rows:
+            try:
+                file = PendingFile(fs_path(row), os.stat(fs_path(row)), row["sha256"] or "", row["kind"],
+                                   time.perf_counter())
+            except OSError:
+                handed.append((row, None, None))
+                continue
+            handed.append((row, file, reader.submit(file)))
+        for done, (row, pending, handle) in enumerate(handed, start=1):
+            started = pending.started if pending is not None else time.perf_counter()
+            if progress:
+                progress({"phase": "metadata", "done": done, "total": len(rows), "path": row["path"]})
+            if pending is None:
+                entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], "not_found",
+                                           "no such file or folder"))
+                continue
+            read = reader.result(pending, handle)
+            if read.meta is None:
+                status, reason, message = read.rejected or (STATUS_ERROR, "extract_failed", read.failure or "")
+                entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], reason, message))
+                continue
+            meta = read.meta
+            with lib.transaction():
+                lib.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, "
+                                 "title_key = ?, first_author_key = ?, metadata_source = ? WHERE id = ?",
+                                 (meta.title, json.dumps(meta.authors, ensure_ascii=False), meta.year, meta.journal,
+                                  meta.doi, title_key(meta.title),
+                                  surname_key(meta.authors[0]) if meta.authors else None,
+                                  json.dumps(dict.fromkeys(METADATA_FIELDS, "extracted")), row["id"]))
+                lib.reindex_headings(row["id"], meta.title)
+            entries.append(_file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title,
+                                       "metadata"))
+    finally:
+        reader.close()
+    totals = {status: sum(e["status"] == status for e in entries) for status in INGEST_STATUSES}
+    totals.update(files=len(entries), chunks=sum(e["chunks"] for e in entries), chunks_written=0)
+    return {"files": entries, "totals": totals, "kb_root": str(lib.root), "metadata_only": True}
 
 
 class VectorFeeder:
@@ -13249,7 +13272,7 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     ocr_mode(_opt_str(payload, "ocr"))           # a bad value is refused before anything is read
     verify = _opt_bool(payload, "verify_metadata")
     if metadata_only:
-        response = refresh_metadata(lib, paths, progress)
+        response = refresh_metadata(lib, paths, progress, ingest_workers(own_process))
         if verify:
             response["metadata_verification"] = verify_metadata(lib, _refreshed_ids(lib, response), progress)
         return response

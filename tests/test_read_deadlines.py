@@ -213,3 +213,18 @@ def test_the_reader_stops_a_file_that_sends_no_heartbeat(kb_engine, tmp_path, mo
     for name in ("a.md", "c.md", "e.md"):
         assert results[name].failure is None and results[name].chunks, (name, results[name])
     assert not reader.processes
+
+
+def test_a_metadata_refresh_reads_under_the_deadline(tmp_path):
+    """``metadata_only`` reads the first pages of each indexed file again: a file that turned into one whose
+    page never finishes is stopped like any read, and the other documents are refreshed."""
+    kb, papers = tmp_path / "kb", tmp_path / "papers"
+    sp.make_onecolumn_paper(papers, "a_graphene.pdf")
+    sp.make_hyphenated_paper(papers, "c_battery.pdf")
+    env, _ = marked_env(KB_READ_SECONDS="5")
+    assert one_shot("ingest", {"paths": [str(papers)], "kb_root": str(kb)}, env)["totals"]["added"] == 2
+    nested_drawing_pdf(papers / "a_graphene.pdf", NEVER_FINISHES)      # same path, new content, not re-ingested
+    refreshed = one_shot("ingest", {"metadata_only": True, "kb_root": str(kb)}, env)
+    entries = {Path(f["path"]).name: f for f in refreshed["files"]}
+    assert entries["a_graphene.pdf"]["status"] == "error" and entries["a_graphene.pdf"]["reason"] == "timed_out"
+    assert entries["c_battery.pdf"]["status"] == "updated" and entries["c_battery.pdf"]["reason"] == "metadata"
