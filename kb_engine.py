@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import errno
 import functools
 import hashlib
 import html
@@ -333,6 +334,10 @@ ENVIRONMENT_VARIABLES = (
            "`2`, `60`",
            "seconds between two scans of a watched folder without file events (longer for a large folder: scans "
            "take at most 2% of a core), and with them (events can be lost)"),
+    EnvVar("KB_WATCH_MAX_FILES",
+           "`5000`",
+           "`watch` asks for `confirm: true` (`--yes`) before it watches a folder of more supported files than this "
+           "(the file system's root, the home folder itself and system folders are never watched)"),
     EnvVar("KB_ZOTERO_FULL_S",
            "`21600`",
            "a sync of a watched Zotero library reads only the attachments saved since the last one (Zotero's "
@@ -414,6 +419,23 @@ def now_iso() -> str:
 def _short_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:200]
+
+
+# How a failed look-up says that a path is not there. Any other failure (permission denied on a folder above it, an
+# I/O error, a network share that timed out) says nothing of the file, so it is never taken for a deletion.
+ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG})
+
+
+def path_state(path: str, follow: bool = True) -> tuple[str, str | None]:
+    """(``there``, ``gone`` or ``unknown``; why it is unknown): a stat of the path (of a link itself unless
+    ``follow``) that tells a deleted file from one that cannot be looked at now."""
+    try:
+        os.stat(path, follow_symlinks=follow)
+    except ValueError:          # a NUL byte: no file can have this name
+        return "gone", None
+    except OSError as exc:
+        return ("gone", None) if exc.errno in ABSENT_ERRNOS else ("unknown", _short_error(exc))
+    return "there", None
 
 
 def _opt_bool(payload: dict, key: str, default: bool = False) -> bool:
@@ -524,11 +546,16 @@ BACKGROUND_FIELD = Field("background", "boolean", "`true`",
                          "[Background jobs](#background-jobs)")
 
 
+def too_deep(what: str) -> KBError:
+    """The refusal of values nested deeper than any command needs (``what``: the payload, the request line)."""
+    return KBError("bad_request", f"{what} nests values more than {MAX_PAYLOAD_DEPTH} levels deep")
+
+
 def scrub_surrogates(value, depth: int = 0):
     """Replace lone UTF-16 surrogates (legal in JSON escapes, not in UTF-8) inside any JSON value; a payload
     nested deeper than any command needs is refused."""
     if depth > MAX_PAYLOAD_DEPTH:
-        raise KBError("bad_request", f"the payload nests values more than {MAX_PAYLOAD_DEPTH} levels deep")
+        raise too_deep("the payload")
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
@@ -11189,8 +11216,10 @@ def fetch_identifier(payload: dict) -> tuple[str, str, str]:
 
 @dataclass
 class WalkFindings:
-    """What a walk passed over but must report: folders it could not list, (folder, why), and links whose
-    target lies outside the folder that was named, (link, target)."""
+    """What a walk passed over but must report: places it could not look into, (path, message): folders it could
+    not list, and folders (or files) whose entries it could not look at (a folder readable but not searchable); and
+    links whose target lies outside the folder that was named, (link, target). A caller never takes what lies
+    under an unreadable place for deleted."""
     unreadable: list = field(default_factory=list)
     links_out: list = field(default_factory=list)
 
@@ -11200,22 +11229,38 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def _within_any(path: str, places: set[str]) -> bool:
+    """A path at or under any of these places, spelled alike (one set look-up per level of the path)."""
+    while path not in places:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return True
+
+
 def collect_files(paths: list[str], kb_root: Path, findings: WalkFindings | None = None) -> Iterator[tuple[str, bool]]:
     """(absolute path, named explicitly) for every file to consider, in a stable order. A folder is walked for
     the supported files inside it, and only those: a symbolic link is judged by where it really leads, and one
     that leads out of the named folder (a file or a folder) is not followed; links to folders never are, since
-    the walk reaches what lies inside the named folder anyway. Folders that cannot be listed and links out are
-    added to ``findings`` instead of vanishing from the walk. A file named explicitly is read wherever it is."""
+    the walk reaches what lies inside the named folder anyway. The library folder is never walked, whatever
+    path or link leads to it (real paths are compared). Folders that cannot be listed, entries that cannot be
+    looked at and links out are added to ``findings`` instead of vanishing from the walk. A file named
+    explicitly is read wherever it is."""
     seen: set[str] = set()
     findings = findings if findings is not None else WalkFindings()
+    library = os.path.realpath(kb_root)
 
     def cannot_list(exc: OSError) -> None:
-        findings.unreadable.append((exc.filename or "", _short_error(exc)))
+        findings.unreadable.append((exc.filename or "", f"the folder cannot be read ({_short_error(exc)})"))
 
-    def leads_out(full: str, root: str) -> bool:
+    def passed_over(full: str, root: str) -> bool:
+        """A link that leads out of the named folder (a finding) or into the library (left out in silence)."""
         if not os.path.islink(full):
             return False
         target = os.path.realpath(full)
+        if _inside(target, library):
+            return True
         if _inside(target, root):
             return False
         findings.links_out.append((full, target))
@@ -11226,30 +11271,56 @@ def collect_files(paths: list[str], kb_root: Path, findings: WalkFindings | None
         if os.path.isdir(path):
             root = os.path.realpath(path)
             for folder, dirs, files in os.walk(path, onerror=cannot_list):
-                visible = sorted(d for d in dirs if not d.startswith(".")
-                                 and os.path.abspath(os.path.join(folder, d)) != str(kb_root))
+                # the walk follows no link below the named folder, so a folder's real path is the root's plus the rest
+                real = os.path.normpath(os.path.join(root, os.path.relpath(folder, path)))
+                visible = sorted(d for d in dirs if not d.startswith(".") and os.path.join(real, d) != library)
                 dirs[:] = [d for d in visible if not os.path.islink(os.path.join(folder, d))]
                 for name in visible:
                     if name not in dirs:
-                        leads_out(os.path.join(folder, name), root)
+                        passed_over(os.path.join(folder, name), root)
                 for name in sorted(files):
                     full = os.path.join(folder, name)
-                    # only regular files: reading a named pipe or a device would block or never end
-                    if (Path(name).suffix.lower() in SUPPORTED_SUFFIXES and not name.startswith(("~$", "."))
-                            and full not in seen and not leads_out(full, root) and os.path.isfile(full)):
+                    if (Path(name).suffix.lower() not in SUPPORTED_SUFFIXES or name.startswith(("~$", "."))
+                            or full in seen or passed_over(full, root)):
+                        continue
+                    state = _entry_state(full, folder, findings)
+                    if state == "file":
                         seen.add(full)
                         yield full, False
+                    elif state == "unsearchable":
+                        dirs[:] = []            # nothing below a folder that cannot be searched can be looked at
+                        break
         elif path not in seen:
             seen.add(path)
             yield path, True
+
+
+def _entry_state(full: str, folder: str, findings: WalkFindings) -> str:
+    """``file`` for a regular file (reading a named pipe or a device would block or never end), ``other`` for
+    anything else or nothing (gone since the listing, a dangling link); an entry that cannot be looked at is a
+    finding: ``unsearchable`` when its folder denies the look (the folder is the finding), else ``unknown`` (the
+    entry is: an I/O error, or a link whose target lies where it may not look)."""
+    try:
+        return "file" if stat_module.S_ISREG(os.stat(full).st_mode) else "other"
+    except ValueError:
+        return "other"
+    except OSError as exc:
+        if exc.errno in ABSENT_ERRNOS:
+            return "other"
+        if exc.errno in (errno.EACCES, errno.EPERM) and path_state(full, follow=False)[0] == "unknown":
+            why = exc.strerror or _short_error(exc)
+            findings.unreadable.append((folder, f"the folder's entries cannot be looked at ({why})"))
+            return "unsearchable"
+        findings.unreadable.append((full, f"the file cannot be looked at ({_short_error(exc)})"))
+        return "unknown"
 
 
 def walk_entries(lib: Library, findings: WalkFindings) -> list[dict]:
     """The entries of what a walk reports. A link out that the library holds from before this rule (or from
     when the link led elsewhere) is taken out of it, in one transaction."""
     started = time.perf_counter()
-    entries = [_file_entry(folder, STATUS_ERROR, started, reason="unreadable",
-                           error=f"the folder cannot be read ({why})") for folder, why in findings.unreadable]
+    entries = [_file_entry(place, STATUS_ERROR, started, reason="unreadable", error=why)
+               for place, why in findings.unreadable]
     for link, target in findings.links_out:
         entry = _file_entry(link, STATUS_SKIPPED, started, reason="link_outside",
                             error=f"a symbolic link to {target}, outside the folder being ingested: not followed")
@@ -11414,7 +11485,7 @@ def _original_row(lib: Library, row: sqlite3.Row) -> sqlite3.Row | None:
 def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
     original = _original_row(lib, row)
     return (original is not None and original["status"] == "indexed" and original["sha256"] == row["sha256"]
-            and not os.path.exists(fs_path(original)))
+            and path_state(fs_path(original))[0] == "gone")     # not merely out of reach (a locked folder)
 
 
 def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, started: float) -> dict:
@@ -11438,7 +11509,7 @@ def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: flo
 def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, started: float) -> dict:
     """Same content as an indexed document: a move when the old path is gone, else a duplicate."""
     with lib.transaction():
-        if row is None and not os.path.exists(fs_path(twin)):
+        if row is None and path_state(fs_path(twin))[0] == "gone":    # out of reach is not moved away
             return _move_document(lib, twin, path, stat, started)
         if row is not None:
             lib.delete_chunks(row["id"])
@@ -14208,7 +14279,14 @@ WATCH_SETTINGS = {
     "KB_WATCH_SCAN_S": 2.0,       # the shortest time between two scans of a folder without file events
     "KB_WATCH_RESCAN_S": 60.0,    # with file events: a full scan this often anyway (events can be lost)
     "KB_ZOTERO_FULL_S": 21600.0,  # a Zotero source's sync reads every attachment this often, only changes between
+    "KB_WATCH_MAX_FILES": 5000.0,  # watching a folder of more files than this needs `confirm: true`
 }
+# Folders never watched, whatever the request confirms: the root of a file system, the home folder itself and the
+# system's own trees (a watch there takes in the system's documentation, or every file a user has, and scans it
+# every few seconds). Compared by real path; another platform's entries are not absolute here and are passed over.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
+                "/System", "/Library", "/private/etc", "C:\\Windows", "C:\\Program Files", "C:\\Program Files (x86)",
+                "C:\\ProgramData")
 WATCH_SCAN_SHARE = 0.02     # scanning takes at most this share of a core: a large folder is scanned less often
 WATCH_DEBOUNCE_S = 0.5      # after a file event, the scan waits this long for the rest of the burst
 WATCHER_FILE = "watcher.json"       # in the jobs folder: the process keeping the sources in step, and their states
@@ -14254,9 +14332,21 @@ def update_sources(lib: Library, paths: set[str], **fields) -> None:
         write_sources(lib, sources)
 
 
+def system_folder(path: str) -> str | None:
+    """What a folder is when it is one that is never watched (see SYSTEM_TREES), else None."""
+    real = os.path.normcase(os.path.realpath(path))
+    if os.path.dirname(real) == real:
+        return "the root of a file system"
+    if real == os.path.normcase(os.path.realpath(os.path.expanduser("~"))):
+        return "the home folder itself"
+    tree = next((t for t in SYSTEM_TREES if os.path.isabs(t) and _inside(real, os.path.normcase(os.path.realpath(t)))),
+                None)
+    return f"a system folder ({tree})" if tree is not None else None
+
+
 def watched_source(raw: str, kb_root: Path) -> dict:
     """The source a request asks to watch: a folder, or a Zotero data folder (the folder holding zotero.sqlite,
-    or that file); anything else is a bad_request that says why."""
+    or that file); anything else (a system folder too) is a bad_request that says why."""
     if not raw.strip() or "\x00" in raw:
         raise KBError("bad_request", "a watched source must be a folder path")
     path = os.path.abspath(os.path.expanduser(raw))
@@ -14265,11 +14355,15 @@ def watched_source(raw: str, kb_root: Path) -> dict:
     if not os.path.isdir(path):
         what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
         raise KBError("bad_request", f"{path} {what}: watch takes folders (ingest takes single files)")
-    if _inside(path, str(kb_root)):
+    if _inside(os.path.realpath(path), os.path.realpath(kb_root)):     # by whatever path or link it is reached
         raise KBError("bad_request", f"{path} is inside the library folder {kb_root}")
     base = {"path": path, "added": now_iso(), "last_sync": None, "last_changes": None}
-    if os.path.isfile(os.path.join(path, "zotero.sqlite")):
+    if os.path.isfile(os.path.join(path, "zotero.sqlite")):     # only its database is read
         return {**base, "kind": "zotero", "db": os.path.join(path, "zotero.sqlite")}
+    system = system_folder(path)
+    if system is not None:
+        raise KBError("bad_request", f"{path} is {system}, which is never watched: watch the folder that holds your "
+                                     "papers instead")
     return {**base, "kind": "folder", "mount": os.path.ismount(path)}
 
 
@@ -14306,33 +14400,67 @@ def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_ro
 
 # -- comparing a folder with the library -------------------------------------------------------------------------
 
+OUT_OF_REACH = ("offline", "unreadable")       # the states of a source nothing of which can be known now
+UNREADABLE_KEPT = "nothing of it is removed, and it is synced again once it can be read"
+UNREADABLE_SHOWN = 20       # places a source's view lists that could not be read (its reason counts them all)
+
+
 @dataclass
 class FolderScan:
-    """One look at a watched folder: its files as (size, mtime_ns), or why it counts as offline."""
+    """One look at a watched folder: its files as (size, mtime_ns); or, in ``offline``, why nothing of it can be
+    known now, with the state that gives the source (``state``: offline or unreadable). ``unreadable``: the
+    places below it that could not be looked into, (path, message): what the library holds under them stays."""
     files: dict[str, tuple[int, int]]
     offline: str | None = None
     seconds: float = 0.0
+    state: str = "offline"
+    unreadable: list = field(default_factory=list)
+
+
+def out_of_reach(root: str, mount: bool = False) -> tuple[str, str] | None:
+    """(state, reason) of a watched folder whose contents cannot be known now, else None, by a few stats: offline
+    when it is gone or was a mount point and nothing is mounted there now; unreadable when it cannot be listed or
+    searched (its permissions, a revoked privacy permission, an expired network-share ticket, a locked folder)."""
+    state, why = path_state(root)
+    if state == "unknown":
+        return "unreadable", f"the folder cannot be reached ({why}): {UNREADABLE_KEPT}"
+    if not os.path.isdir(root):
+        return "offline", "the folder is gone (renamed, deleted, or its drive is not mounted)"
+    if mount and not os.path.ismount(root):
+        return "offline", "the folder was a mount point and nothing is mounted there now"
+    try:
+        with os.scandir(root) as entries:
+            next(entries, None)
+        os.stat(os.path.join(root, os.curdir))      # a folder that can be listed but not searched
+    except OSError as exc:
+        return "unreadable", f"the folder cannot be read ({exc.strerror or _short_error(exc)}): {UNREADABLE_KEPT}"
+    return None
 
 
 def scan_folder(root: str, kb_root: Path, mount: bool = False) -> FolderScan:
     """Stat every file ingest would take from ``root`` (the same walk: hidden files, lock files, links out of the
-    folder and the library folder are left out). ``mount``: the folder was a mount point when it was added, so
-    an empty folder in its place (the drive not mounted) counts as offline, not as every paper deleted."""
+    folder and the library folder are left out). A folder out of reach is not an empty folder: ``mount``, the
+    folder was a mount point when it was added, so an empty folder in its place (the drive not mounted) counts as
+    offline, not as every paper deleted; a folder that cannot be read is unreadable; and the places below it that
+    cannot be read are listed, so that nothing stored under them is taken for deleted."""
     started = time.perf_counter()
-    if not os.path.isdir(root):
-        return FolderScan({}, "the folder is gone (renamed, deleted, or its drive is not mounted)",
-                          time.perf_counter() - started)
-    if mount and not os.path.ismount(root):
-        return FolderScan({}, "the folder was a mount point and nothing is mounted there now",
-                          time.perf_counter() - started)
+    out = out_of_reach(root, mount)
+    if out is not None:
+        return FolderScan({}, out[1], time.perf_counter() - started, out[0])
+    findings = WalkFindings()
     files = {}
-    for path, _ in collect_files([root], kb_root):
+    for path, _ in collect_files([root], kb_root, findings):
         try:
             st = os.stat(path)
-        except OSError:
-            continue            # gone since the walk listed it: the next scan sees
+        except OSError as exc:
+            if exc.errno not in ABSENT_ERRNOS:      # out of reach since the walk listed it; gone: the next scan sees
+                findings.unreadable.append((path, f"the file cannot be looked at ({_short_error(exc)})"))
+            continue
         files[path] = (st.st_size, st.st_mtime_ns)
-    return FolderScan(files, None, time.perf_counter() - started)
+    locked = next((why for place, why in findings.unreadable if place == root), None)
+    if locked is not None:          # it was locked while it was walked
+        return FolderScan({}, f"{locked}: {UNREADABLE_KEPT}", time.perf_counter() - started, "unreadable")
+    return FolderScan(files, None, time.perf_counter() - started, unreadable=findings.unreadable)
 
 
 def scan_zotero(data_dir: str) -> FolderScan:
@@ -14381,6 +14509,7 @@ class SourceWatch:
     scan_seconds: float = 0.0
     next_scan: float = 0.0
     offline_since: float | None = None
+    unreadable: list = field(default_factory=list)     # the last scan's places below the folder it could not read
 
     def presence_changed(self) -> bool:
         """Whether the source vanished, or came back, since the last look: a stat or two, asked every round, so
@@ -14397,6 +14526,7 @@ class SourceWatch:
         if not self._online(scan):
             return [], [], None
         keyed = {path_key(path): path for path in scan.files}
+        blocked = {path_key(place) for place, _ in scan.unreadable}
         ingest, remove, wake = [], [], None
         for path, signature in scan.files.items():
             if stored.get(path_key(path)) == signature:
@@ -14415,7 +14545,7 @@ class SourceWatch:
             else:
                 wake = ready_at if wake is None else min(wake, ready_at)
         for stored_path in stored:
-            if stored_path in keyed:
+            if stored_path in keyed or _within_any(stored_path, blocked):     # unread is not deleted
                 self.missing.pop(stored_path, None)
                 continue
             since = self.missing.setdefault(stored_path, now)
@@ -14450,23 +14580,35 @@ class SourceWatch:
         return False, first[1] + settle
 
     def _online(self, scan: FolderScan) -> bool:
-        self.files, self.scan_seconds = len(scan.files), scan.seconds
+        self.files, self.scan_seconds, self.unreadable = len(scan.files), scan.seconds, scan.unreadable
         if scan.offline is not None:
-            if self.state != "offline":
+            if self.state not in OUT_OF_REACH:
                 self.offline_since = time.time()
-            self.state, self.reason = "offline", scan.offline
+            self.state, self.reason = scan.state, scan.offline
             self.seen.clear()
             self.missing.clear()
             self.pending = 0
             return False
-        if self.state in ("offline", "error"):
-            self.state, self.reason, self.offline_since = "watching", None, None
+        if self.state in (*OUT_OF_REACH, "error"):
+            self.state, self.offline_since = "watching", None
+        self.reason = unreadable_reason(scan.unreadable)
         return True
 
     def view(self) -> dict:
         return {"state": self.state, "reason": self.reason, "files": self.files, "pending": self.pending,
                 "scan_ms": round(self.scan_seconds * 1000, 1),
-                "offline_since": _iso(self.offline_since) if self.offline_since else None}
+                "offline_since": _iso(self.offline_since) if self.offline_since else None,
+                "unreadable": [{"path": path_key(place), "reason": why}
+                               for place, why in self.unreadable[:UNREADABLE_SHOWN]]}
+
+
+def unreadable_reason(places: list) -> str | None:
+    """Why a source that is watched has places it could not read, when it has: the first, and how many."""
+    if not places:
+        return None
+    more = f"; {len(places) - 1} more place(s) cannot be read" if len(places) > 1 else ""
+    return (f"{path_key(places[0][0])}: {places[0][1]}{more}; the library keeps what it holds from there, and syncs "
+            "it again once it can be read")
 
 
 def _iso(when: float) -> str:
@@ -14587,7 +14729,7 @@ class Watcher:
                     started.append(job)
                 self._beat(root)
             online = {path for folders in self.libraries.values() for path, watch in folders.items()
-                      if watch.state != "offline"}
+                      if watch.state not in OUT_OF_REACH}
             if online and self.events is None and self.want_events:
                 self.events = FileEvents(self._poke)
             if self.events is not None:
@@ -14662,8 +14804,10 @@ class Watcher:
         return now >= watch.next_scan or watch.presence_changed()
 
     def _next_scan(self, watch: SourceWatch, wake: float | None) -> float:
-        # an offline folder has no events to tell of its return: it is looked for on the scan interval
-        followed = self.events is not None and watch.path in self.events.watches and watch.state != "offline"
+        # a folder out of reach, or with places below it that could not be read (nor watched), has no events to tell
+        # of its return: it is looked at on the scan interval
+        followed = (self.events is not None and watch.path in self.events.watches and watch.state not in OUT_OF_REACH
+                    and not watch.unreadable)
         every = watch_setting("KB_WATCH_RESCAN_S") if followed else max(
             watch_setting("KB_WATCH_SCAN_S"), watch.scan_seconds / WATCH_SCAN_SHARE)
         due = time.monotonic() + every
@@ -14847,6 +14991,11 @@ WATCH_FIELDS = (
           "with `add` of a Zotero data folder: Zotero's linked attachment base directory, as `zotero` takes it; kept "
           "with the source",
           cli=(Flag(("--base-dir",), "with --add of a Zotero data folder: its linked attachment base directory"),)),
+    Field("confirm", "boolean", "`false`",
+          f"with `add`: `true` watches a folder holding more than `KB_WATCH_MAX_FILES` "
+          f"({WATCH_SETTINGS['KB_WATCH_MAX_FILES']:,.0f}) supported files; without it such a request fails with code "
+          "`confirm_required` and nothing is added",
+          cli=(Flag(("--yes",), "with --add: watch a folder of more than KB_WATCH_MAX_FILES files", SWITCH),)),
     KB_ROOT_FIELD,
 )
 
@@ -14866,6 +15015,8 @@ def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher |
         options["base_dir"] = os.path.abspath(os.path.expanduser(options["base_dir"]))
     added: list[str] = []
     removed: list[str] = []
+    if add and not _opt_bool(payload, "confirm"):      # counted before the transaction: a walk can take a while
+        confirm_folder_sizes(read_sources(lib) if lib is not None else [], add, root)
     if add or remove:
         target = written_library(lib)
         with target.transaction():
@@ -14888,13 +15039,33 @@ def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher |
     return response
 
 
+def confirm_folder_sizes(sources: list[dict], add: list[str], kb_root: Path) -> None:
+    """Refuse (confirm_required) to start watching a folder of more than KB_WATCH_MAX_FILES supported files, counted
+    with ingest's walk, which stops once it is past the limit; a folder watched already is not counted again."""
+    limit = int(watch_setting("KB_WATCH_MAX_FILES"))
+    for raw in add:
+        source = watched_source(raw, kb_root)       # a path that cannot be watched is refused first, as it is
+        if source["kind"] != "folder" or any(_inside(source["path"], s["path"]) for s in sources
+                                             if s.get("kind", "folder") == "folder"):
+            continue
+        count = 0
+        for _ in collect_files([source["path"]], kb_root):
+            count += 1
+            if count > limit:
+                raise KBError("confirm_required",
+                              f"{source['path']} holds more than {limit} supported files (KB_WATCH_MAX_FILES): "
+                              "watching it indexes all of them and keeps scanning them; repeat the request with "
+                              "`confirm: true` (kb-engine watch --add FOLDER --yes) if that is meant, or watch the "
+                              "folder that holds the papers")
+
+
 SYNC_FIELDS = (
     Field("ingest", "array of strings", "none",
           "files to ingest (the watcher's job names them); without `ingest` and `remove`, every watched folder is "
           "scanned and brought in step at once"),
     Field("remove", "array of strings", "none",
-          "stored paths whose documents are removed, each only when its file is still gone and its watched folder "
-          "is online"),
+          "stored paths whose documents are removed, each only when its file is still known to be gone (not merely "
+          "out of reach) and its watched folder is within reach"),
     Field("zotero", "array of strings", "none",
           "watched Zotero data folders to import from (changed attachments only) and to remove the documents of "
           "attachments trashed or deleted in Zotero since the last sync"),
@@ -14907,47 +15078,55 @@ SYNC_COUNTS = (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED, STATUS_DUPLICATE, STA
 
 def sync_pending(lib: Library, payload: dict) -> tuple[int, int]:
     """(changes a sync request brings, the same): a job when there are many."""
-    ingest, remove, zotero = _sync_request(lib, payload)
+    ingest, remove, zotero, _ = _sync_request(lib, payload)
     return len(ingest) + len(remove) + len(zotero), len(ingest) + len(remove) + len(zotero)
 
 
-def _sync_request(lib: Library, payload: dict) -> tuple[list[str], list[str], list[str]]:
-    """(files to ingest, stored paths to remove, Zotero sources to import): as the request names them, or, when
-    it names none, everything that differs now."""
+def _sync_request(lib: Library, payload: dict) -> tuple[list[str], list[str], list[str], list[dict]]:
+    """(files to ingest, stored paths to remove, Zotero sources to import, places that could not be read): as the
+    request names them, or, when it names none, everything that differs now."""
     if all(payload.get(key) is None for key in ("ingest", "remove", "zotero")):
         return _sync_plan(lib)
-    return _path_list(payload, "ingest"), _path_list(payload, "remove"), _path_list(payload, "zotero")
+    return _path_list(payload, "ingest"), _path_list(payload, "remove"), _path_list(payload, "zotero"), []
 
 
-def _sync_plan(lib: Library) -> tuple[list[str], list[str], list[str]]:
+def _sync_plan(lib: Library) -> tuple[list[str], list[str], list[str], list[dict]]:
     """Everything that differs between the watched folders and the library, now (no settling, no grace: the
-    user asked for it), and every Zotero source (its import skips unchanged attachments); offline sources are
-    left alone."""
-    ingest, remove, zotero = [], [], []
+    user asked for it), and every Zotero source (its import skips unchanged attachments); offline and unreadable
+    sources are left alone, and so is what the library holds under a place that could not be read (listed as
+    {path, reason}, the unreadable sources with them)."""
+    ingest, remove, zotero, unreadable = [], [], [], []
     for source in read_sources(lib):
         if source.get("kind") == "zotero":
             zotero += [source["path"]] if scan_zotero(source["path"]).offline is None else []
             continue
         watch = SourceWatch(source["path"], bool(source.get("mount")))
-        found, gone, _ = watch.compare(scan_folder(watch.path, lib.root, watch.mount), stored_under(lib, watch.path),
-                                       time.monotonic(), 0.0, 0.0)
+        scan = scan_folder(watch.path, lib.root, watch.mount)
+        found, gone, _ = watch.compare(scan, stored_under(lib, watch.path), time.monotonic(), 0.0, 0.0)
         ingest += found
         remove += gone
-    return ingest, remove, zotero
+        if scan.state == "unreadable" and scan.offline is not None:
+            unreadable.append({"path": watch.path, "reason": scan.offline})
+        unreadable += [{"path": path_key(place), "reason": why} for place, why in scan.unreadable]
+    return ingest, remove, zotero, unreadable
 
 
-def _online_folders(lib: Library, sources: list[dict]) -> list[str]:
-    """The watched folders that are there (the watcher's offline rule, asked now)."""
+def _online_folders(sources: list[dict]) -> list[str]:
+    """The watched folders within reach (the watcher's offline and unreadable rules, asked now, without a walk)."""
     return [s["path"] for s in sources if s.get("kind", "folder") == "folder"
-            and scan_folder(s["path"], lib.root, bool(s.get("mount"))).offline is None]
+            and out_of_reach(s["path"], bool(s.get("mount"))) is None]
 
 
-def _removable(lib: Library, stored_path: str, online: list[str]) -> sqlite3.Row | None:
-    """The document of a stored path whose file is still gone, in a watched folder that is online."""
+def _removable(lib: Library, stored_path: str, online: list[str]) -> tuple[sqlite3.Row | None, str | None]:
+    """(the document of a stored path whose file is still known to be gone, in a watched folder within reach;
+    why the file's state cannot be known, when it cannot: a folder above it cannot be searched, an I/O error)."""
     row = lib.doc_by_path(stored_path)
-    if row is None or os.path.lexists(fs_path(row)) or not any(_inside(stored_path, p) for p in online):
-        return None
-    return row
+    if row is None or not any(_inside(stored_path, p) for p in online):
+        return None, None
+    state, why = path_state(fs_path(row), follow=False)
+    if state == "unknown":
+        return None, f"the file cannot be looked at ({why}): its document is kept"
+    return (row, None) if state == "gone" else (None, None)
 
 
 def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
@@ -14956,7 +15135,7 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
     content), import what changed in Zotero, then remove the documents of files that are gone and of Zotero
     attachments trashed since the last sync. One transaction per file, as ingest."""
     sources = read_sources(lib)
-    ingest, remove, zotero = _sync_request(lib, payload)
+    ingest, remove, zotero, unreadable = _sync_request(lib, payload)
     folders = [s["path"] for s in sources if s.get("kind", "folder") == "folder"]
     ingest = [p for p in ingest if any(_inside(os.path.abspath(p), f) for f in folders)
               and os.path.isfile(p)]        # only inside watched folders; one gone since is the next scan's
@@ -14981,9 +15160,11 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
         notes += [response["note"]] if response.get("note") else []
         offset += len(paths)
     removed = []
-    online = _online_folders(lib, sources) if remove else []
+    online = _online_folders(sources) if remove else []
     for done, stored_path in enumerate(remove, start=len(ingest) + 1):
-        row = _removable(lib, stored_path, online)
+        row, unknown = _removable(lib, stored_path, online)
+        if unknown is not None:
+            unreadable.append({"path": stored_path, "reason": unknown})
         if row is not None:
             with lib.transaction():
                 lib.delete_doc(row["id"])
@@ -15008,6 +15189,8 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
     result: dict[str, Any] = {"files": entries, "removed": removed, "totals": totals, "kb_root": str(lib.root)}
     if errors:
         result["errors"] = errors
+    if unreadable:
+        result["unreadable"] = unreadable
     if notes:
         result["note"] = notes[0]
     return result
@@ -15400,7 +15583,9 @@ HOST_TOOLS = (
         "deleted there are indexed or removed by themselves. Add or remove folders, or list them with their state "
         "and last sync.",
         {"add": _strings("Folders to watch; relative paths are taken from the workspace"),
-         "remove": _strings("Watched folders to stop watching (their papers stay in the library)")},
+         "remove": _strings("Watched folders to stop watching (their papers stay in the library)"),
+         "confirm": _flag("true only after the user confirmed watching a folder this large, when a call without it "
+                          "failed with confirm_required")},
         path_fields=("add", "remove"), idempotent=True),
     HostTool(
         "kb_status", "status", "Background job status",
@@ -15821,15 +16006,18 @@ def _read_protocol_line(stream) -> tuple[bytes | None, bool]:
 
 def parse_json_object(raw: bytes, what: str, shape: str) -> dict:
     """The JSON object in ``raw``, one parser for both transports: ``what`` names the input in errors (the request
-    line, stdin) and ``shape`` what it must be. Bytes that are not UTF-8, text that is not JSON (a nesting too deep
-    for the parser included) and JSON that is not an object each get their own error code."""
+    line, stdin) and ``shape`` what it must be. Bytes that are not UTF-8, text that is not JSON and JSON that is not
+    an object each get their own error code; JSON nested too deep for the parser is the payload depth's
+    bad_request."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise KBError("invalid_utf8", f"{what} is not valid UTF-8") from None
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError):
+    except RecursionError:      # the parser's own depth limit: far past MAX_PAYLOAD_DEPTH, so the same refusal
+        raise too_deep(what) from None
+    except ValueError:
         raise KBError("invalid_json", f"{what} is not valid JSON") from None
     if not isinstance(value, dict):
         raise KBError("bad_request", f"{shape} must be a JSON object")
@@ -16065,7 +16253,9 @@ def watch_in_foreground(engine: Engine, root: Path, bar_for: Callable[[], Any]) 
         events = watcher.events is not None and watcher.events.available
         print(f"watching {len(folders)} folder(s) of {root}" + ("" if events else f"; {WATCH_EVENTS_NOTE}")
               + "; Ctrl-C stops", flush=True)
+        said: dict[str, tuple] = {}
         while True:
+            said = _say_reach(watcher.views(root), said)
             for job in jobs:
                 finished = follow_job(engine, {"kb_root": str(root), "job_id": job["job_id"]}, bar_for())["job"]
                 totals = (finished.get("result") or {}).get("totals") or {}
@@ -16078,6 +16268,17 @@ def watch_in_foreground(engine: Engine, root: Path, bar_for: Callable[[], Any]) 
         return 0
     finally:
         watcher.stop()
+
+
+def _say_reach(views: dict[str, dict], said: dict[str, tuple]) -> dict[str, tuple]:
+    """A line for each watched folder that went out of reach, or has places it cannot read, or is back (what was
+    said last time is ``said``); what is said now."""
+    now = {path: (view["state"] if view["state"] in (*OUT_OF_REACH, "error") else "watching", view.get("reason"))
+           for path, view in views.items()}
+    for path, (state, reason) in now.items():
+        if now[path] != said.get(path, ("watching", None)):
+            print(f"{now_iso()}  {path}: {state}" + (f" ({reason})" if reason else ""), flush=True)
+    return now
 
 
 def _print_ingest(response: dict) -> None:
@@ -16574,9 +16775,14 @@ JOB_RESULT_DOCUMENTS = 200     # verification outcomes a job's result lists (its
 
 
 def job_result(result: dict) -> dict:
-    """What a finished job's file keeps of the command's reply: the totals and notes, and the metadata
-    verification's counts with its first outcomes (the file is read by every status call, so it stays small)."""
+    """What a finished job's file keeps of the command's reply: the totals and notes, the first places a sync could
+    not read, and the metadata verification's counts with its first outcomes (the file is read by every status
+    call, so it stays small)."""
     kept = {k: result[k] for k in ("totals", "note", "kb_root", "zotero_db", "ms") if k in result}
+    if result.get("unreadable"):
+        kept["unreadable"] = result["unreadable"][:UNREADABLE_SHOWN]
+        if len(result["unreadable"]) > UNREADABLE_SHOWN:
+            kept["unreadable_left_out"] = len(result["unreadable"]) - UNREADABLE_SHOWN
     verification = result.get("metadata_verification")
     if verification:
         documents = verification.get("documents") or []

@@ -126,13 +126,13 @@ class ServeProcess:
     """A resident `kb_engine.py serve` driven over its JSON lines, one request at a time, for the benchmarks and
     tests that need a real daemon (bench_watch, tests/test_watch.py): ``call`` sends a request for ``kb_root``
     and returns its reply line (progress events are read past). Started in a session of its own, so ``kill``
-    reaches it and nothing else."""
+    reaches it and nothing else. ``prefix``: a command the daemon runs under (one that drops privileges)."""
 
-    def __init__(self, kb_root: Path, env: dict):
+    def __init__(self, kb_root: Path, env: dict, prefix: tuple[str, ...] = ()):
         import queue
         import threading
         self.kb_root = kb_root
-        self.proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "kb_engine.py"), "serve"],
+        self.proc = subprocess.Popen([*prefix, sys.executable, str(REPO_ROOT / "kb_engine.py"), "serve"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, start_new_session=True)
         self.replies: queue.Queue = queue.Queue()
