@@ -842,7 +842,8 @@ def query_terms(query: str) -> list[str]:
 # =============================================================================
 
 # What the library records (in ``meta``) about the model that made its vectors; dropped with the vectors.
-VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt")
+VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt",
+                    "vectors_refused")
 
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -1432,6 +1433,26 @@ class Library:
                 self.set_meta("embed_passage_format", passage_format)
                 self.set_meta("embed_passage_prompt", passage_prompt)
             self.store_vectors(ids, matrix)
+
+    def vector_refusal(self) -> dict | None:
+        """Why the last encoding left passages without vectors (the model's output was refused): ``model``,
+        ``reason`` and ``at``; None when it stored every vector it made."""
+        try:
+            value = json.loads(self.get_meta("vectors_refused") or "null")
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def record_vector_refusal(self, model: str, reason: str | None) -> None:
+        """Remember why an encoding by ``model`` refused vectors, or (``reason`` None) that it refused none."""
+        if reason is None and self.get_meta("vectors_refused") is None:
+            return
+        with self.transaction():
+            if reason is None:
+                self.conn.execute("DELETE FROM meta WHERE key = 'vectors_refused'")
+            else:
+                self.set_meta("vectors_refused", json.dumps({"model": model, "reason": reason, "at": now_iso()},
+                                                            ensure_ascii=False))
 
     def forget_vectors(self) -> None:
         """Drop every vector and what the library recorded about the model that made them."""
@@ -5557,6 +5578,15 @@ class ModelUnavailable(Exception):
     """A model that cannot be used now; the message says why and what to do."""
 
 
+class UnusableEmbeddings(ModelUnavailable):
+    """Vectors an encoding call refused (see unusable_rows): the message names the model and says why. ``vectors``
+    is the call's output and ``usable`` which of its rows may be kept."""
+
+    def __init__(self, message: str, vectors, usable):
+        super().__init__(message)
+        self.vectors, self.usable = vectors, usable
+
+
 def _env_model(var: str, default: str) -> str:
     return (os.environ.get(var) or default).strip()
 
@@ -5958,12 +5988,27 @@ UNRELATED_PROBES = (
 )
 
 
+# A model with damaged weights, or one whose float16 or bfloat16 arithmetic overflowed on a GPU, gives NaN or
+# infinity, which normalising turns into NaN or zero. Stored, such a vector is cosine 0 to everything: vector search
+# would rank documents in id order with nothing to say so. Such rows are refused, never stored or searched with.
+MIN_EMBEDDING_NORM = 1e-6
+
+
+def unusable_rows(matrix):
+    """Which rows of an encoder's output are no embeddings: a value that is not finite, or (nearly) all zero."""
+    import numpy as np
+    finite = np.isfinite(matrix).all(axis=1)
+    norms = np.linalg.norm(np.where(finite[:, None], matrix, 0.0), axis=1)
+    return ~finite | (norms < MIN_EMBEDDING_NORM)
+
+
 class Embedder(_DeviceBoundModel):
     role = "embed"
 
     def __init__(self, name: str, devices: "DeviceManager", model, device: str, prompts: ModelPrompts | None = None):
         super().__init__(name, devices, model, device)
         self.prompts = prompts or model_prompts(name, None)
+        self.refused: str | None = None       # why this process last refused the model's vectors
 
     @property
     def dim(self) -> int:
@@ -5978,17 +6023,36 @@ class Embedder(_DeviceBoundModel):
         return list(np.asarray(vectors, dtype=np.float32))
 
     def _encode_texts(self, texts: list[str], prompt: str):
-        """Unit vectors in input order; texts are batched by length so padding stays small."""
+        """Unit vectors in input order; texts are batched by length so padding stays small. Raises
+        UnusableEmbeddings when the model gave rows that are no embeddings (every backend passes here)."""
         import numpy as np
         if getattr(self.model, "plans_batches", False):       # the ONNX runner groups by token count itself
-            return _finite_rows(np.asarray(self._encode(texts, len(texts) or 1, prompt), dtype=np.float32)
-                                .reshape(len(texts), self.dim))
+            return self._checked(np.asarray(self._encode(texts, len(texts) or 1, prompt), dtype=np.float32)
+                                 .reshape(len(texts), self.dim))
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         encoded = self._run([texts[i] for i in order], lambda chunk, batch: self._encode(chunk, batch, prompt))
         out: Any = np.zeros((len(texts), self.dim), dtype=np.float32)
         for position, index in enumerate(order):
             out[index] = encoded[position]
-        return _finite_rows(out)
+        return self._checked(out)
+
+    def _checked(self, matrix):
+        """The matrix, once every row is known to be an embedding; else UnusableEmbeddings naming the model."""
+        import numpy as np
+        bad = unusable_rows(matrix)
+        if not bad.any():
+            return matrix
+        broken = int((~np.isfinite(matrix[bad])).any(axis=1).sum())
+        kinds = [f"{broken} with NaN or infinite values" if broken else "",
+                 f"{int(bad.sum()) - broken} all zero" if int(bad.sum()) > broken else ""]
+        causes = ["its weights may be damaged"]
+        if self.device != "cpu":
+            causes.append(f"its arithmetic overflowed on {self.device} (KB_DEVICE=cpu rules that out)")
+        elif getattr(self.model, "cpu_bf16", False):
+            causes.append("its bfloat16 arithmetic overflowed (KB_CPU_BF16=0 rules that out)")
+        self.refused = (f"the embedding model {self.model_id} gave {int(bad.sum())} of {len(matrix)} vectors that "
+                        f"are not embeddings ({', '.join(k for k in kinds if k)}): {' or '.join(causes)}")
+        raise UnusableEmbeddings(self.refused, matrix, ~bad)
 
     def encode_passages(self, texts: list[str], prompt: str | None = None):
         """Passage vectors; ``prompt`` is the one the library's vectors were made with (default: the model's)."""
@@ -6056,14 +6120,6 @@ class BiEncoderReranker:
     def score(self, query: str, passages: list[str]) -> list[float]:
         query_vec = self.embedder.encode_query(query)
         return [float(x) for x in self.embedder.encode_passages(passages) @ query_vec]
-
-
-def _finite_rows(matrix):
-    import numpy as np
-    bad = ~np.isfinite(matrix).all(axis=1)
-    if bad.any():
-        matrix[bad] = 0.0
-    return matrix
 
 
 SENTENCE_MODULES = {"Transformer", "Pooling", "Normalize"}
@@ -7961,6 +8017,8 @@ class Models:
                 report[role] = model.device
             if model is not None and getattr(model, "note", None):
                 report["note"] = model.note
+        if self._embedder is not None and self._embedder.refused:
+            report["embed_refused"] = self._embedder.refused
         return report
 
 
@@ -9756,7 +9814,8 @@ class LibraryState:
     def __init__(self):
         from collections import OrderedDict
         self.index: VectorIndex | None = None
-        self.coverage: tuple[int, int, int] | None = None     # (generation, passages, passages without a vector)
+        # (generation, passages, passages without a vector, why the model's vectors were refused or None)
+        self.coverage: tuple[int, int, int, str | None] | None = None
         self.vectors_coming = False          # a resident engine is adding vectors after an ingest's answer
         self.query_cache: "OrderedDict[str, tuple[int, str]]" = OrderedDict()    # answers kept as JSON text
         self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
@@ -9809,6 +9868,9 @@ def library_embedder(lib: Library, models: Models, coming: bool = False) -> Embe
     recorded, _ = lib.vector_model()
     if recorded is None and coming:
         raise ModelUnavailable("the library's first vectors are being added in the background")
+    refusal = lib.vector_refusal() if recorded is None else None
+    if refusal is not None:
+        raise ModelUnavailable(f"the library has no vectors: they were refused ({refusal.get('reason')})")
     if recorded is None:
         raise ModelUnavailable("the library has no vectors yet (`kb-engine reembed` adds them"
                                + ("" if local_model_path(models.embed_name) else f"; {offline_model_remedy()}") + ")")
@@ -9988,6 +10050,16 @@ def mean_unit_vector(vectors: list):
     return mean / (np.linalg.norm(mean) or 1.0)
 
 
+def keyword_half(lib: Library, renderings: list[str], filters: dict | None, pool: int,
+                 agree: bool) -> tuple[list[tuple[int, float]], float]:
+    """The keyword candidates of every rendering, merged, by evidence alone (section priors are added once, after
+    fusion), and the best match as a share of its ceiling."""
+    ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
+               bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
+    return (merge_renderings(ranked, agree, weigh=True),
+            max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0))
+
+
 def retrieve(lib: Library, request: dict, models: Models,
              state: LibraryState) -> tuple[list[SearchHit], str, list, object, float]:
     """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None, the keyword
@@ -10019,19 +10091,19 @@ def retrieve(lib: Library, request: dict, models: Models,
                 models.start_background_download(models.embed_name)
     keyword_strength = 1.0
     if mode in ("keyword", "hybrid"):
-        # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
-        ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
-                   bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
-        keyword = merge_renderings(ranked, agree, weigh=True)
-        keyword_strength = max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0)
+        # (while the vector half runs on its thread)
+        keyword, keyword_strength = keyword_half(lib, renderings, filters, pool, agree)
     if vector_half is not None:
         try:
             searched = vector_half.result()
             vector = merge_renderings([(document_aware_vector_order(lib, state, embedder, vec, found), 1.0)
                                        for vec, found in searched], agree)     # cosines compare as they are
             query_vec = mean_unit_vector([vec for vec, _ in searched])
-        except ModelUnavailable as exc:
+        except ModelUnavailable as exc:     # query vectors the model got wrong too (UnusableEmbeddings)
             notes.append(f"vector search unavailable: {exc}; using keyword search")
+            if mode == "vector":
+                mode = "keyword"
+                keyword, keyword_strength = keyword_half(lib, renderings, filters, pool, agree)
     weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
     if keyword and vector:
         candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
@@ -10059,7 +10131,11 @@ def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: M
         return pool, kind
     texts = chunk_texts(lib, [h.chunk_id for h in pool])
     passages = [texts.get(h.chunk_id, "") for h in pool]
-    scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
+    try:
+        scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
+    except ModelUnavailable as exc:         # a bi-encoder whose vectors were refused
+        notes.append(f"not reranked: {exc}; results in fused order")
+        return pool, kind
     reranked = sorted((SearchHit(h.chunk_id, s) for h, s in zip(pool, scores)), key=lambda h: (-h.score, h.chunk_id))
     if isinstance(reranker, BiEncoderReranker):
         notes.append(f"cross-encoder unavailable; reranked with the bi-encoder {reranker.name}")
@@ -10072,12 +10148,13 @@ def vector_coverage(lib: Library, state: LibraryState, models: Models) -> dict:
     generation = lib.generation()
     if state.coverage is None or state.coverage[0] != generation:
         total = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-        state.coverage = (generation, total, lib.count_missing_vectors())
-    _, total, missing = state.coverage
+        state.coverage = (generation, total, lib.count_missing_vectors(),
+                          (lib.vector_refusal() or {}).get("reason"))
+    _, total, missing, refused = state.coverage
     embedder = models.loaded()["embedder"] or models.embed_name
     return {"model": Path(embedder).name if os.path.isabs(embedder) else embedder,
             "backend": models.devices.report.get("embed_backend"), "done": total - missing, "total": total,
-            "missing": missing}
+            "missing": missing, **({"refused": refused} if refused and missing else {})}
 
 
 def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState,
@@ -10107,7 +10184,10 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
     hits, kind, notes, query_vec, keyword_strength = retrieve(lib, request, models, state)
     if query_vec is not None:
         response["vectors"] = vector_coverage(lib, state, models)
-        if response["vectors"]["missing"]:
+        if response["vectors"].get("refused"):
+            notes.append(f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages: "
+                         f"the others' were refused ({response['vectors']['refused']}); keyword search finds them")
+        elif response["vectors"]["missing"]:
             notes.append(f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages so "
                          "far (the rest are found by keyword until ingest or reembed adds theirs)")
     degraded = bool(notes)
@@ -11480,14 +11560,35 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
 
 
 def vectors_not_computed(missing: int, reason: ModelUnavailable) -> dict:
+    if isinstance(reason, UnusableEmbeddings):
+        return {"vectors_written": 0, "vectors_missing": missing, "note": refused_vectors_note(str(reason), missing)}
     return {"vectors_written": 0, "vectors_missing": missing,
             "note": f"vectors not computed: {reason}. Keyword search works; {offline_model_remedy()}"}
 
 
+def refused_vectors_note(reason: str, missing: int) -> str:
+    return (f"vectors refused: {reason}. Nothing was stored for them; {missing} passages are without a vector, and "
+            "keyword search finds them. Ingest or reembed encodes them once the model is repaired or replaced")
+
+
+def storable_vectors(embedder: Embedder, batch: list[tuple[int, str]],
+                     prompt: str) -> tuple[list[int], Any, UnusableEmbeddings | None]:
+    """The chunk ids and vectors of a (chunk id, text) batch that may be stored, and the refusal of the others."""
+    ids = [chunk_id for chunk_id, _ in batch]
+    try:
+        return ids, embedder.encode_passages([text for _, text in batch], prompt), None
+    except UnusableEmbeddings as refused:
+        keep = [i for i, usable in enumerate(refused.usable) if usable]
+        return [ids[i] for i in keep], refused.vectors[keep], refused
+
+
 def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict], None] | None,
                          may_download: bool = True) -> dict:
-    """Encode every chunk without a vector (new chunks, or ones stored while no model was available)."""
+    """Encode every chunk without a vector (new chunks, or ones stored while no model was available). Vectors the
+    model gets wrong are refused (see unusable_rows): the answer says so, and the library remembers why."""
     missing = lib.count_missing_vectors()
+    if not missing:
+        lib.record_vector_refusal("", None)
     if not missing or embeddings_disabled(models):
         return {"vectors_written": 0, "vectors_missing": missing}
     recorded, _ = lib.vector_model()
@@ -11503,17 +11604,26 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
     passage_format = lib.passage_format() or PASSAGE_FORMAT
     prompt = library_passage_prompt(lib, embedder)
     pending = lib.chunk_ids_missing_vectors()          # shortest first: batches of similar length pad little
+    refusal: UnusableEmbeddings | None = None
     for start in range(0, len(pending), 256):
         batch = embedding_inputs(lib.chunk_passages(pending[start:start + 256]), passage_format)
         if not batch:
             continue
-        matrix = embedder.encode_passages([text for _, text in batch], prompt)
-        lib.store_model_vectors(embedder.model_id, embedder.dim, [chunk_id for chunk_id, _ in batch], matrix,
-                                passage_format, prompt)
-        written += len(batch)
+        ids, matrix, refused = storable_vectors(embedder, batch, prompt)
+        if ids:
+            lib.store_model_vectors(embedder.model_id, embedder.dim, ids, matrix, passage_format, prompt)
+        written += len(ids)
+        refusal = refused or refusal
         if progress:
             progress({"phase": "embed", "done": written, "total": missing})
-    return {"vectors_written": written, "vectors_missing": lib.count_missing_vectors(), "model": embedder.model_id}
+        if refused is not None and not ids:
+            break           # not one usable vector in a whole batch: the model is broken, the rest would be too
+    left = lib.count_missing_vectors()
+    result = {"vectors_written": written, "vectors_missing": left, "model": embedder.model_id}
+    lib.record_vector_refusal(embedder.model_id, str(refusal) if refusal is not None else None)
+    if refusal is not None:
+        result["note"] = refused_vectors_note(str(refusal), left)
+    return result
 
 
 def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None) -> dict:
@@ -11773,6 +11883,7 @@ class VectorFeeder:
         self.outbox: "queue.Queue" = queue.Queue()
         self.thread: Any = None         # the encoding thread, once started
         self.unavailable: ModelUnavailable | None = None
+        self.refusal: UnusableEmbeddings | None = None      # vectors the model got wrong (see unusable_rows)
         self.fed = 0
         self.written = 0
         self.model_id: str | None = None
@@ -11817,10 +11928,15 @@ class VectorFeeder:
                 buffer.sort(key=lambda item: len(item[1]))      # similar lengths pad little
                 batch, buffer = buffer[:VECTOR_BATCH], buffer[VECTOR_BATCH:]
                 try:
-                    matrix = embedder.encode_passages([text for _, text in batch], prompt)
+                    ids, matrix, refused = storable_vectors(embedder, batch, prompt)
                 except Exception:
                     return                  # left missing: the final pass (or the next ingest) encodes them
-                self.outbox.put(([chunk_id for chunk_id, _ in batch], matrix, embedder, prompt))
+                if refused is not None:
+                    self.refusal = refused
+                    if not ids:             # a whole batch refused: the model is broken, and the answer says so
+                        self.unavailable = refused
+                        return
+                self.outbox.put((ids, matrix, embedder, prompt))
 
     def store_ready(self, lib: Library, wait: bool = False, progress=None) -> None:
         """Store every finished batch (with ``wait``, until the thread is done)."""
@@ -11853,6 +11969,8 @@ class VectorFeeder:
         self.inbox.put(None)
         self.store_ready(lib, wait=True, progress=progress)
         self.thread.join()
+        if self.refusal is not None and self.model_id is not None:     # the thread never touches the database
+            lib.record_vector_refusal(self.model_id, str(self.refusal))
 
     def stop(self) -> None:
         """Abandon the work in flight (cancel or error): chunks left without vectors are filled later."""
@@ -11872,6 +11990,7 @@ class VectorBackfill:
         self.root, self.feeder, self.models, self.state = root, feeder, models, state
         state.vectors_coming = True
         self.error: str | None = None
+        self.note: str | None = None        # why vectors were left out (refused, or no model)
         self.started = time.time()
         self.thread = threading.Thread(target=self._run, name="kb-backfill", daemon=True)
         self.thread.start()
@@ -11883,8 +12002,10 @@ class VectorBackfill:
             return
         try:
             self.feeder.finish(lib)
-            if self.feeder.unavailable is None and not self.feeder._stop:
-                embed_missing_chunks(lib, self.models, None)     # whatever the feeder could not encode
+            if self.feeder.unavailable is not None:
+                self.note = vectors_not_computed(lib.count_missing_vectors(), self.feeder.unavailable)["note"]
+            elif not self.feeder._stop:       # whatever the feeder could not encode
+                self.note = embed_missing_chunks(lib, self.models, None).get("note")
         except Exception as exc:        # left missing: the next ingest or reembed encodes them
             self.error = f"{type(exc).__name__}: {_short_error(exc)}"
         finally:
@@ -11896,7 +12017,8 @@ class VectorBackfill:
 
     def view(self) -> dict:
         return {"kb_root": str(self.root), "running": self.running(), "done": self.feeder.written,
-                "total": max(self.feeder.fed, self.feeder.written), "error": self.error}
+                "total": max(self.feeder.fed, self.feeder.written), "error": self.error,
+                **({"note": self.note} if self.note else {})}
 
     def wait(self, timeout: float | None = None) -> None:
         self.thread.join(timeout)
@@ -12877,6 +12999,7 @@ def render_stats(answer: dict) -> str:
         _bullet("passages", answer.get("chunks")),
         _bullet("vectors", f"{answer.get('vectors') or 0}, missing {answer.get('vectors_missing') or 0}"
                 + (f" ({answer['embedding_model']})" if answer.get("embedding_model") else "")),
+        _bullet("vectors refused", md_text(_mapping(answer.get("vectors_refused")).get("reason"))),
         _bullet("models", _counts(answer.get("models"))),
         _bullet("stale documents", stale),
         _bullet("library", md_code(answer["kb_root"]) if answer.get("kb_root") else None),
@@ -13335,11 +13458,13 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
                          (PARSER_REVISION,)).fetchone()[0]
     size = sum(p.stat().st_size for p in (lib.db_path, Path(f"{lib.db_path}-wal")) if p.exists())
     embed_model, embed_dim = lib.vector_model()
+    refusal = lib.vector_refusal()
     return {
         "kb_root": str(lib.root), "db_path": str(lib.db_path), "exists": True,
         "docs": sum(by_status.values()), "indexed_docs": by_status.get("indexed", 0), "by_status": by_status,
         "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.__getitem__) if langs else None,
         "chunks": chunks, "vectors": vectors, "vectors_missing": lib.count_missing_vectors(),
+        **({"vectors_refused": refusal} if refusal else {}),
         "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
         **vector_space_report(lib, models),
         "device": models.device_report(),
