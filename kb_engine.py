@@ -12508,15 +12508,42 @@ HOST_FIELDS = (
           "the engine's own rule"),
 )
 
-# Characters removed from shown text: controls, and the bidirectional embeddings, overrides and isolates that
-# reorder or hide what follows them (letters of right-to-left scripts stay as they are).
-_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# Characters never shown as they are in anything a person or a model reads (the CLI, progress lines, cite's text,
+# the Markdown, a card's view): C0 and C1 controls and DEL (a terminal obeys an ESC sequence, a carriage return
+# rewrites the line, a newline forges one), the bidirectional marks, embeddings, overrides and isolates that reorder
+# or hide what follows them (a file name ending in U+202E "gpj.md" reads "dm.jpg"), and the line and paragraph
+# separators. Letters of right-to-left scripts stay as they are. Each is shown as its escape (\x1b, \u202e), so
+# the reader sees that it is there; the library and the protocol's data fields keep the real text.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSHOWN_SPACES = "".join(ch for ch in map(chr, range(0x2030)) if ch.isspace() and _UNSHOWN.match(ch))
+_ESCAPE_NAMES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 _MARKDOWN_SPECIAL = re.compile(r"[\\`*_\[\]<]")
 
 
+def _escape(ch: str) -> str:
+    return _ESCAPE_NAMES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+
+
+def visible_text(text, keep: str = "") -> str:
+    """``text`` with every unshown character but those in ``keep`` written as its escape: ESC as ``\\x1b``, a
+    right-to-left override as ``\\u202e``, a newline as ``\\n``."""
+    text = "" if text is None else str(text)
+    if not _UNSHOWN.search(text):
+        return text
+    return _UNSHOWN.sub(lambda m: m.group(0) if m.group(0) in keep else _escape(m.group(0)), text)
+
+
+def visible_json(text: str) -> str:
+    """JSON text with the unshown characters in its strings written as ``\\u`` escapes: a JSON reader gets the same
+    values, a terminal shows them safely (json.dumps escapes C0 controls, but leaves C1 controls and the
+    bidirectional ones as they are). A raw newline is the layout's own: json.dumps escapes those in strings."""
+    return _UNSHOWN.sub(lambda m: m.group(0) if m.group(0) == "\n" else f"\\u{ord(m.group(0)):04x}", text)
+
+
 def plain_line(text) -> str:
-    """``text`` as one line: unshown characters removed, whitespace runs made one space."""
-    return " ".join(_UNSHOWN.sub("", "" if text is None else str(text)).split())
+    """``text`` as one line: whitespace runs (line breaks too) made one space, other unshown characters shown as
+    escapes."""
+    return " ".join(visible_text(text, keep=_UNSHOWN_SPACES).split())
 
 
 def md_text(text) -> str:
@@ -12626,16 +12653,28 @@ def _note(text) -> str | None:
 
 # -- search and rag: the view, fitted, and its Markdown --------------------------------------------------------
 
+# A view is what a card shows, so its text fields are shown text (plain_line; a file name keeps its spaces and shows
+# every unshown character); ``path``, ``url``, ``zotero_link`` and ids locate things, and keep their real values.
+
+def _shown_line(text) -> str | None:
+    return None if text is None else plain_line(text)
+
+
+def _shown_name(name) -> str | None:
+    return None if name is None else visible_text(name)
+
+
 def _in_library_view(lib: dict) -> dict:
-    return {"doc_id": lib.get("doc_id"), "title": lib.get("title"), "doi": lib.get("doi"),
-            "url": doi_link(lib.get("doi")), "file": file_name(lib.get("path")), "path": lib.get("path")}
+    return {"doc_id": lib.get("doc_id"), "title": _shown_line(lib.get("title")), "doi": _shown_line(lib.get("doi")),
+            "url": doi_link(lib.get("doi")), "file": _shown_name(file_name(lib.get("path"))), "path": lib.get("path")}
 
 
 def _citation_view(c: dict) -> dict:
     lib = c.get("in_library")
-    return {"marker": c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else ""),
-            "ref": c.get("ref"), "title": c.get("title"), "text": c.get("text"), "doi": c.get("doi"),
-            "url": doi_link(c.get("doi")), "in_library": _in_library_view(lib) if isinstance(lib, dict) else None}
+    return {"marker": plain_line(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else "")),
+            "ref": c.get("ref"), "title": _shown_line(c.get("title")), "text": _shown_line(c.get("text")),
+            "doi": _shown_line(c.get("doi")), "url": doi_link(c.get("doi")),
+            "in_library": _in_library_view(lib) if isinstance(lib, dict) else None}
 
 
 def _source_view(hit: dict, rank: int) -> dict:
@@ -12645,11 +12684,12 @@ def _source_view(hit: dict, rank: int) -> dict:
     return {
         "rank": rank, "doc_id": hit.get("doc_id"), "chunk_id": hit.get("chunk_id"),
         "title": cut_text(hit.get("title") or file or "Untitled", RENDER_TITLE_CHARS),
-        "url": doi_link(hit.get("doi")), "doi": hit.get("doi"), "file": file, "path": hit.get("path"),
-        "authors": _listed(hit.get("authors")), "year": hit.get("year"), "journal": hit.get("journal"),
-        "kind": hit.get("kind"), "section": hit.get("section") or "", "page": hit.get("page"),
+        "url": doi_link(hit.get("doi")), "doi": _shown_line(hit.get("doi")), "file": _shown_name(file),
+        "path": hit.get("path"), "authors": [plain_line(a) for a in _listed(hit.get("authors"))],
+        "year": hit.get("year"), "journal": _shown_line(hit.get("journal")),
+        "kind": hit.get("kind"), "section": plain_line(hit.get("section")), "page": hit.get("page"),
         "page_end": hit.get("page_end"), "page_label": hit.get("page_label"),
-        "location": page_span(hit.get("page"), hit.get("page_end"), hit.get("page_label")),
+        "location": plain_line(page_span(hit.get("page"), hit.get("page_end"), hit.get("page_label"))),
         "score": _finite(hit.get("score")), "snippet": str(hit.get("snippet") or ""),
         "citations": citations, "citations_more": (hit.get("citations_more") or 0) if citations is not None else None,
         "zotero_link": hit.get("zotero_link"),
@@ -12660,9 +12700,10 @@ def _source_view(hit: dict, rank: int) -> dict:
 def _related_view(r: dict) -> dict:
     return {"doc_id": r.get("doc_id"),
             "title": cut_text(r.get("title") or file_name(r.get("path")) or "Untitled", RENDER_TITLE_CHARS),
-            "url": doi_link(r.get("doi")), "doi": r.get("doi"), "file": file_name(r.get("path")),
-            "authors": _listed(r.get("authors")), "year": r.get("year"), "reason": r.get("reason"),
-            "similarity": _finite(r.get("similarity"))}
+            "url": doi_link(r.get("doi")), "doi": _shown_line(r.get("doi")),
+            "file": _shown_name(file_name(r.get("path"))),
+            "authors": [plain_line(a) for a in _listed(r.get("authors"))], "year": r.get("year"),
+            "reason": _shown_line(r.get("reason")), "similarity": _finite(r.get("similarity"))}
 
 
 def _full_view(command: str, answer: dict) -> dict:
@@ -12670,12 +12711,13 @@ def _full_view(command: str, answer: dict) -> dict:
     notes = answer["notes"] if isinstance(answer.get("notes"), list) else [answer["note"]] if answer.get("note") else []
     return {
         "kind": "kb-sources", "tool": f"kb_{command}",      # hosts name their tools kb_<command>
-        "query": answer.get("query") or "", "mode": answer.get("mode"), "depth": answer.get("depth"),
-        "score_kind": answer.get("score_kind"), "reranker": answer.get("reranker"),
-        "cached": answer.get("cached") is True, "notes": [str(n) for n in notes], "lang_note": answer.get("lang_note"),
+        "query": plain_line(answer.get("query")), "mode": answer.get("mode"), "depth": answer.get("depth"),
+        "score_kind": answer.get("score_kind"), "reranker": _shown_line(answer.get("reranker")),
+        "cached": answer.get("cached") is True, "notes": [plain_line(n) for n in notes],
+        "lang_note": _shown_line(answer.get("lang_note")),
         "total": len(hits), "sources": [_source_view(hit, i) for i, hit in enumerate(hits, 1)],
         "related": [_related_view(r) for r in _listed(answer.get("related")) if isinstance(r, dict)],
-        "guidance": answer.get("guidance"), "omitted": 0, "snippet_limit": None,
+        "guidance": _shown_line(answer.get("guidance")), "omitted": 0, "snippet_limit": None,
     }
 
 
@@ -12932,7 +12974,8 @@ def _job_markdown(job: dict) -> str:
 
 def _ocr_progress(ocr: dict) -> str:
     """"OCR page 12/100 of scan.pdf": a page of a file the readers are OCR'ing."""
-    return f"OCR page {ocr.get('done') or 0}/{ocr.get('total') or 0} of {Path(str(ocr.get('path') or '')).name[:40]}"
+    name = visible_text(Path(str(ocr.get("path") or "")).name[:40])
+    return f"OCR page {ocr.get('done') or 0}/{ocr.get('total') or 0} of {name}"
 
 
 def _one_job(answer: dict, job: dict) -> str:
@@ -13042,18 +13085,19 @@ def render_show(answer: dict) -> str:
     where = ("p. " + "–".join(str(p) for p in (pages[0], pages[-1]) if p) if len(pages) > 1 else f"p. {pages[0]}") \
         if pages else None
     snippet = cut_text(" ".join(str(answer.get("snippet") or "").split()), SHOW_SNIPPET_CHARS)
-    line = " · ".join(x for x in (f"**{answer.get('title') or answer.get('file') or 'Untitled'}**",
-                                  answer.get("figure"), where, f"\"{snippet}\"" if snippet else None) if x)
-    return _lines(line, f"Not highlighted: {answer['note']}" if answer.get("note") else None)
+    line = " · ".join(x for x in (f"**{md_text(answer.get('title') or answer.get('file') or 'Untitled')}**",
+                                  md_text(answer.get("figure")), where,
+                                  f"\"{md_text(snippet)}\"" if snippet else None) if x)
+    return _lines(line, f"Not highlighted: {md_text(answer['note'])}" if answer.get("note") else None)
 
 
 def show_view(answer: dict) -> dict:
     """What a host's card draws for show: the pictures (inline PNG when asked for) and the line's parts."""
     return {"kind": "kb-picture", "tool": "kb_show", "doc_id": answer.get("doc_id"),
             "title": cut_text(answer.get("title") or answer.get("file") or "Untitled", RENDER_TITLE_CHARS),
-            "file": answer.get("file"), "path": answer.get("path"), "figure": answer.get("figure"),
-            "snippet": str(answer.get("snippet") or ""), "highlighted": answer.get("highlighted"),
-            "note": answer.get("note"),
+            "file": _shown_name(answer.get("file")), "path": answer.get("path"),
+            "figure": _shown_line(answer.get("figure")), "snippet": plain_line(answer.get("snippet")),
+            "highlighted": answer.get("highlighted"), "note": _shown_line(answer.get("note")),
             "images": [dict(i) for i in _listed(answer.get("images")) if isinstance(i, dict)]}
 
 
@@ -13631,7 +13675,9 @@ _BIBTEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$
 
 
 def _bibtex_value(text: str) -> str:
-    return "".join(_BIBTEX_SPECIALS.get(ch, ch) for ch in clean_field(str(text)))
+    """A field's value: one line, markup escaped, an unshown character (a bidirectional override) shown as its
+    escape, whose backslash LaTeX then prints as it is."""
+    return "".join(_BIBTEX_SPECIALS.get(ch, ch) for ch in visible_text(clean_field(str(text))))
 
 
 def _bibtex_author(name: str) -> str:
@@ -13726,13 +13772,14 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
                       ("author", " and ".join(map(_bibtex_author, authors))),
                       ("year", str(doc["year"] or "")),
                       ("booktitle" if proceedings else "journal", _bibtex_value(doc["journal"] or "")),
-                      ("doi", clean_field(doc["doi"]).replace("{", "").replace("}", ""))]    # a DOI is verbatim
+                      ("doi", visible_text(clean_field(doc["doi"])).replace("{", "").replace("}", ""))]  # verbatim
             body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if value)
             kind = "inproceedings" if proceedings else "article" if doc["journal"] else "misc"
             blocks.append(f"@{kind}{{{key},\n{body}\n}}")
             entries.append({"key": key, "doc_id": doc_id})
     missing = [i for i in doc_ids if i not in rows]
-    text = json.dumps(entries, ensure_ascii=False, indent=2) if fmt == "csl-json" else "\n\n".join(blocks)
+    # the text is for people (a terminal, a .bib or .json file): csl-json's escapes keep every value as it is
+    text = visible_json(json.dumps(entries, ensure_ascii=False, indent=2)) if fmt == "csl-json" else "\n\n".join(blocks)
     return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}
 
 
@@ -15862,7 +15909,7 @@ class ProgressBar:
             line += f"  {self.LABELS.get(self.side[0], self.side[0])} {self.side[1]}/{self.side[2]}"
         if self.ocr:        # a long scan shows its pages while the file count stands still
             return line + self._encoding_rate() + f"  {_ocr_progress(self.ocr)}"
-        return line + self._encoding_rate() + (f"  {Path(current).name[:40]}" if current else "")
+        return line + self._encoding_rate() + (f"  {visible_text(Path(current).name[:40])}" if current else "")
 
     def _encoding_rate(self) -> str:
         """Passages encoded per second since encoding began, and the time left at that rate."""
@@ -15910,7 +15957,7 @@ def _terminal_progress(args) -> ProgressBar | None:
 
 
 def _job_line(job: dict) -> str:
-    detail = job.get("reason") or (Path(job["current"]).name if job.get("current") else "")
+    detail = visible_text(job.get("reason") or (Path(job["current"]).name if job.get("current") else ""))
     totals = (job.get("result") or {}).get("totals") or {}
     counts = ", ".join(f"{v} {k}" for k, v in totals.items() if v and isinstance(v, int))
     return (f"{job['job_id']}  {job['command']:<7} {job['state']:<9} {job['done']}/{job['total']}"
@@ -15940,11 +15987,12 @@ def watch_in_foreground(engine: Engine, root: Path, bar_for: Callable[[], Any]) 
         jobs = watcher.tick()
         folders = watcher.views(root)
         if not folders:
-            print(f"no watched folders in {root}: add one with kb-engine watch --add FOLDER", file=sys.stderr)
+            print(f"no watched folders in {visible_text(root)}: add one with kb-engine watch --add FOLDER",
+                  file=sys.stderr)
             return 1
         events = watcher.events is not None and watcher.events.available
-        print(f"watching {len(folders)} folder(s) of {root}" + ("" if events else f"; {WATCH_EVENTS_NOTE}")
-              + "; Ctrl-C stops", flush=True)
+        print(f"watching {len(folders)} folder(s) of {visible_text(root)}"
+              + ("" if events else f"; {WATCH_EVENTS_NOTE}") + "; Ctrl-C stops", flush=True)
         while True:
             for job in jobs:
                 finished = follow_job(engine, {"kb_root": str(root), "job_id": job["job_id"]}, bar_for())["job"]
@@ -16227,7 +16275,54 @@ def cli_wording(text: str, command: Command) -> str:
     return text.replace("`kb_root`", "`--kb-root`")     # an option of every command, not a field of one
 
 
+class VisibleStream:
+    """Standard output or error while the human CLI runs: an unshown character written to it (see visible_text)
+    comes out as its escape, whoever wrote it (a printer, a warning, a library's message). Line breaks pass: they
+    are the writers' own, since each printed value has its own escaped first (shown_response), and the progress bar
+    redraws its line with a carriage return."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(visible_text(text, keep="\n\r"))
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+# How the human CLI shows the strings of a response field (by its path: a list's items share it) when not with
+# visible_text (unshown characters as escapes, a file name's newline as "\n"): a passage's line breaks are its
+# page's, so a hit's snippet is folded onto one line; cite's text keeps the lines it was laid out in (the values
+# inside were made visible where it was written).
+CLI_FIELD_TEXT: dict[str, Callable[[str], str]] = {
+    "results.snippet": plain_line, "evidence.snippet": plain_line, "text": lambda text: visible_text(text, keep="\n")}
+
+
+def shown_response(value, path: str = ""):
+    """A response as the human CLI prints it: every string (keys too) with its unshown characters as escapes, so a
+    file name holding ESC, a carriage return or a newline, or a title holding a right-to-left override, prints as
+    what it is and cannot restyle, rewrite or forge a line. ``--json`` prints the real values instead (visible_json)."""
+    if isinstance(value, str):
+        return CLI_FIELD_TEXT.get(path, visible_text)(value)
+    if isinstance(value, dict):
+        return {visible_text(k): shown_response(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown_response(v, path) for v in value]
+    return value
+
+
 def human_cli(argv: list[str], engine: Engine) -> int:
+    """The CLI for people (``kb-engine``), with both output streams showing unshown characters as escapes."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (VisibleStream(s) if s is not None else s for s in streams)
+    try:
+        return _human_cli(argv, engine)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _human_cli(argv: list[str], engine: Engine) -> int:
     parser = build_cli_parser()
     args = parser.parse_args(argv)
     command = COMMANDS_BY_NAME[args.command]
@@ -16245,7 +16340,7 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     try:
         response = engine.execute(command.name, payload, progress=progress)
     except Exception as exc:
-        print(f"error: {cli_wording(error_reply(exc)['error'], command)}", file=sys.stderr)
+        print(f"error: {visible_text(cli_wording(error_reply(exc)['error'], command))}", file=sys.stderr)
         return 1
     finally:
         if progress is not None:
@@ -16255,12 +16350,13 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     if args.json and command.name == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
         sys.stdout.write(host_contract_text())     # refreshes the file
     elif args.json:
-        print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
+        print(visible_json(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False)))
     else:
+        shown = shown_response(response)
         for key in ("note", "lang_note"):
-            if isinstance(response.get(key), str):
-                response[key] = cli_wording(response[key], command)
-        CLI_PRINTERS.get(command.name, _print_stats)(response)
+            if isinstance(shown.get(key), str):
+                shown[key] = cli_wording(shown[key], command)
+        CLI_PRINTERS.get(command.name, _print_stats)(shown)
         if response.get("kb_root_from"):
             print(CLI_OTHER_LIBRARY)
     return _cli_exit_status(command.name, response)
@@ -16300,16 +16396,16 @@ def _human_status(args, payload: dict, engine: Engine) -> int:
         else:
             response = engine.execute("status", payload)
     except Exception as exc:
-        print(f"error: {error_reply(exc)['error']}", file=sys.stderr)
+        print(f"error: {visible_text(error_reply(exc)['error'])}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
+        print(visible_json(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False)))
         return 0
     jobs = [response["job"]] if "job" in response else response["jobs"]
     for job in jobs:
         print(_job_line(job))
         for error in job.get("errors") or []:
-            print(f"    error: {error}")
+            print(f"    error: {visible_text(error)}")
     if not jobs:
         print("no jobs in the last hour")
     return 1 if args.follow and response["job"]["state"] == "failed" else 0
