@@ -879,7 +879,8 @@ def query_terms(query: str) -> list[str]:
 # =============================================================================
 
 # What the library records (in ``meta``) about the model that made its vectors; dropped with the vectors.
-VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt")
+VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt",
+                    "vectors_refused")
 
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -1469,6 +1470,26 @@ class Library:
                 self.set_meta("embed_passage_format", passage_format)
                 self.set_meta("embed_passage_prompt", passage_prompt)
             self.store_vectors(ids, matrix)
+
+    def vector_refusal(self) -> dict | None:
+        """Why the last encoding left passages without vectors (the model's output was refused): ``model``,
+        ``reason`` and ``at``; None when it stored every vector it made."""
+        try:
+            value = json.loads(self.get_meta("vectors_refused") or "null")
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def record_vector_refusal(self, model: str, reason: str | None) -> None:
+        """Remember why an encoding by ``model`` refused vectors, or (``reason`` None) that it refused none."""
+        if reason is None and self.get_meta("vectors_refused") is None:
+            return
+        with self.transaction():
+            if reason is None:
+                self.conn.execute("DELETE FROM meta WHERE key = 'vectors_refused'")
+            else:
+                self.set_meta("vectors_refused", json.dumps({"model": model, "reason": reason, "at": now_iso()},
+                                                            ensure_ascii=False))
 
     def forget_vectors(self) -> None:
         """Drop every vector and what the library recorded about the model that made them."""
@@ -5600,6 +5621,15 @@ class ModelUnavailable(Exception):
     """A model that cannot be used now; the message says why and what to do."""
 
 
+class UnusableEmbeddings(ModelUnavailable):
+    """Vectors an encoding call refused (see unusable_rows): the message names the model and says why. ``vectors``
+    is the call's output and ``usable`` which of its rows may be kept."""
+
+    def __init__(self, message: str, vectors, usable):
+        super().__init__(message)
+        self.vectors, self.usable = vectors, usable
+
+
 def _env_model(var: str, default: str) -> str:
     return (os.environ.get(var) or default).strip()
 
@@ -6001,12 +6031,27 @@ UNRELATED_PROBES = (
 )
 
 
+# A model with damaged weights, or one whose float16 or bfloat16 arithmetic overflowed on a GPU, gives NaN or
+# infinity, which normalising turns into NaN or zero. Stored, such a vector is cosine 0 to everything: vector search
+# would rank documents in id order with nothing to say so. Such rows are refused, never stored or searched with.
+MIN_EMBEDDING_NORM = 1e-6
+
+
+def unusable_rows(matrix):
+    """Which rows of an encoder's output are no embeddings: a value that is not finite, or (nearly) all zero."""
+    import numpy as np
+    finite = np.isfinite(matrix).all(axis=1)
+    norms = np.linalg.norm(np.where(finite[:, None], matrix, 0.0), axis=1)
+    return ~finite | (norms < MIN_EMBEDDING_NORM)
+
+
 class Embedder(_DeviceBoundModel):
     role = "embed"
 
     def __init__(self, name: str, devices: "DeviceManager", model, device: str, prompts: ModelPrompts | None = None):
         super().__init__(name, devices, model, device)
         self.prompts = prompts or model_prompts(name, None)
+        self.refused: str | None = None       # why this process last refused the model's vectors
 
     @property
     def dim(self) -> int:
@@ -6021,17 +6066,36 @@ class Embedder(_DeviceBoundModel):
         return list(np.asarray(vectors, dtype=np.float32))
 
     def _encode_texts(self, texts: list[str], prompt: str):
-        """Unit vectors in input order; texts are batched by length so padding stays small."""
+        """Unit vectors in input order; texts are batched by length so padding stays small. Raises
+        UnusableEmbeddings when the model gave rows that are no embeddings (every backend passes here)."""
         import numpy as np
         if getattr(self.model, "plans_batches", False):       # the ONNX runner groups by token count itself
-            return _finite_rows(np.asarray(self._encode(texts, len(texts) or 1, prompt), dtype=np.float32)
-                                .reshape(len(texts), self.dim))
+            return self._checked(np.asarray(self._encode(texts, len(texts) or 1, prompt), dtype=np.float32)
+                                 .reshape(len(texts), self.dim))
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         encoded = self._run([texts[i] for i in order], lambda chunk, batch: self._encode(chunk, batch, prompt))
         out: Any = np.zeros((len(texts), self.dim), dtype=np.float32)
         for position, index in enumerate(order):
             out[index] = encoded[position]
-        return _finite_rows(out)
+        return self._checked(out)
+
+    def _checked(self, matrix):
+        """The matrix, once every row is known to be an embedding; else UnusableEmbeddings naming the model."""
+        import numpy as np
+        bad = unusable_rows(matrix)
+        if not bad.any():
+            return matrix
+        broken = int((~np.isfinite(matrix[bad])).any(axis=1).sum())
+        kinds = [f"{broken} with NaN or infinite values" if broken else "",
+                 f"{int(bad.sum()) - broken} all zero" if int(bad.sum()) > broken else ""]
+        causes = ["its weights may be damaged"]
+        if self.device != "cpu":
+            causes.append(f"its arithmetic overflowed on {self.device} (KB_DEVICE=cpu rules that out)")
+        elif getattr(self.model, "cpu_bf16", False):
+            causes.append("its bfloat16 arithmetic overflowed (KB_CPU_BF16=0 rules that out)")
+        self.refused = (f"the embedding model {self.model_id} gave {int(bad.sum())} of {len(matrix)} vectors that "
+                        f"are not embeddings ({', '.join(k for k in kinds if k)}): {' or '.join(causes)}")
+        raise UnusableEmbeddings(self.refused, matrix, ~bad)
 
     def encode_passages(self, texts: list[str], prompt: str | None = None):
         """Passage vectors; ``prompt`` is the one the library's vectors were made with (default: the model's)."""
@@ -6099,14 +6163,6 @@ class BiEncoderReranker:
     def score(self, query: str, passages: list[str]) -> list[float]:
         query_vec = self.embedder.encode_query(query)
         return [float(x) for x in self.embedder.encode_passages(passages) @ query_vec]
-
-
-def _finite_rows(matrix):
-    import numpy as np
-    bad = ~np.isfinite(matrix).all(axis=1)
-    if bad.any():
-        matrix[bad] = 0.0
-    return matrix
 
 
 SENTENCE_MODULES = {"Transformer", "Pooling", "Normalize"}
@@ -8004,6 +8060,8 @@ class Models:
                 report[role] = model.device
             if model is not None and getattr(model, "note", None):
                 report["note"] = model.note
+        if self._embedder is not None and self._embedder.refused:
+            report["embed_refused"] = self._embedder.refused
         return report
 
 
@@ -9799,7 +9857,8 @@ class LibraryState:
     def __init__(self):
         from collections import OrderedDict
         self.index: VectorIndex | None = None
-        self.coverage: tuple[int, int, int] | None = None     # (generation, passages, passages without a vector)
+        # (generation, passages, passages without a vector, why the model's vectors were refused or None)
+        self.coverage: tuple[int, int, int, str | None] | None = None
         self.vectors_coming = False          # a resident engine is adding vectors after an ingest's answer
         self.query_cache: "OrderedDict[str, tuple[int, str]]" = OrderedDict()    # answers kept as JSON text
         self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
@@ -9852,6 +9911,9 @@ def library_embedder(lib: Library, models: Models, coming: bool = False) -> Embe
     recorded, _ = lib.vector_model()
     if recorded is None and coming:
         raise ModelUnavailable("the library's first vectors are being added in the background")
+    refusal = lib.vector_refusal() if recorded is None else None
+    if refusal is not None:
+        raise ModelUnavailable(f"the library has no vectors: they were refused ({refusal.get('reason')})")
     if recorded is None:
         raise ModelUnavailable("the library has no vectors yet (`kb-engine reembed` adds them"
                                + ("" if local_model_path(models.embed_name) else f"; {offline_model_remedy()}") + ")")
@@ -10031,6 +10093,16 @@ def mean_unit_vector(vectors: list):
     return mean / (np.linalg.norm(mean) or 1.0)
 
 
+def keyword_half(lib: Library, renderings: list[str], filters: dict | None, pool: int,
+                 agree: bool) -> tuple[list[tuple[int, float]], float]:
+    """The keyword candidates of every rendering, merged, by evidence alone (section priors are added once, after
+    fusion), and the best match as a share of its ceiling."""
+    ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
+               bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
+    return (merge_renderings(ranked, agree, weigh=True),
+            max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0))
+
+
 def retrieve(lib: Library, request: dict, models: Models,
              state: LibraryState) -> tuple[list[SearchHit], str, list, object, float]:
     """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None, the keyword
@@ -10062,19 +10134,19 @@ def retrieve(lib: Library, request: dict, models: Models,
                 models.start_background_download(models.embed_name)
     keyword_strength = 1.0
     if mode in ("keyword", "hybrid"):
-        # (while the vector half runs on its thread) by evidence alone: section priors are added once, below
-        ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
-                   bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
-        keyword = merge_renderings(ranked, agree, weigh=True)
-        keyword_strength = max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0)
+        # (while the vector half runs on its thread)
+        keyword, keyword_strength = keyword_half(lib, renderings, filters, pool, agree)
     if vector_half is not None:
         try:
             searched = vector_half.result()
             vector = merge_renderings([(document_aware_vector_order(lib, state, embedder, vec, found), 1.0)
                                        for vec, found in searched], agree)     # cosines compare as they are
             query_vec = mean_unit_vector([vec for vec, _ in searched])
-        except ModelUnavailable as exc:
+        except ModelUnavailable as exc:     # query vectors the model got wrong too (UnusableEmbeddings)
             notes.append(f"vector search unavailable: {exc}; using keyword search")
+            if mode == "vector":
+                mode = "keyword"
+                keyword, keyword_strength = keyword_half(lib, renderings, filters, pool, agree)
     weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
     if keyword and vector:
         candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
@@ -10102,7 +10174,11 @@ def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: M
         return pool, kind
     texts = chunk_texts(lib, [h.chunk_id for h in pool])
     passages = [texts.get(h.chunk_id, "") for h in pool]
-    scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
+    try:
+        scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
+    except ModelUnavailable as exc:         # a bi-encoder whose vectors were refused
+        notes.append(f"not reranked: {exc}; results in fused order")
+        return pool, kind
     reranked = sorted((SearchHit(h.chunk_id, s) for h, s in zip(pool, scores)), key=lambda h: (-h.score, h.chunk_id))
     if isinstance(reranker, BiEncoderReranker):
         notes.append(f"cross-encoder unavailable; reranked with the bi-encoder {reranker.name}")
@@ -10115,12 +10191,13 @@ def vector_coverage(lib: Library, state: LibraryState, models: Models) -> dict:
     generation = lib.generation()
     if state.coverage is None or state.coverage[0] != generation:
         total = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-        state.coverage = (generation, total, lib.count_missing_vectors())
-    _, total, missing = state.coverage
+        state.coverage = (generation, total, lib.count_missing_vectors(),
+                          (lib.vector_refusal() or {}).get("reason"))
+    _, total, missing, refused = state.coverage
     embedder = models.loaded()["embedder"] or models.embed_name
     return {"model": Path(embedder).name if os.path.isabs(embedder) else embedder,
             "backend": models.devices.report.get("embed_backend"), "done": total - missing, "total": total,
-            "missing": missing}
+            "missing": missing, **({"refused": refused} if refused and missing else {})}
 
 
 def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState,
@@ -10150,7 +10227,10 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
     hits, kind, notes, query_vec, keyword_strength = retrieve(lib, request, models, state)
     if query_vec is not None:
         response["vectors"] = vector_coverage(lib, state, models)
-        if response["vectors"]["missing"]:
+        if response["vectors"].get("refused"):
+            notes.append(f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages: "
+                         f"the others' were refused ({response['vectors']['refused']}); keyword search finds them")
+        elif response["vectors"]["missing"]:
             notes.append(f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages so "
                          "far (the rest are found by keyword until ingest or reembed adds theirs)")
     degraded = bool(notes)
@@ -11581,14 +11661,35 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
 
 
 def vectors_not_computed(missing: int, reason: ModelUnavailable) -> dict:
+    if isinstance(reason, UnusableEmbeddings):
+        return {"vectors_written": 0, "vectors_missing": missing, "note": refused_vectors_note(str(reason), missing)}
     return {"vectors_written": 0, "vectors_missing": missing,
             "note": f"vectors not computed: {reason}. Keyword search works; {offline_model_remedy()}"}
 
 
+def refused_vectors_note(reason: str, missing: int) -> str:
+    return (f"vectors refused: {reason}. Nothing was stored for them; {missing} passages are without a vector, and "
+            "keyword search finds them. Ingest or reembed encodes them once the model is repaired or replaced")
+
+
+def storable_vectors(embedder: Embedder, batch: list[tuple[int, str]],
+                     prompt: str) -> tuple[list[int], Any, UnusableEmbeddings | None]:
+    """The chunk ids and vectors of a (chunk id, text) batch that may be stored, and the refusal of the others."""
+    ids = [chunk_id for chunk_id, _ in batch]
+    try:
+        return ids, embedder.encode_passages([text for _, text in batch], prompt), None
+    except UnusableEmbeddings as refused:
+        keep = [i for i, usable in enumerate(refused.usable) if usable]
+        return [ids[i] for i in keep], refused.vectors[keep], refused
+
+
 def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict], None] | None,
                          may_download: bool = True) -> dict:
-    """Encode every chunk without a vector (new chunks, or ones stored while no model was available)."""
+    """Encode every chunk without a vector (new chunks, or ones stored while no model was available). Vectors the
+    model gets wrong are refused (see unusable_rows): the answer says so, and the library remembers why."""
     missing = lib.count_missing_vectors()
+    if not missing:
+        lib.record_vector_refusal("", None)
     if not missing or embeddings_disabled(models):
         return {"vectors_written": 0, "vectors_missing": missing}
     recorded, _ = lib.vector_model()
@@ -11604,17 +11705,26 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
     passage_format = lib.passage_format() or PASSAGE_FORMAT
     prompt = library_passage_prompt(lib, embedder)
     pending = lib.chunk_ids_missing_vectors()          # shortest first: batches of similar length pad little
+    refusal: UnusableEmbeddings | None = None
     for start in range(0, len(pending), 256):
         batch = embedding_inputs(lib.chunk_passages(pending[start:start + 256]), passage_format)
         if not batch:
             continue
-        matrix = embedder.encode_passages([text for _, text in batch], prompt)
-        lib.store_model_vectors(embedder.model_id, embedder.dim, [chunk_id for chunk_id, _ in batch], matrix,
-                                passage_format, prompt)
-        written += len(batch)
+        ids, matrix, refused = storable_vectors(embedder, batch, prompt)
+        if ids:
+            lib.store_model_vectors(embedder.model_id, embedder.dim, ids, matrix, passage_format, prompt)
+        written += len(ids)
+        refusal = refused or refusal
         if progress:
             progress({"phase": "embed", "done": written, "total": missing})
-    return {"vectors_written": written, "vectors_missing": lib.count_missing_vectors(), "model": embedder.model_id}
+        if refused is not None and not ids:
+            break           # not one usable vector in a whole batch: the model is broken, the rest would be too
+    left = lib.count_missing_vectors()
+    result = {"vectors_written": written, "vectors_missing": left, "model": embedder.model_id}
+    lib.record_vector_refusal(embedder.model_id, str(refusal) if refusal is not None else None)
+    if refusal is not None:
+        result["note"] = refused_vectors_note(str(refusal), left)
+    return result
 
 
 def _docs_under(lib: Library, paths: list[str] | None, statuses: tuple[str, ...]) -> list[sqlite3.Row]:
@@ -12071,6 +12181,7 @@ class VectorFeeder:
         self.outbox: "queue.Queue" = queue.Queue()
         self.thread: Any = None         # the encoding thread, once started
         self.unavailable: ModelUnavailable | None = None
+        self.refusal: UnusableEmbeddings | None = None      # vectors the model got wrong (see unusable_rows)
         self.fed = 0
         self.written = 0
         self.model_id: str | None = None
@@ -12115,10 +12226,15 @@ class VectorFeeder:
                 buffer.sort(key=lambda item: len(item[1]))      # similar lengths pad little
                 batch, buffer = buffer[:VECTOR_BATCH], buffer[VECTOR_BATCH:]
                 try:
-                    matrix = embedder.encode_passages([text for _, text in batch], prompt)
+                    ids, matrix, refused = storable_vectors(embedder, batch, prompt)
                 except Exception:
                     return                  # left missing: the final pass (or the next ingest) encodes them
-                self.outbox.put(([chunk_id for chunk_id, _ in batch], matrix, embedder, prompt))
+                if refused is not None:
+                    self.refusal = refused
+                    if not ids:             # a whole batch refused: the model is broken, and the answer says so
+                        self.unavailable = refused
+                        return
+                self.outbox.put((ids, matrix, embedder, prompt))
 
     def store_ready(self, lib: Library, wait: bool = False, progress=None) -> None:
         """Store every finished batch (with ``wait``, until the thread is done)."""
@@ -12151,6 +12267,8 @@ class VectorFeeder:
         self.inbox.put(None)
         self.store_ready(lib, wait=True, progress=progress)
         self.thread.join()
+        if self.refusal is not None and self.model_id is not None:     # the thread never touches the database
+            lib.record_vector_refusal(self.model_id, str(self.refusal))
 
     def stop(self) -> None:
         """Abandon the work in flight (cancel or error): chunks left without vectors are filled later."""
@@ -12170,6 +12288,7 @@ class VectorBackfill:
         self.root, self.feeder, self.models, self.state = root, feeder, models, state
         state.vectors_coming = True
         self.error: str | None = None
+        self.note: str | None = None        # why vectors were left out (refused, or no model)
         self.started = time.time()
         self.thread = threading.Thread(target=self._run, name="kb-backfill", daemon=True)
         self.thread.start()
@@ -12181,8 +12300,10 @@ class VectorBackfill:
             return
         try:
             self.feeder.finish(lib)
-            if self.feeder.unavailable is None and not self.feeder._stop:
-                embed_missing_chunks(lib, self.models, None)     # whatever the feeder could not encode
+            if self.feeder.unavailable is not None:
+                self.note = vectors_not_computed(lib.count_missing_vectors(), self.feeder.unavailable)["note"]
+            elif not self.feeder._stop:       # whatever the feeder could not encode
+                self.note = embed_missing_chunks(lib, self.models, None).get("note")
         except Exception as exc:        # left missing: the next ingest or reembed encodes them
             self.error = f"{type(exc).__name__}: {_short_error(exc)}"
         finally:
@@ -12194,7 +12315,8 @@ class VectorBackfill:
 
     def view(self) -> dict:
         return {"kb_root": str(self.root), "running": self.running(), "done": self.feeder.written,
-                "total": max(self.feeder.fed, self.feeder.written), "error": self.error}
+                "total": max(self.feeder.fed, self.feeder.written), "error": self.error,
+                **({"note": self.note} if self.note else {})}
 
     def wait(self, timeout: float | None = None) -> None:
         self.thread.join(timeout)
@@ -12702,15 +12824,42 @@ HOST_FIELDS = (
           "the engine's own rule"),
 )
 
-# Characters removed from shown text: controls, and the bidirectional embeddings, overrides and isolates that
-# reorder or hide what follows them (letters of right-to-left scripts stay as they are).
-_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# Characters never shown as they are in anything a person or a model reads (the CLI, progress lines, cite's text,
+# the Markdown, a card's view): C0 and C1 controls and DEL (a terminal obeys an ESC sequence, a carriage return
+# rewrites the line, a newline forges one), the bidirectional marks, embeddings, overrides and isolates that reorder
+# or hide what follows them (a file name ending in U+202E "gpj.md" reads "dm.jpg"), and the line and paragraph
+# separators. Letters of right-to-left scripts stay as they are. Each is shown as its escape (\x1b, \u202e), so
+# the reader sees that it is there; the library and the protocol's data fields keep the real text.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSHOWN_SPACES = "".join(ch for ch in map(chr, range(0x2030)) if ch.isspace() and _UNSHOWN.match(ch))
+_ESCAPE_NAMES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 _MARKDOWN_SPECIAL = re.compile(r"[\\`*_\[\]<]")
 
 
+def _escape(ch: str) -> str:
+    return _ESCAPE_NAMES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+
+
+def visible_text(text, keep: str = "") -> str:
+    """``text`` with every unshown character but those in ``keep`` written as its escape: ESC as ``\\x1b``, a
+    right-to-left override as ``\\u202e``, a newline as ``\\n``."""
+    text = "" if text is None else str(text)
+    if not _UNSHOWN.search(text):
+        return text
+    return _UNSHOWN.sub(lambda m: m.group(0) if m.group(0) in keep else _escape(m.group(0)), text)
+
+
+def visible_json(text: str) -> str:
+    """JSON text with the unshown characters in its strings written as ``\\u`` escapes: a JSON reader gets the same
+    values, a terminal shows them safely (json.dumps escapes C0 controls, but leaves C1 controls and the
+    bidirectional ones as they are). A raw newline is the layout's own: json.dumps escapes those in strings."""
+    return _UNSHOWN.sub(lambda m: m.group(0) if m.group(0) == "\n" else f"\\u{ord(m.group(0)):04x}", text)
+
+
 def plain_line(text) -> str:
-    """``text`` as one line: unshown characters removed, whitespace runs made one space."""
-    return " ".join(_UNSHOWN.sub("", "" if text is None else str(text)).split())
+    """``text`` as one line: whitespace runs (line breaks too) made one space, other unshown characters shown as
+    escapes."""
+    return " ".join(visible_text(text, keep=_UNSHOWN_SPACES).split())
 
 
 def md_text(text) -> str:
@@ -12820,16 +12969,28 @@ def _note(text) -> str | None:
 
 # -- search and rag: the view, fitted, and its Markdown --------------------------------------------------------
 
+# A view is what a card shows, so its text fields are shown text (plain_line; a file name keeps its spaces and shows
+# every unshown character); ``path``, ``url``, ``zotero_link`` and ids locate things, and keep their real values.
+
+def _shown_line(text) -> str | None:
+    return None if text is None else plain_line(text)
+
+
+def _shown_name(name) -> str | None:
+    return None if name is None else visible_text(name)
+
+
 def _in_library_view(lib: dict) -> dict:
-    return {"doc_id": lib.get("doc_id"), "title": lib.get("title"), "doi": lib.get("doi"),
-            "url": doi_link(lib.get("doi")), "file": file_name(lib.get("path")), "path": lib.get("path")}
+    return {"doc_id": lib.get("doc_id"), "title": _shown_line(lib.get("title")), "doi": _shown_line(lib.get("doi")),
+            "url": doi_link(lib.get("doi")), "file": _shown_name(file_name(lib.get("path"))), "path": lib.get("path")}
 
 
 def _citation_view(c: dict) -> dict:
     lib = c.get("in_library")
-    return {"marker": c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else ""),
-            "ref": c.get("ref"), "title": c.get("title"), "text": c.get("text"), "doi": c.get("doi"),
-            "url": doi_link(c.get("doi")), "in_library": _in_library_view(lib) if isinstance(lib, dict) else None}
+    return {"marker": plain_line(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else "")),
+            "ref": c.get("ref"), "title": _shown_line(c.get("title")), "text": _shown_line(c.get("text")),
+            "doi": _shown_line(c.get("doi")), "url": doi_link(c.get("doi")),
+            "in_library": _in_library_view(lib) if isinstance(lib, dict) else None}
 
 
 def _source_view(hit: dict, rank: int) -> dict:
@@ -12839,11 +13000,12 @@ def _source_view(hit: dict, rank: int) -> dict:
     return {
         "rank": rank, "doc_id": hit.get("doc_id"), "chunk_id": hit.get("chunk_id"),
         "title": cut_text(hit.get("title") or file or "Untitled", RENDER_TITLE_CHARS),
-        "url": doi_link(hit.get("doi")), "doi": hit.get("doi"), "file": file, "path": hit.get("path"),
-        "authors": _listed(hit.get("authors")), "year": hit.get("year"), "journal": hit.get("journal"),
-        "kind": hit.get("kind"), "section": hit.get("section") or "", "page": hit.get("page"),
+        "url": doi_link(hit.get("doi")), "doi": _shown_line(hit.get("doi")), "file": _shown_name(file),
+        "path": hit.get("path"), "authors": [plain_line(a) for a in _listed(hit.get("authors"))],
+        "year": hit.get("year"), "journal": _shown_line(hit.get("journal")),
+        "kind": hit.get("kind"), "section": plain_line(hit.get("section")), "page": hit.get("page"),
         "page_end": hit.get("page_end"), "page_label": hit.get("page_label"),
-        "location": page_span(hit.get("page"), hit.get("page_end"), hit.get("page_label")),
+        "location": plain_line(page_span(hit.get("page"), hit.get("page_end"), hit.get("page_label"))),
         "score": _finite(hit.get("score")), "snippet": str(hit.get("snippet") or ""),
         "citations": citations, "citations_more": (hit.get("citations_more") or 0) if citations is not None else None,
         "zotero_link": hit.get("zotero_link"),
@@ -12854,9 +13016,10 @@ def _source_view(hit: dict, rank: int) -> dict:
 def _related_view(r: dict) -> dict:
     return {"doc_id": r.get("doc_id"),
             "title": cut_text(r.get("title") or file_name(r.get("path")) or "Untitled", RENDER_TITLE_CHARS),
-            "url": doi_link(r.get("doi")), "doi": r.get("doi"), "file": file_name(r.get("path")),
-            "authors": _listed(r.get("authors")), "year": r.get("year"), "reason": r.get("reason"),
-            "similarity": _finite(r.get("similarity"))}
+            "url": doi_link(r.get("doi")), "doi": _shown_line(r.get("doi")),
+            "file": _shown_name(file_name(r.get("path"))),
+            "authors": [plain_line(a) for a in _listed(r.get("authors"))], "year": r.get("year"),
+            "reason": _shown_line(r.get("reason")), "similarity": _finite(r.get("similarity"))}
 
 
 def _full_view(command: str, answer: dict) -> dict:
@@ -12864,12 +13027,13 @@ def _full_view(command: str, answer: dict) -> dict:
     notes = answer["notes"] if isinstance(answer.get("notes"), list) else [answer["note"]] if answer.get("note") else []
     return {
         "kind": "kb-sources", "tool": f"kb_{command}",      # hosts name their tools kb_<command>
-        "query": answer.get("query") or "", "mode": answer.get("mode"), "depth": answer.get("depth"),
-        "score_kind": answer.get("score_kind"), "reranker": answer.get("reranker"),
-        "cached": answer.get("cached") is True, "notes": [str(n) for n in notes], "lang_note": answer.get("lang_note"),
+        "query": plain_line(answer.get("query")), "mode": answer.get("mode"), "depth": answer.get("depth"),
+        "score_kind": answer.get("score_kind"), "reranker": _shown_line(answer.get("reranker")),
+        "cached": answer.get("cached") is True, "notes": [plain_line(n) for n in notes],
+        "lang_note": _shown_line(answer.get("lang_note")),
         "total": len(hits), "sources": [_source_view(hit, i) for i, hit in enumerate(hits, 1)],
         "related": [_related_view(r) for r in _listed(answer.get("related")) if isinstance(r, dict)],
-        "guidance": answer.get("guidance"), "omitted": 0, "snippet_limit": None,
+        "guidance": _shown_line(answer.get("guidance")), "omitted": 0, "snippet_limit": None,
     }
 
 
@@ -13126,7 +13290,8 @@ def _job_markdown(job: dict) -> str:
 
 def _ocr_progress(ocr: dict) -> str:
     """"OCR page 12/100 of scan.pdf": a page of a file the readers are OCR'ing."""
-    return f"OCR page {ocr.get('done') or 0}/{ocr.get('total') or 0} of {Path(str(ocr.get('path') or '')).name[:40]}"
+    name = visible_text(Path(str(ocr.get("path") or "")).name[:40])
+    return f"OCR page {ocr.get('done') or 0}/{ocr.get('total') or 0} of {name}"
 
 
 def _one_job(answer: dict, job: dict) -> str:
@@ -13193,6 +13358,7 @@ def render_stats(answer: dict) -> str:
         _bullet("passages", answer.get("chunks")),
         _bullet("vectors", f"{answer.get('vectors') or 0}, missing {answer.get('vectors_missing') or 0}"
                 + (f" ({answer['embedding_model']})" if answer.get("embedding_model") else "")),
+        _bullet("vectors refused", md_text(_mapping(answer.get("vectors_refused")).get("reason"))),
         _bullet("models", _counts(answer.get("models"))),
         _bullet("stale documents", stale),
         _bullet("library", md_code(answer["kb_root"]) if answer.get("kb_root") else None),
@@ -13235,18 +13401,19 @@ def render_show(answer: dict) -> str:
     where = ("p. " + "–".join(str(p) for p in (pages[0], pages[-1]) if p) if len(pages) > 1 else f"p. {pages[0]}") \
         if pages else None
     snippet = cut_text(" ".join(str(answer.get("snippet") or "").split()), SHOW_SNIPPET_CHARS)
-    line = " · ".join(x for x in (f"**{answer.get('title') or answer.get('file') or 'Untitled'}**",
-                                  answer.get("figure"), where, f"\"{snippet}\"" if snippet else None) if x)
-    return _lines(line, f"Not highlighted: {answer['note']}" if answer.get("note") else None)
+    line = " · ".join(x for x in (f"**{md_text(answer.get('title') or answer.get('file') or 'Untitled')}**",
+                                  md_text(answer.get("figure")), where,
+                                  f"\"{md_text(snippet)}\"" if snippet else None) if x)
+    return _lines(line, f"Not highlighted: {md_text(answer['note'])}" if answer.get("note") else None)
 
 
 def show_view(answer: dict) -> dict:
     """What a host's card draws for show: the pictures (inline PNG when asked for) and the line's parts."""
     return {"kind": "kb-picture", "tool": "kb_show", "doc_id": answer.get("doc_id"),
             "title": cut_text(answer.get("title") or answer.get("file") or "Untitled", RENDER_TITLE_CHARS),
-            "file": answer.get("file"), "path": answer.get("path"), "figure": answer.get("figure"),
-            "snippet": str(answer.get("snippet") or ""), "highlighted": answer.get("highlighted"),
-            "note": answer.get("note"),
+            "file": _shown_name(answer.get("file")), "path": answer.get("path"),
+            "figure": _shown_line(answer.get("figure")), "snippet": plain_line(answer.get("snippet")),
+            "highlighted": answer.get("highlighted"), "note": _shown_line(answer.get("note")),
             "images": [dict(i) for i in _listed(answer.get("images")) if isinstance(i, dict)]}
 
 
@@ -13651,11 +13818,13 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
                          (PARSER_REVISION,)).fetchone()[0]
     size = sum(p.stat().st_size for p in (lib.db_path, Path(f"{lib.db_path}-wal")) if p.exists())
     embed_model, embed_dim = lib.vector_model()
+    refusal = lib.vector_refusal()
     return {
         "kb_root": str(lib.root), "db_path": str(lib.db_path), "exists": True,
         "docs": sum(by_status.values()), "indexed_docs": by_status.get("indexed", 0), "by_status": by_status,
         "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.__getitem__) if langs else None,
         "chunks": chunks, "vectors": vectors, "vectors_missing": lib.count_missing_vectors(),
+        **({"vectors_refused": refusal} if refusal else {}),
         "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
         **vector_space_report(lib, models),
         "device": models.device_report(),
@@ -13822,7 +13991,9 @@ _BIBTEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$
 
 
 def _bibtex_value(text: str) -> str:
-    return "".join(_BIBTEX_SPECIALS.get(ch, ch) for ch in clean_field(str(text)))
+    """A field's value: one line, markup escaped, an unshown character (a bidirectional override) shown as its
+    escape, whose backslash LaTeX then prints as it is."""
+    return "".join(_BIBTEX_SPECIALS.get(ch, ch) for ch in visible_text(clean_field(str(text))))
 
 
 def _bibtex_author(name: str) -> str:
@@ -13917,13 +14088,14 @@ def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "Libra
                       ("author", " and ".join(map(_bibtex_author, authors))),
                       ("year", str(doc["year"] or "")),
                       ("booktitle" if proceedings else "journal", _bibtex_value(doc["journal"] or "")),
-                      ("doi", clean_field(doc["doi"]).replace("{", "").replace("}", ""))]    # a DOI is verbatim
+                      ("doi", visible_text(clean_field(doc["doi"])).replace("{", "").replace("}", ""))]  # verbatim
             body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if value)
             kind = "inproceedings" if proceedings else "article" if doc["journal"] else "misc"
             blocks.append(f"@{kind}{{{key},\n{body}\n}}")
             entries.append({"key": key, "doc_id": doc_id})
     missing = [i for i in doc_ids if i not in rows]
-    text = json.dumps(entries, ensure_ascii=False, indent=2) if fmt == "csl-json" else "\n\n".join(blocks)
+    # the text is for people (a terminal, a .bib or .json file): csl-json's escapes keep every value as it is
+    text = visible_json(json.dumps(entries, ensure_ascii=False, indent=2)) if fmt == "csl-json" else "\n\n".join(blocks)
     return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}
 
 
@@ -16170,7 +16342,7 @@ class ProgressBar:
             line += f"  {self.LABELS.get(self.side[0], self.side[0])} {self.side[1]}/{self.side[2]}"
         if self.ocr:        # a long scan shows its pages while the file count stands still
             return line + self._encoding_rate() + f"  {_ocr_progress(self.ocr)}"
-        return line + self._encoding_rate() + (f"  {Path(current).name[:40]}" if current else "")
+        return line + self._encoding_rate() + (f"  {visible_text(Path(current).name[:40])}" if current else "")
 
     def _encoding_rate(self) -> str:
         """Passages encoded per second since encoding began, and the time left at that rate."""
@@ -16218,7 +16390,7 @@ def _terminal_progress(args) -> ProgressBar | None:
 
 
 def _job_line(job: dict) -> str:
-    detail = job.get("reason") or (Path(job["current"]).name if job.get("current") else "")
+    detail = visible_text(job.get("reason") or (Path(job["current"]).name if job.get("current") else ""))
     totals = (job.get("result") or {}).get("totals") or {}
     counts = ", ".join(f"{v} {k}" for k, v in totals.items() if v and isinstance(v, int))
     return (f"{job['job_id']}  {job['command']:<7} {job['state']:<9} {job['done']}/{job['total']}"
@@ -16248,11 +16420,12 @@ def watch_in_foreground(engine: Engine, root: Path, bar_for: Callable[[], Any]) 
         jobs = watcher.tick()
         folders = watcher.views(root)
         if not folders:
-            print(f"no watched folders in {root}: add one with kb-engine watch --add FOLDER", file=sys.stderr)
+            print(f"no watched folders in {visible_text(root)}: add one with kb-engine watch --add FOLDER",
+                  file=sys.stderr)
             return 1
         events = watcher.events is not None and watcher.events.available
-        print(f"watching {len(folders)} folder(s) of {root}" + ("" if events else f"; {WATCH_EVENTS_NOTE}")
-              + "; Ctrl-C stops", flush=True)
+        print(f"watching {len(folders)} folder(s) of {visible_text(root)}"
+              + ("" if events else f"; {WATCH_EVENTS_NOTE}") + "; Ctrl-C stops", flush=True)
         said: dict[str, tuple] = {}
         while True:
             said = _say_reach(watcher.views(root), said)
@@ -16277,7 +16450,8 @@ def _say_reach(views: dict[str, dict], said: dict[str, tuple]) -> dict[str, tupl
            for path, view in views.items()}
     for path, (state, reason) in now.items():
         if now[path] != said.get(path, ("watching", None)):
-            print(f"{now_iso()}  {path}: {state}" + (f" ({reason})" if reason else ""), flush=True)
+            print(f"{now_iso()}  {visible_text(path)}: {state}" + (f" ({visible_text(reason)})" if reason else ""),
+                  flush=True)
     return now
 
 
@@ -16548,7 +16722,54 @@ def cli_wording(text: str, command: Command) -> str:
     return text.replace("`kb_root`", "`--kb-root`")     # an option of every command, not a field of one
 
 
+class VisibleStream:
+    """Standard output or error while the human CLI runs: an unshown character written to it (see visible_text)
+    comes out as its escape, whoever wrote it (a printer, a warning, a library's message). Line breaks pass: they
+    are the writers' own, since each printed value has its own escaped first (shown_response), and the progress bar
+    redraws its line with a carriage return."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(visible_text(text, keep="\n\r"))
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+# How the human CLI shows the strings of a response field (by its path: a list's items share it) when not with
+# visible_text (unshown characters as escapes, a file name's newline as "\n"): a passage's line breaks are its
+# page's, so a hit's snippet is folded onto one line; cite's text keeps the lines it was laid out in (the values
+# inside were made visible where it was written).
+CLI_FIELD_TEXT: dict[str, Callable[[str], str]] = {
+    "results.snippet": plain_line, "evidence.snippet": plain_line, "text": lambda text: visible_text(text, keep="\n")}
+
+
+def shown_response(value, path: str = ""):
+    """A response as the human CLI prints it: every string (keys too) with its unshown characters as escapes, so a
+    file name holding ESC, a carriage return or a newline, or a title holding a right-to-left override, prints as
+    what it is and cannot restyle, rewrite or forge a line. ``--json`` prints the real values instead (visible_json)."""
+    if isinstance(value, str):
+        return CLI_FIELD_TEXT.get(path, visible_text)(value)
+    if isinstance(value, dict):
+        return {visible_text(k): shown_response(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown_response(v, path) for v in value]
+    return value
+
+
 def human_cli(argv: list[str], engine: Engine) -> int:
+    """The CLI for people (``kb-engine``), with both output streams showing unshown characters as escapes."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (VisibleStream(s) if s is not None else s for s in streams)
+    try:
+        return _human_cli(argv, engine)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _human_cli(argv: list[str], engine: Engine) -> int:
     parser = build_cli_parser()
     args = parser.parse_args(argv)
     command = COMMANDS_BY_NAME[args.command]
@@ -16566,7 +16787,7 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     try:
         response = engine.execute(command.name, payload, progress=progress)
     except Exception as exc:
-        print(f"error: {cli_wording(error_reply(exc)['error'], command)}", file=sys.stderr)
+        print(f"error: {visible_text(cli_wording(error_reply(exc)['error'], command))}", file=sys.stderr)
         return 1
     finally:
         if progress is not None:
@@ -16576,12 +16797,13 @@ def human_cli(argv: list[str], engine: Engine) -> int:
     if args.json and command.name == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
         sys.stdout.write(host_contract_text())     # refreshes the file
     elif args.json:
-        print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
+        print(visible_json(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False)))
     else:
+        shown = shown_response(response)
         for key in ("note", "lang_note"):
-            if isinstance(response.get(key), str):
-                response[key] = cli_wording(response[key], command)
-        CLI_PRINTERS.get(command.name, _print_stats)(response)
+            if isinstance(shown.get(key), str):
+                shown[key] = cli_wording(shown[key], command)
+        CLI_PRINTERS.get(command.name, _print_stats)(shown)
         if response.get("kb_root_from"):
             print(CLI_OTHER_LIBRARY)
     return _cli_exit_status(command.name, response)
@@ -16621,16 +16843,16 @@ def _human_status(args, payload: dict, engine: Engine) -> int:
         else:
             response = engine.execute("status", payload)
     except Exception as exc:
-        print(f"error: {error_reply(exc)['error']}", file=sys.stderr)
+        print(f"error: {visible_text(error_reply(exc)['error'])}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False))
+        print(visible_json(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False)))
         return 0
     jobs = [response["job"]] if "job" in response else response["jobs"]
     for job in jobs:
         print(_job_line(job))
         for error in job.get("errors") or []:
-            print(f"    error: {error}")
+            print(f"    error: {visible_text(error)}")
     if not jobs:
         print("no jobs in the last hour")
     return 1 if args.follow and response["job"]["state"] == "failed" else 0

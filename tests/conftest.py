@@ -32,6 +32,7 @@ FILE_MARKS = {
     "test_models.py": ("model",),
     "test_plain_encoder.py": ("model",),
     "test_prompts.py": ("model",),
+    "test_unusable_embeddings.py": ("model",),
     "test_model_import.py": ("slow", "model"),      # builds and loads multilingual-e5 (about 20 s)
     "test_ocr.py": ("slow",),                       # OCR of five generated scan pages (about a minute)
 }

@@ -95,7 +95,10 @@ def test_hostile_fields_are_shown_as_text(kb_engine):
     assert r"\*\*Bold\*\* claims, \_italic\_ \[a link\](https://evil.example) \<script>" in markdown
     assert "石墨烯在铜箔上的成核" in markdown and "\u0646\u0645\u0648\u0630\u062c" in markdown, "scripts are kept"
     assert "**x** `we'ird 4.pdf`" in markdown, "without a DOI the file name follows, as a code span"
-    assert "> a bell, an escape [31mred[0m" not in markdown and r"\[31mred\[0m" in markdown
+    # a control or bidirectional character is shown as its escape (whose backslash Markdown escapes in turn); a
+    # line break is a space
+    assert r"> a bell\\x07, an escape \\x1b\[31mred\\x1b\[0m, a NUL\\x00 and a line break > not" in markdown
+    assert r"[Invoice \\u202etxt.exe\\u202c and \\u2067isolated\\u2069: " in markdown
     assert r'for "\*what\* \`is\` \[this\] \<b>?"' in markdown
 
 
