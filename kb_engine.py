@@ -122,6 +122,7 @@ DOCUMENT_LIMITS = {
     # and the file gets a timed_out entry. A page OCR'd gets KB_OCR_PAGE_SECONDS more. A real page takes well under
     # a second; only a file built to exhaust its reader (drawings nested into billions of strokes) gets near it.
     "KB_READ_SECONDS": 60,
+    "KB_OCR_MAX_MEGAPIXELS": 40,   # the picture of one page that is OCR'd; a larger page is read at a lower dpi
 }
 
 
@@ -317,6 +318,12 @@ ENVIRONMENT_VARIABLES = (
            "past it the process is killed, the file gets a `timed_out` error entry and the batch goes on. A page "
            "being OCR'd gets `KB_OCR_PAGE_SECONDS` more. Reading in the engine process (`KB_INGEST_WORKERS=0`) has "
            "no such deadline"),
+    EnvVar("KB_OCR_MAX_MEGAPIXELS",
+           "`40`",
+           "the largest picture of one page that is OCR'd, in millions of pixels: a page larger than this at 250 dpi "
+           "(a large-format scan past about 25 inches square) is read at the highest dpi within it, and the ingest "
+           "entry says which; one past it even at 30 dpi is left out as too large (a scan of only such pages: "
+           "`too_large`)"),
     EnvVar("KB_ASYNC_THRESHOLD",
            "`25`",
            "through the JSON protocols, an ingest with more files than this to work on, or a zotero import with "
@@ -1631,6 +1638,7 @@ class Extracted:
     ocr_pages: list = field(default_factory=list)    # numbers of the pages whose text came from OCR
     ocr_capped: int = 0                              # pages without a text layer past KB_OCR_MAX_PAGES
     ocr_timed_out: int = 0                           # pages whose OCR ran past KB_OCR_PAGE_SECONDS
+    notes: list = field(default_factory=list)        # the reader's word on how it read the file, for the entry
 
     @property
     def pages(self) -> int | None:
@@ -2800,6 +2808,12 @@ def apply_numbering_levels(blocks: list[Block]) -> None:
 
 OCR_MODES = ("auto", "off", "force")
 OCR_DPI = 250                 # render resolution for recognition
+# A page whose picture at OCR_DPI would be over KB_OCR_MAX_MEGAPIXELS is read at the highest whole dpi within it:
+# the picture, its copy and the line crops cut from it grow with its pixels (a 5,000-point page at 250 dpi is 301
+# million pixels, 2 GB resident), and MuPDF refuses a picture over 1 GiB (a square page of 76 inches at 250 dpi).
+# Below OCR_MIN_DPI the page is too large to read: the largest page a PDF may have (200 inches a side) fits the
+# default budget at 31 dpi, where letters 2 cm tall are still 24 pixels, so only a page past that limit gets here.
+OCR_MIN_DPI = 30
 OCR_DETECT_SIDE = 2400        # pixels: the long side of the page picture the line detector sees
 OCR_DETECT_PIXELS = 2400 * 1860   # ... and its area at most (US Letter, the widest usual page, at that side): the
                                   # detector's working memory grows with it, about 0.9 GB at this size
@@ -2857,52 +2871,125 @@ def _ocr_reader(threads: int = 0) -> Any:
     return RapidOCR(**({"intra_op_num_threads": threads} if threads > 0 else {}))
 
 
-@functools.lru_cache(maxsize=1)
-def ocr_engine_version() -> str:
-    """What the cached OCR text depends on: the OCR package's version and the render settings."""
+@functools.lru_cache(maxsize=8)
+def ocr_engine_version(dpi: int = OCR_DPI) -> str:
+    """What the cached OCR text depends on: the OCR package's version and the render settings (the page's dpi:
+    a large page read within KB_OCR_MAX_MEGAPIXELS is read again when the limit changes)."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         release = version("rapidocr-onnxruntime")
     except PackageNotFoundError:
         release = "unknown"
-    return (f"rapidocr-onnxruntime {release}; dpi {OCR_DPI}; detect {OCR_DETECT_SIDE} / {OCR_DETECT_PIXELS}; "
+    return (f"rapidocr-onnxruntime {release}; dpi {dpi}; detect {OCR_DETECT_SIDE} / {OCR_DETECT_PIXELS}; "
             f"min confidence {OCR_MIN_CONFIDENCE}; lines {OCR_LINES_REVISION}")
+
+
+def _ocr_budget() -> str:
+    return f"KB_OCR_MAX_MEGAPIXELS ({document_limit('KB_OCR_MAX_MEGAPIXELS')} million pixels)"
+
+
+def ocr_page_dpi(page) -> int | None:
+    """The resolution a page is OCR'd at: OCR_DPI, or for a page whose picture at OCR_DPI would be over
+    KB_OCR_MAX_MEGAPIXELS, the highest whole dpi within it; None below OCR_MIN_DPI (too large to read)."""
+    square_inches = abs(page.rect) / 72 ** 2
+    if square_inches <= 0:
+        return OCR_DPI
+    fits = math.sqrt(document_limit("KB_OCR_MAX_MEGAPIXELS") * 1e6 / square_inches)
+    dpi = min(OCR_DPI, int(fits))
+    return dpi if dpi >= OCR_MIN_DPI else None
+
+
+def _ocr_lines_valid(lines: Any) -> bool:
+    """Whether a cached value is what ocr_page_lines returns: ``[text, [x0, y0, x1, y1], confidence]`` lines
+    with finite numbers (a row written by another program, or damaged, is not)."""
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    return isinstance(lines, list) and all(
+        isinstance(line, list) and len(line) == 3 and isinstance(line[0], str) and isinstance(line[1], list)
+        and len(line[1]) == 4 and all(number(v) for v in line[1]) and number(line[2]) for line in lines)
+
+
+def _create_unlinked(path: str) -> None:
+    """Make sure ``path`` is a regular file, creating it empty if it is absent, without following a symbolic link
+    there: O_EXCL fails on any link (a dangling one included) and O_NOFOLLOW on a link to a file. OSError when
+    the path is a link or anything but a regular file."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+        return
+    except FileExistsError:
+        pass
+    mode = os.lstat(path).st_mode
+    if stat_module.S_ISLNK(mode):
+        raise OSError("it is a symbolic link, which is never followed")
+    if not stat_module.S_ISREG(mode):
+        raise OSError("it is not a regular file")
 
 
 class OcrCache:
     """OCR'd lines by file checksum, engine version and page, in a SQLite file of their own (reader processes
-    write it while the library has one writer): a re-ingest, a rebuild or a moved file never OCRs again."""
+    write it while the library has one writer): a re-ingest, a rebuild or a moved file never OCRs again.
+
+    The cache only ever saves work: a row that cannot be used (not JSON, not lines, wrong types) is a miss, so
+    the page is OCR'd again and its row replaced; a cache file that cannot be opened or read is no cache, and
+    ``problem`` says why. Its path is never followed as a symbolic link: SQLite would create a dangling link's
+    target wherever it points (SQLite itself refuses links at its -wal, -shm and -journal files)."""
 
     def __init__(self, path: str):
         self.path = path
         self.conn: sqlite3.Connection | None = None
+        self.problem: str | None = None       # why the cache could not be used, the first time it could not
 
-    def _connect(self) -> sqlite3.Connection:
-        if self.conn is None:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=30)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("CREATE TABLE IF NOT EXISTS ocr_pages (sha256 TEXT, engine TEXT, page INTEGER, "
-                         "lines TEXT NOT NULL, PRIMARY KEY (sha256, engine, page)) WITHOUT ROWID")
-            self.conn = conn
+    def _connect(self) -> sqlite3.Connection | None:
+        """The open cache, or None once it could not be opened (not tried again for each page)."""
+        if self.conn is None and self.problem is None:
+            conn = None
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                _create_unlinked(self.path)
+                conn = sqlite3.connect(self.path, timeout=30)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("CREATE TABLE IF NOT EXISTS ocr_pages (sha256 TEXT, engine TEXT, page INTEGER, "
+                             "lines TEXT NOT NULL, PRIMARY KEY (sha256, engine, page)) WITHOUT ROWID")
+                self.conn = conn
+            except (sqlite3.Error, OSError) as exc:
+                if conn is not None:
+                    conn.close()
+                self._failed(exc)
         return self.conn
 
-    def get(self, sha256: str, page: int) -> list | None:
-        try:
-            row = self._connect().execute("SELECT lines FROM ocr_pages WHERE sha256 = ? AND engine = ? AND page = ?",
-                                          (sha256, ocr_engine_version(), page)).fetchone()
-        except sqlite3.Error:
-            return None
-        return json.loads(row[0]) if row else None
+    def _failed(self, exc: Exception) -> None:
+        if self.problem is None:
+            self.problem = f"the OCR cache {self.path} could not be used ({_short_error(exc)})"
 
-    def put(self, sha256: str, page: int, lines: list) -> None:
+    def get(self, sha256: str, page: int, dpi: int = OCR_DPI) -> list | None:
+        conn = self._connect()
+        if conn is None:
+            return None
         try:
-            conn = self._connect()
+            row = conn.execute("SELECT lines FROM ocr_pages WHERE sha256 = ? AND engine = ? AND page = ?",
+                               (sha256, ocr_engine_version(dpi), page)).fetchone()
+        except sqlite3.Error as exc:        # a damaged page of the cache file
+            self._failed(exc)
+            return None
+        if row is None:
+            return None
+        try:
+            lines = json.loads(row[0])
+        except (ValueError, TypeError, RecursionError):      # not JSON, not text, nested past the parser's depth
+            return None
+        return lines if _ocr_lines_valid(lines) else None
+
+    def put(self, sha256: str, page: int, lines: list, dpi: int = OCR_DPI) -> None:
+        conn = self._connect()
+        if conn is None:
+            return
+        try:
             with conn:
                 conn.execute("INSERT OR REPLACE INTO ocr_pages VALUES (?, ?, ?, ?)",
-                             (sha256, ocr_engine_version(), page, json.dumps(lines, ensure_ascii=False)))
-        except sqlite3.Error:
-            pass            # a cache that cannot be written costs a second OCR, nothing else
+                             (sha256, ocr_engine_version(dpi), page, json.dumps(lines, ensure_ascii=False)))
+        except sqlite3.Error as exc:
+            self._failed(exc)           # a cache that cannot be written costs a second OCR, nothing else
 
     def close(self) -> None:
         if self.conn is not None:
@@ -2999,11 +3086,11 @@ class OcrTimeout(Exception):
     longer cap reads it)."""
 
 
-def _ocr_image(page):
-    """The page rendered for recognition: RGB at OCR_DPI, as a (height, width, 3) array."""
+def _ocr_image(page, dpi: int = OCR_DPI):
+    """The page rendered for recognition: RGB at ``dpi``, as a (height, width, 3) array."""
     import numpy as np
     import pymupdf
-    zoom = OCR_DPI / 72.0
+    zoom = dpi / 72.0
     pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB, alpha=False)
     return np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, pix.n)[:, :, :3]
 
@@ -3061,13 +3148,13 @@ def _give_back_freed_memory() -> None:
         trim(0)
 
 
-def ocr_page_lines(page, deadline: float | None = None, threads: int = 0) -> list[list]:
+def ocr_page_lines(page, deadline: float | None = None, threads: int = 0, dpi: int = OCR_DPI) -> list[list]:
     """The page's recognised lines, ``[text, [x0, y0, x1, y1], confidence]`` in page coordinates, in the order
-    the detector found them (reading order is decided later, from the boxes). Past ``deadline`` (a
-    time.monotonic() value) it raises OcrTimeout."""
+    the detector found them (reading order is decided later, from the boxes), read from its picture at ``dpi``.
+    Past ``deadline`` (a time.monotonic() value) it raises OcrTimeout."""
     import pymupdf
     reader = _ocr_reader(threads)
-    image = _ocr_image(page)
+    image = _ocr_image(page, dpi)
     boxes = _detect_lines(reader, image)
     if deadline is not None and time.monotonic() > deadline:
         raise OcrTimeout
@@ -3077,7 +3164,7 @@ def ocr_page_lines(page, deadline: float | None = None, threads: int = 0) -> lis
         found = _recognise(reader, reader.get_crop_img_list(image, boxes), deadline)
     finally:
         _give_back_freed_memory()
-    zoom = OCR_DPI / 72.0
+    zoom = dpi / 72.0
     back = ~(page.rotation_matrix * pymupdf.Matrix(zoom, zoom)) if page.rotation else None
     lines = []
     for box, (text, confidence) in zip(boxes, found):
@@ -3178,15 +3265,15 @@ def layer_ocr_lines(page, lines: list[list]) -> None:
 
 
 def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None, deadline: float | None = None,
-              threads: int = 0, clear: bool = False) -> list[list]:
-    """The page's OCR lines (cached, else read from the page as drawn), laid onto it as its text layer.
-    ``clear`` removes the layer it has first (a broken one; every one under force), once the page was read: a
-    broken map's glyphs still draw the text, and removed first, they would take it out of the picture."""
-    lines = cache.get(sha256, number) if cache is not None and sha256 else None
+              threads: int = 0, clear: bool = False, dpi: int = OCR_DPI) -> list[list]:
+    """The page's OCR lines (cached, else read from the page as drawn at ``dpi``), laid onto it as its text
+    layer. ``clear`` removes the layer it has first (a broken one; every one under force), once the page was
+    read: a broken map's glyphs still draw the text, and removed first, they would take it out of the picture."""
+    lines = cache.get(sha256, number, dpi) if cache is not None and sha256 else None
     if lines is None:
-        lines = ocr_page_lines(page, deadline, threads)
+        lines = ocr_page_lines(page, deadline, threads, dpi)
         if cache is not None and sha256:
-            cache.put(sha256, number, lines)
+            cache.put(sha256, number, lines, dpi)
     if clear:
         page.add_redact_annot(page.rect)
         page.apply_redactions(images=0, graphics=0)
@@ -3197,7 +3284,9 @@ def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None, dea
 OCR_FIELD = Field("ocr", "string", "`\"auto\"` (or `KB_OCR`)",
                   "`auto`: OCR the pages of a PDF that have no usable text layer (no text, or text that cannot be "
                   "read) when the OCR extra is installed (`pip install 'kb-rag[ocr]'`); `off`: skip such PDFs as "
-                  "before; `force`: OCR every page. OCR'd text is cached beside the library by the file's checksum",
+                  "before; `force`: OCR every page. OCR'd text is cached beside the library by the file's checksum "
+                  "(`ocr-cache.sqlite`, never reached through a symbolic link; a cached page that cannot be used is "
+                  "OCR'd again)",
                   cli=(Flag(("--ocr",), "OCR pages without a usable text layer: auto (default), off, force",
                             {"choices": OCR_MODES, "default": None}),))
 
@@ -3763,6 +3852,8 @@ class _PdfOcr:
         self.capped = 0                    # pages past the limit, left without OCR
         self.timed_out = 0                 # pages whose OCR ran past KB_OCR_PAGE_SECONDS, left without it
         self.seconds = document_limit("KB_OCR_PAGE_SECONDS")
+        self.low_dpi: dict[int, int] = {}  # large pages read below OCR_DPI (KB_OCR_MAX_MEGAPIXELS): their dpi
+        self.too_large: list[int] = []     # pages too large to read even at OCR_MIN_DPI, left without OCR
 
     def page_blocks(self, page, number: int, blocks: list, margin: str) -> tuple[list, str]:
         reason = ocr_reason(page, blocks, self.mode if self.available else "auto")
@@ -3774,6 +3865,10 @@ class _PdfOcr:
         if len(self.read) >= self.limit:
             self.capped += 1
             return blocks, margin
+        dpi = ocr_page_dpi(page)
+        if dpi is None:
+            self.too_large.append(number)
+            return ([], margin) if reason == "garbled" else (blocks, margin)    # never the unreadable layer
         if self._sha256 is None:
             try:
                 self._sha256 = sha256_of_file(self.path)
@@ -3782,20 +3877,55 @@ class _PdfOcr:
         self.on_step("ocr", number, self.pages)
         try:
             lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds, self.threads,
-                              clear=reason in ("garbled", "forced"))
+                              clear=reason in ("garbled", "forced"), dpi=dpi)
         except OcrTimeout:
             self.timed_out += 1
             return ([], margin) if reason == "garbled" else (blocks, margin)    # never the unreadable layer
         finally:
             self.on_page(number, self.pages)
+        if dpi < OCR_DPI:
+            self.low_dpi[number] = dpi
         if lines:
             self.read.append(number)
             return _pdf_page_blocks(page)
         return blocks, margin
 
+    def notes(self) -> list[str]:
+        """What the entry says of how the pages were OCR'd: large pages read at a lower dpi, pages too large to
+        read, a cache that could not be used."""
+        notes = []
+        if self.low_dpi:
+            notes.append(f"large pages were OCR'd below {OCR_DPI} dpi to keep their pictures within {_ocr_budget()}: "
+                         + _enumerated([f"page {page} at {dpi} dpi" for page, dpi in sorted(self.low_dpi.items())]))
+        if self.too_large:
+            notes.append(f"{self.too_large_pages()}; left out")
+        if self.cache is not None and self.cache.problem:
+            notes.append(f"{self.cache.problem}; its pages were OCR'd without it")
+        return notes
+
+    def too_large_pages(self) -> str:
+        one = len(self.too_large) == 1
+        return (f"{'page' if one else 'pages'} {_enumerated([str(page) for page in self.too_large])} "
+                f"{'is' if one else 'are'} too large to OCR (under {OCR_MIN_DPI} dpi within {_ocr_budget()})")
+
     def close(self) -> None:
         if self.cache is not None:
             self.cache.close()
+
+
+def _enumerated(items: list[str], most: int = 5) -> str:
+    """"a", "a and b", "a, b and c", past ``most`` "a, b, c, d, e and 7 more"."""
+    if len(items) > most:
+        return f"{', '.join(items[:most])} and {len(items) - most} more"
+    return " and ".join(filter(None, (", ".join(items[:-1]), items[-1]))) if items else ""
+
+
+def _mupdf_errors() -> tuple[type[Exception], ...]:
+    """What PyMuPDF raises when MuPDF cannot read a page (a damaged content stream, font or image). Any other
+    exception while a page is read is the engine's or its environment's (a bug, the OCR models): that fails the
+    file, which stores nothing and keeps what was indexed, rather than pass for a damaged page."""
+    import pymupdf
+    return (pymupdf.mupdf.FzErrorBase, pymupdf.FileDataError)
 
 
 def _regular_when_all_bold(blocks: list[Block], body_size: float) -> None:
@@ -3812,7 +3942,7 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
     doc = _open_pdf(path)
     ocr = _PdfOcr(path, options, len(doc))
     try:
-        raw_pages, labels, widths, failed_pages, margin_text, figures = [], [], [], 0, "", []
+        raw_pages, labels, widths, failed_pages, margin_text, figures = [], [], [], [], "", []
         for number, page in enumerate(doc):
             if max_pages is not None and number >= max_pages:
                 break
@@ -3822,8 +3952,8 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
                 raw_pages.append((page_blocks, page.rect.height))
                 if number == 0:
                     margin_text = margin
-            except Exception:
-                failed_pages += 1
+            except _mupdf_errors() as exc:
+                failed_pages.append(_short_error(exc))
                 raw_pages.append(([], page.rect.height))
             figures.append(_figure_areas(page))
             widths.append(page.rect.width)
@@ -3839,9 +3969,13 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
         doc.close()
         ocr.close()
     text_chars = sum(ch.isalnum() for blocks, _ in raw_pages for b in blocks for ch in b.text)
-    if failed_pages == len(raw_pages):
-        raise FileRejected(STATUS_ERROR, "corrupt", "no page of the PDF could be read (damaged file)")
+    if len(failed_pages) == len(raw_pages):
+        raise FileRejected(STATUS_ERROR, "corrupt", f"no page of the PDF could be read (damaged file: "
+                                                    f"{failed_pages[0]})")
     if text_chars < PDF_MIN_TEXT_CHARS or _is_mostly_unreadable(raw_pages):
+        if ocr.too_large and not ocr.read:
+            raise FileRejected(STATUS_ERROR, "too_large",
+                               f"the PDF has no usable text layer, and {ocr.too_large_pages()}")
         how = ("OCR is off (ocr: \"off\"); ocr: \"auto\" reads such pages" if ocr.mode == "off"
                else OCR_EXTRA_NOTE if not ocr.available and not ocr.read
                else f"OCR ran past KB_OCR_PAGE_SECONDS ({ocr.seconds}) on {ocr.timed_out} of its pages"
@@ -3881,7 +4015,7 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
               for number, page_blocks in enumerate(pages[:2], start=1)
               for block_number, raw in enumerate(page_blocks) for line in raw.lines]
     return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered, header,
-                     ocr_pages=ocr.read, ocr_capped=ocr.capped, ocr_timed_out=ocr.timed_out)
+                     ocr_pages=ocr.read, ocr_capped=ocr.capped, ocr_timed_out=ocr.timed_out, notes=ocr.notes())
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:
@@ -9324,7 +9458,7 @@ class PageCache:
 def layer_cached_ocr(doc, ocr_pages: Iterable[int], sha256: str, cache_file: str) -> None:
     """Put the OCR'd text of an indexed document back on its pages, from the cache, as ingest laid it (a garbled
     or forced page's own layer redacted first): the glyph boxes of snippets and ``show`` then find the passages
-    on scanned pages too. A page missing from the cache keeps what the file has."""
+    on scanned pages too. A page missing from the cache (or whose row cannot be used) keeps what the file has."""
     if not os.path.exists(cache_file):
         return
     cache = OcrCache(cache_file)
@@ -9332,10 +9466,11 @@ def layer_cached_ocr(doc, ocr_pages: Iterable[int], sha256: str, cache_file: str
         for number in ocr_pages:
             if not 1 <= number <= doc.page_count:
                 continue
-            lines = cache.get(sha256, number)
+            page = doc[number - 1]
+            dpi = ocr_page_dpi(page)
+            lines = cache.get(sha256, number, dpi) if dpi is not None else None
             if not lines:
                 continue
-            page = doc[number - 1]
             blocks, _ = _pdf_page_blocks(page)
             if ocr_reason(page, blocks, "auto") in (None, "garbled"):       # forced, or a broken layer
                 page.add_redact_annot(page.rect)
@@ -11463,6 +11598,7 @@ class PreparedFile:
     ocr_pages: list = field(default_factory=list)  # pages whose text came from OCR
     ocr_capped: int = 0                            # pages without a text layer left out (KB_OCR_MAX_PAGES)
     ocr_timed_out: int = 0                         # pages left out whose OCR ran past KB_OCR_PAGE_SECONDS
+    notes: list = field(default_factory=list)      # the reader's word on how it read the file (Extracted.notes)
     rejected: tuple[str, str, str] | None = None    # (status, reason, message): stored as skipped/error
     failure: str | None = None                      # a parser bug: reported, nothing stored, a retry re-reads
 
@@ -11492,7 +11628,7 @@ def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
     return PreparedFile(meta=meta, chunks=chunks, references=references, links=links, pages=extracted.pages,
                         page_labels=extracted.page_labels, coverage=page_coverage(extracted, chunks),
                         ocr_pages=extracted.ocr_pages, ocr_capped=extracted.ocr_capped,
-                        ocr_timed_out=extracted.ocr_timed_out)
+                        ocr_timed_out=extracted.ocr_timed_out, notes=extracted.notes)
 
 
 def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
@@ -11655,6 +11791,7 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
     if prepared.ocr_capped:
         notes.append(f"{prepared.ocr_capped} more pages without a text layer were not OCR'd: past "
                      f"KB_OCR_MAX_PAGES ({document_limit('KB_OCR_MAX_PAGES')}); the OCR'd pages are searchable")
+    notes.extend(prepared.notes)
     if any(notes):
         entry["note"] = "; ".join(n for n in notes if n)
     return entry

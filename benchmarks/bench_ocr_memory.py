@@ -11,8 +11,13 @@ high-water mark for it), and the resident memory after the first tenth of the pa
 whether it grows with the page count.
 
     python benchmarks/bench_ocr_memory.py [--pages 100] [--no-record]
+    python benchmarks/bench_ocr_memory.py --side 5000 --pages 1       # a large-format scan
 
-Records ``benchmarks/results/ocr_memory.json`` (docs/PERFORMANCE.md quotes it). Needs the OCR extra.
+With ``--side`` the pages are squares of that many points, each sample picture stretched over one (a large-format
+scan: a page over KB_OCR_MAX_MEGAPIXELS at 250 dpi is read at a lower dpi, which it prints).
+
+Records ``benchmarks/results/ocr_memory.json``, with ``--side`` ``ocr_memory_large_page.json`` (docs/PERFORMANCE.md
+quotes both). Needs the OCR extra.
 Exit status: 0 when the ingest indexed every page, 1 when it did not, 2 without the OCR extra.
 """
 from __future__ import annotations
@@ -35,8 +40,9 @@ import sample_papers  # noqa: E402
 ENGINE = REPO_ROOT / "kb_engine.py"
 
 
-def long_scan(folder: Path, pages: int) -> Path:
-    """An image-only PDF of ``pages`` A4 pages: the sample papers' pages as 200 dpi grey pictures, in turn."""
+def long_scan(folder: Path, pages: int, side: float | None = None) -> Path:
+    """An image-only PDF of ``pages`` A4 pages (squares ``side`` points wide): the sample papers' pages as 200 dpi
+    grey pictures, in turn."""
     import pymupdf
     sources = [sample_papers.make_twocolumn_paper(folder), sample_papers.make_chinese_paper(folder)]
     pictures = []
@@ -48,7 +54,7 @@ def long_scan(folder: Path, pages: int) -> Path:
     with pymupdf.open() as scan:
         for number in range(pages):
             rect, png = pictures[number % len(pictures)]
-            page = scan.new_page(width=rect.width, height=rect.height)
+            page = scan.new_page(width=side or rect.width, height=side or rect.height)
             page.insert_image(page.rect, stream=png)
         scan.save(target, deflate=True)
     return target
@@ -67,6 +73,7 @@ def resident_mb(pid: int) -> float | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pages", type=int, default=100)
+    ap.add_argument("--side", type=float, default=None, help="square pages this many points wide, not A4")
     ap.add_argument("--record", dest="record", action="store_true", default=True)
     ap.add_argument("--no-record", dest="record", action="store_false")
     args = ap.parse_args(argv)
@@ -77,7 +84,10 @@ def main(argv=None) -> int:
     use_offline_model()
     with tempfile.TemporaryDirectory(prefix="kb-bench-ocr-memory-") as tmp:
         work = Path(tmp)
-        scan = long_scan(work, args.pages)
+        scan = long_scan(work, args.pages, args.side)
+        import pymupdf
+        with pymupdf.open(scan) as doc:
+            dpi = kb.ocr_page_dpi(doc[0]) if hasattr(kb, "ocr_page_dpi") else kb.OCR_DPI
         env = {**os.environ, "KB_OCR": "auto", "KB_INGEST_WORKERS": "0", "KB_CACHE_DIR": str(work / "cache")}
         payload = json.dumps({"paths": [str(scan)], "kb_root": str(work / "kb")}).encode()
         samples: list[tuple[float, float]] = []
@@ -109,12 +119,17 @@ def main(argv=None) -> int:
                "peak_mb": round(result["peak_kb"] / 1024),
                "resident_mb_first_tenth": round(max(tenth)) if tenth else None,
                "resident_mb_end": round(samples[-1][1]) if samples else None, "cpus": os.cpu_count()}
-    print(f"{args.pages} image-only A4 pages, {figures['ocr_pages']} OCR'd, {figures['chunks']} passages: "
+    if args.side:
+        figures.update(side_points=args.side, dpi=dpi, note=entry.get("note"))
+    shape = f"{args.side:g}-point square" if args.side else "A4"
+    print(f"{args.pages} image-only {shape} pages (OCR'd at {dpi} dpi), {figures['ocr_pages']} OCR'd, "
+          f"{figures['chunks']} passages: "
           f"{figures['seconds']} s ({figures['seconds_per_page']} s/page), peak resident memory "
           f"{figures['peak_mb']} MB (after the first tenth {figures['resident_mb_first_tenth']} MB, at the end "
           f"{figures['resident_mb_end']} MB)")
     if args.record:
-        print("recorded", record("ocr_memory", figures, model=model_name(), argv=sys.argv))
+        name = "ocr_memory_large_page" if args.side else "ocr_memory"
+        print("recorded", record(name, figures, model=model_name(), argv=sys.argv))
     return 0 if figures["ocr_pages"] == args.pages else 1
 
 

@@ -423,6 +423,15 @@ def performance_ocr_memory(results_dir: Path = RESULTS_DIR) -> str:
             f"{f['resident_mb_first_tenth']} MB, at the end {f['resident_mb_end']} MB). Recorded {_source(result)}.\n")
 
 
+def performance_ocr_large_page(results_dir: Path = RESULTS_DIR) -> str:
+    result = _need("ocr_memory_large_page", results_dir)
+    f = result["figures"]
+    return (f"{f['pages']} image-only page{'s' if f['pages'] != 1 else ''} of {f['side_points']:,.0f} x "
+            f"{f['side_points']:,.0f} points ({f['side_points'] / 72:.0f} inches a side), OCR'd at **{f['dpi']} dpi**, "
+            f"{f['chunks']} passages, in {f['seconds']:,} s on {f['cpus']} cores, embedding model loaded; peak "
+            f"resident memory **{f['peak_mb']:,} MB**. Recorded {_source(result)}.\n")
+
+
 def performance_watch(results_dir: Path = RESULTS_DIR) -> str:
     result = _need("watch", results_dir)
     f = result["figures"]
@@ -474,6 +483,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "performance-embed": performance_embed,
     "performance-ocr": performance_ocr,
     "performance-ocr-memory": performance_ocr_memory,
+    "performance-ocr-large-page": performance_ocr_large_page,
     "performance-watch": performance_watch,
     "performance-zotero-sync": performance_zotero_sync,
 }
