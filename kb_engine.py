@@ -1218,6 +1218,11 @@ class Library:
             return None
         if writable:
             root.mkdir(parents=True, exist_ok=True)
+            if db_path.is_symlink() and not db_path.exists():
+                # SQLite would create the link's target wherever it points: a library is never made through a link
+                raise KBError("bad_request", f"{db_path} is a symbolic link to {os.readlink(db_path)}, which does not "
+                                             "exist: no library is created through a link (remove the link, or "
+                                             "name the library's real folder as kb_root)")
         conn = sqlite3.connect(str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                check_same_thread=False)
         conn.row_factory = sqlite3.Row

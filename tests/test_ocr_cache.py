@@ -347,3 +347,19 @@ def test_a_page_too_large_for_the_minimum_dpi_is_too_large_never_corrupt(kb_engi
     assert files["only_large.pdf"]["status"] == "error" and files["only_large.pdf"]["reason"] == "too_large"
     assert files["mixed.pdf"]["status"] == "added", files
     assert "page 2 is too large to OCR" in files["mixed.pdf"]["note"] and calls == [], files
+
+
+def test_the_library_file_is_never_created_through_a_link(tmp_path):
+    """The OCR cache's twin in Storage: a dangling link at kb.sqlite made SQLite create the library wherever it
+    pointed. Now the request is refused and the target is never created."""
+    kb, outside = tmp_path / "kb", tmp_path / "elsewhere"
+    kb.mkdir()
+    outside.mkdir()
+    (kb / "kb.sqlite").symlink_to(outside / "planted.sqlite")
+    (tmp_path / "paper.md").write_text("# Lichens\n\nLichens on granite grow slowly.\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, str(ENGINE), "ingest"], capture_output=True, env=clean_env(
+        KB_EMBED_MODEL="none"), input=json.dumps({"paths": [str(tmp_path / "paper.md")], "kb_root": str(kb)}).encode(),
+        timeout=120)
+    reply = json.loads(done.stdout)
+    assert reply["ok"] is False and reply["code"] == "bad_request" and "symbolic link" in reply["error"], reply
+    assert not (outside / "planted.sqlite").exists() and list(outside.iterdir()) == []

@@ -229,8 +229,9 @@ def test_a_thousand_files_make_one_job_and_searches_answer(daemon_factory, tmp_p
     for i in range(1000):
         (staging / f"note_{i:04d}.md").write_text(f"# Field note {i}\n\nThe plover colony {i} nested on gravel "
                                                   f"bars in spring; chick survival was {i % 97} percent.\n")
-    for path in staging.iterdir():          # dropped at once, as a copy of a folder does
-        os.rename(path, folder / path.name)
+    # dropped at once: one rename of the folder that holds them, so that no scan can see part of the batch however
+    # slowly a busy machine moves files one by one (a thousand renames took longer than the settling time)
+    os.rename(staging, folder / "notes")
     wait_for(lambda: sync_jobs(daemon.kb_root), 15)
     syncing = wait_for(lambda: (s := source_state(daemon)).get("sync") and s, 15, every=0.05)
     assert syncing["state"] == "syncing" and syncing["sync"]["total"] == 1000
