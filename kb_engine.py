@@ -1507,6 +1507,40 @@ class DiskFull(KBError):
         self.details = details or {}
 
 
+TEMPORARY_TRIES = 16         # random temporary names tried before giving up (a clash is already one in 2**64)
+
+
+def _new_temporary(path: Path, mode: int = 0o666) -> tuple[int, Path]:
+    """A new empty file beside ``path``, open for writing: (its descriptor, its path). The name is random, so no
+    one can plant anything at it in advance, and the file is created exclusively without following a link
+    (O_EXCL | O_NOFOLLOW): in a folder other users may write to (a shared ``show --dest``), a link put there by
+    someone else is never written through. ``mode`` is narrowed by the umask, as for any new file."""
+    import secrets
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(TEMPORARY_TRIES):
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(temporary, flags, mode), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _write_atomically(path: Path, data: bytes, mode: int = 0o666) -> None:
+    """Write ``data`` as the file ``path`` at once: into a new temporary file beside it (``_new_temporary``), then
+    renamed over it, so that a reader sees the old file or the new one, never a part, and a link at ``path`` is
+    replaced, not followed. The one way the engine writes a file whole; a failed write leaves no temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = _new_temporary(path, mode)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def sha256_of_file(path: str, block_size: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -5664,11 +5698,7 @@ class Downloads:
         failures = self._failures()
         failures[name] = {"at": time.time(), "error": why[:300]}
         try:
-            path = download_memory_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(failures), encoding="utf-8")
-            os.replace(tmp, path)
+            _write_atomically(download_memory_path(), json.dumps(failures).encode())
         except OSError:
             pass        # a read-only home only costs the next process a retry
 
@@ -5676,7 +5706,7 @@ class Downloads:
         failures = self._failures()
         if failures.pop(name, None) is not None:
             try:
-                download_memory_path().write_text(json.dumps(failures), encoding="utf-8")
+                _write_atomically(download_memory_path(), json.dumps(failures).encode())
             except OSError:
                 pass
 
@@ -6258,7 +6288,8 @@ class PieceTable:
             always = sorted({t["id"] for t in data.get("added_tokens") or []} | {int(model["unk_id"]), lowest}
                             | set(_special_ids(data["post_processor"]) or ()))
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        handle, temporary = _new_temporary(path)     # SQLite fills the new empty file, then it is renamed into place
+        os.close(handle)
         conn = sqlite3.connect(temporary)
         try:
             conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
@@ -6843,17 +6874,6 @@ def _folder_stamp(setup: dict) -> str:
 
 def onnx_cache_dir() -> Path:
     return kb_cache_dir() / "onnx"
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
 
 
 def _onnx_session(model: bytes | str):
@@ -9669,7 +9689,11 @@ def _picture_file(folder: Path, row: sqlite3.Row, page: int, picture: dict) -> s
     digest = hashlib.sha256(json.dumps([row["sha256"], page, picture["clip"], picture["dpi"],
                                         hashlib.sha256(picture["png"]).hexdigest()]).encode()).hexdigest()[:16]
     path = folder / f"doc{row['id']}-p{page}-{digest}.png"
-    if not path.exists():
+    try:
+        drawn = stat_module.S_ISREG(os.lstat(path).st_mode)     # a link put at the name is replaced, not read
+    except OSError:
+        drawn = False
+    if not drawn:
         _write_atomically(path, picture["png"])
     return str(path)
 
@@ -11137,12 +11161,9 @@ def save_fetched(dest: Path, name: str, body: bytes) -> Path:
                 return target
         except OSError:
             pass
-    temp = dest / f".{name}.{os.getpid()}.part"
     try:
-        temp.write_bytes(body)
-        os.replace(temp, target)
+        _write_atomically(target, body)
     except OSError as exc:
-        temp.unlink(missing_ok=True)
         raise KBError("fetch_failed", f"cannot save {target}: {_short_error(exc)}") from None
     return target
 
