@@ -324,6 +324,11 @@ ENVIRONMENT_VARIABLES = (
            "(a large-format scan past about 25 inches square) is read at the highest dpi within it, and the ingest "
            "entry says which; one past it even at 30 dpi is left out as too large (a scan of only such pages: "
            "`too_large`)"),
+    EnvVar("KB_DRAW_SECONDS",
+           "`10`",
+           "the longest one page's reading or drawing may take at answer time (snippet boxes, `pictures`, `show`; "
+           "fractions allowed); a page past it is stopped and remembered: its hit gets a `boxes_note` or "
+           "`picture_note`, and `show` answers `too_slow`"),
     EnvVar("KB_ASYNC_THRESHOLD",
            "`25`",
            "through the JSON protocols, an ingest with more files than this to work on, or a zotero import with "
@@ -1575,6 +1580,40 @@ class DiskFull(KBError):
             "nothing was written. Free some space and try again"
         super().__init__("disk_full", f"the disk holding the library {root} is full ({free}); {done}")
         self.details = details or {}
+
+
+TEMPORARY_TRIES = 16         # random temporary names tried before giving up (a clash is already one in 2**64)
+
+
+def _new_temporary(path: Path, mode: int = 0o666) -> tuple[int, Path]:
+    """A new empty file beside ``path``, open for writing: (its descriptor, its path). The name is random, so no
+    one can plant anything at it in advance, and the file is created exclusively without following a link
+    (O_EXCL | O_NOFOLLOW): in a folder other users may write to (a shared ``show --dest``), a link put there by
+    someone else is never written through. ``mode`` is narrowed by the umask, as for any new file."""
+    import secrets
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(TEMPORARY_TRIES):
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(temporary, flags, mode), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _write_atomically(path: Path, data: bytes, mode: int = 0o666) -> None:
+    """Write ``data`` as the file ``path`` at once: into a new temporary file beside it (``_new_temporary``), then
+    renamed over it, so that a reader sees the old file or the new one, never a part, and a link at ``path`` is
+    replaced, not followed. The one way the engine writes a file whole; a failed write leaves no temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = _new_temporary(path, mode)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def sha256_of_file(path: str, block_size: int = 1 << 20) -> str:
@@ -5876,11 +5915,7 @@ class Downloads:
         failures = self._failures()
         failures[name] = {"at": time.time(), "error": why[:300]}
         try:
-            path = download_memory_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(failures), encoding="utf-8")
-            os.replace(tmp, path)
+            _write_atomically(download_memory_path(), json.dumps(failures).encode())
         except OSError:
             pass        # a read-only home only costs the next process a retry
 
@@ -5888,7 +5923,7 @@ class Downloads:
         failures = self._failures()
         if failures.pop(name, None) is not None:
             try:
-                download_memory_path().write_text(json.dumps(failures), encoding="utf-8")
+                _write_atomically(download_memory_path(), json.dumps(failures).encode())
             except OSError:
                 pass
 
@@ -6496,7 +6531,8 @@ class PieceTable:
             always = sorted({t["id"] for t in data.get("added_tokens") or []} | {int(model["unk_id"]), lowest}
                             | set(_special_ids(data["post_processor"]) or ()))
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        handle, temporary = _new_temporary(path)     # SQLite fills the new empty file, then it is renamed into place
+        os.close(handle)
         conn = sqlite3.connect(temporary)
         try:
             conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
@@ -7081,17 +7117,6 @@ def _folder_stamp(setup: dict) -> str:
 
 def onnx_cache_dir() -> Path:
     return kb_cache_dir() / "onnx"
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
 
 
 def _onnx_session(model: bytes | str):
@@ -9169,25 +9194,21 @@ class PageGlyphs:
     line and, across it, the ink band from just under the baseline to about cap height (PyMuPDF's glyph boxes
     span the font's whole ascent and descent and so reach into the lines above and below)."""
 
-    def __init__(self, page):
-        import pymupdf
-        flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # as the reader extracts the page
+    def __init__(self, lines: list):
+        """``lines``: the page's text lines, as ``page_text_lines`` reads them."""
         keys: list[str] = []
         self.glyphs: list[tuple] = []      # (bbox, origin, size, line index, has a key)
         self.lines: list[tuple] = []       # (bbox, direction, first glyph, end glyph)
         self.owner: list[int] = []         # key position -> glyph index
-        for block in page.get_text("rawdict", flags=flags).get("blocks", []):
-            for line in block.get("lines", []) if block.get("type") == 0 else []:
-                first, line_index = len(self.glyphs), len(self.lines)
-                for span in line.get("spans", []):
-                    size = span.get("size") or 0.0
-                    for glyph in span.get("chars", []):
-                        key = _glyph_key(glyph.get("c", ""))
-                        if key:
-                            keys.append(key)
-                            self.owner.extend([len(self.glyphs)] * len(key))
-                        self.glyphs.append((glyph["bbox"], glyph.get("origin"), size, line_index, bool(key)))
-                self.lines.append((line["bbox"], tuple(line.get("dir") or (1.0, 0.0)), first, len(self.glyphs)))
+        for bbox, direction, chars in lines:
+            first, line_index = len(self.glyphs), len(self.lines)
+            for c, box, origin, size in chars:
+                key = _glyph_key(c)
+                if key:
+                    keys.append(key)
+                    self.owner.extend([len(self.glyphs)] * len(key))
+                self.glyphs.append((box, origin, size, line_index, bool(key)))
+            self.lines.append((bbox, tuple(direction), first, len(self.glyphs)))
         self.key = "".join(keys)
 
     def occurrences(self, piece: str, limit: int = BOX_MAX_STARTS + 1) -> list[int]:
@@ -9413,47 +9434,288 @@ def snippet_pieces(text: str, page_map: list, span: dict) -> list[tuple[int, str
     return [(page, " ".join(parts)) for page, parts in sorted(pieces.items())]
 
 
-def indexed_file_state(row, known: dict | None = None) -> str | None:
-    """None when the file at the document's path is the one indexed, else why not. The size and mtime settle it
-    at once; a file with its size but another mtime (copied, synced, touched) is compared by its sha256, and
-    ``known`` remembers the answer for that size and mtime."""
+def page_text_lines(page) -> list:
+    """A page's text lines as plain lists, ``[bbox, direction, [[character, bbox, origin, font size], ...]]``, from
+    PyMuPDF's structured text with the reader's flags: what ``PageGlyphs`` is made of, and what the page process
+    sends back (floats survive JSON exactly, so the boxes are the ones an in-process reading would give)."""
+    import pymupdf
+    flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # as the reader extracts the page
+    lines = []
+    for block in page.get_text("rawdict", flags=flags).get("blocks", []):
+        for line in block.get("lines", []) if block.get("type") == 0 else []:
+            chars = [[glyph.get("c", ""), list(glyph["bbox"]), glyph.get("origin"), span.get("size") or 0.0]
+                     for span in line.get("spans", []) for glyph in span.get("chars", [])]
+            lines.append([list(line["bbox"]), list(line.get("dir") or (1.0, 0.0)), chars])
+    return lines
+
+
+FILE_CHANGED = "the file changed since it was indexed; ingest it again"
+
+
+def _file_stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes whenever a file's bytes may have: its size, mtime, ctime and inode. ``cp -p``, ``rsync -t``, tar
+    and touch can set an mtime back, but nothing short of the system clock sets a ctime."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+def verified_stamp(row, known: dict | None = None) -> tuple | str:
+    """``(path, size, mtime_ns, ctime_ns, inode)`` of the file at the document's path when it is the one indexed,
+    else why not. Another size settles it at once; otherwise the file's sha256 is compared with the indexed one,
+    whatever its mtime says (a file replaced by another of the same size with the old mtime restored is not the
+    indexed one), and ``known`` remembers the verdict for that stamp, so that an untouched file is hashed once."""
     try:
         st = os.stat(row["path"])
     except (OSError, TypeError):
         return "the file is no longer at its indexed path"
-    if st.st_size == row["size"] and st.st_mtime_ns == row["mtime_ns"]:
-        return None
-    stamp = (row["path"], st.st_size, st.st_mtime_ns, row["sha256"])
-    if known is not None and stamp in known:
-        return known[stamp]
-    why: str | None = "the file changed since it was indexed; ingest it again"
-    if st.st_size == row["size"] and row["sha256"]:
+    if st.st_size != row["size"]:
+        return FILE_CHANGED
+    stamp = (row["path"], *_file_stamp(st))
+    memo = (*stamp, row["sha256"])
+    if known is not None and memo in known:
+        return known[memo]
+    verdict: tuple | str = stamp
+    if not row["sha256"]:            # no hash recorded: the size and mtime are all there is to go by
+        verdict = stamp if st.st_mtime_ns == row["mtime_ns"] else FILE_CHANGED
+    else:
         try:
-            if sha256_of_file(row["path"]) == row["sha256"]:
-                why = None
+            same = sha256_of_file(row["path"]) == row["sha256"]
+            again = os.stat(row["path"])
         except OSError:
-            why = "the file cannot be read"
+            return "the file cannot be read"
+        if _file_stamp(again) != stamp[1:]:
+            return FILE_CHANGED          # written to while it was hashed: not settled, so not remembered
+        verdict = stamp if same else FILE_CHANGED
     if known is not None:
-        known[stamp] = why
-    return why
+        known[memo] = verdict
+    return verdict
+
+
+def indexed_file_state(row, known: dict | None = None) -> str | None:
+    """None when the file at the document's path is the one indexed, else why not (see ``verified_stamp``)."""
+    verdict = verified_stamp(row, known)
+    return verdict if isinstance(verdict, str) else None
+
+
+# -- the page process ---------------------------------------------------------------------------------------
+# Every reading of a page at answer time (its glyphs for snippet boxes, its picture, a figure's region) runs in a
+# separate process under a deadline. Why a process: PyMuPDF keeps the interpreter lock while MuPDF interprets a
+# page (measured: a thread that ticks every 10 ms ran twice during a 1.9 s get_pixmap, and a thread meant to
+# raise an fz_cookie's ``abort`` 1 s into a 16 s fz_run_page ran only once the run had ended), so nothing in the
+# engine's process can act until MuPDF is done: MuPDF's own way to stop, that ``abort`` flag, works when raised
+# before a run but cannot be raised during one. A page of nested forms (each drawing the one below ten times: the
+# PDF "billion laughs") costs minutes to hours; the page process is killed at the deadline instead and the page
+# remembered. It is started once and kept: its start (an interpreter and PyMuPDF) takes a second or two, once,
+# overlapped with the request's other work (``warm``); a dense page's glyphs cost some tens of milliseconds more
+# than in-process (JSON), and a resident engine keeps them (searches of the sample papers with 3 pictures, in
+# serve: the same time each as drawing in-process, the first one a second or so later).
+
+DRAW_SECONDS = 10.0          # KB_DRAW_SECONDS: the longest one page's reading or drawing may take at answer time
+DRAW_START_SECONDS = 120.0   # the page process's own start (imports), never counted against a page
+DRAW_CPU_MARGIN_S = 30       # CPU seconds past its deadline after which a page process left alone ends itself
+SLOW_PAGES_KEPT = 1024       # pages remembered as past the deadline (a few hundred bytes each)
+
+
+def draw_seconds() -> float:
+    """KB_DRAW_SECONDS, a positive number of seconds (fractions allowed), else ``DRAW_SECONDS``."""
+    try:
+        value = float(os.environ.get("KB_DRAW_SECONDS", "") or DRAW_SECONDS)
+    except ValueError:
+        return DRAW_SECONDS
+    return value if math.isfinite(value) and value > 0 else DRAW_SECONDS
+
+
+class PageWorkFailed(Exception):
+    """A page could not be read or drawn in the page process; the message says why."""
+
+
+class PageTooSlow(PageWorkFailed):
+    """A page's reading or drawing ran past its deadline and was stopped."""
+
+
+def _send_frame(stream, data: bytes) -> None:
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+def _read_frame(stream) -> bytes | None:
+    """One length-prefixed frame, or None at the end of the stream (or a cut one)."""
+    head = stream.read(4)
+    if len(head) < 4:
+        return None
+    size = struct.unpack(">I", head)[0]
+    data = stream.read(size)
+    return data if len(data) == size else None
+
+
+def _pass_replies(stream, replies) -> None:
+    """The page process's replies (a JSON frame and a data frame each) onto ``replies``; None once it has ended."""
+    try:
+        while True:
+            header = _read_frame(stream)
+            data = _read_frame(stream) if header is not None else None
+            if data is None:
+                break
+            replies.put((header, data))
+    except (OSError, ValueError):
+        pass
+    replies.put(None)
+
+
+class PageProcess:
+    """The engine's page process (``kb_engine.py pages``, see ``serve_pages``): one request at a time, each
+    answered within its deadline or the process is killed, and started again for the next request."""
+
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+        self.process: Any = None
+        self.replies: Any = None
+        self.ready = False
+        self.registered = False
+
+    def _spawn(self) -> None:
+        import atexit
+        import queue
+        import subprocess
+        import threading
+        if not self.registered:
+            atexit.register(self.stop)
+            self.registered = True
+        process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "pages"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+        self.process, self.replies, self.ready = process, queue.Queue(), False
+        threading.Thread(target=_pass_replies, args=(process.stdout, self.replies), name="kb-pages",
+                         daemon=True).start()
+
+    def _running(self) -> None:
+        """A live process that has said it is ready, started now if need be."""
+        import queue
+        if self.process is None or self.process.poll() is not None:
+            self.stop()
+            self._spawn()
+        if not self.ready:
+            try:
+                self.ready = self.replies.get(timeout=DRAW_START_SECONDS) is not None
+            except queue.Empty:
+                pass
+            if not self.ready:
+                self.stop()
+                raise PageWorkFailed("the page process could not start (is PyMuPDF installed?)")
+
+    def warm(self) -> None:
+        """Start the process now, without waiting for it, when a request will need it: its start (the import of
+        PyMuPDF) then overlaps the request's other work (retrieval, loading a model, hashing the file)."""
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self.stop()
+                self._spawn()
+
+    def stop(self) -> None:
+        process, self.process, self.ready = self.process, None, False
+        if process is not None:
+            process.kill()
+            process.wait()
+            for stream in (process.stdin, process.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+    def ask(self, request: dict, seconds: float) -> tuple[dict, bytes]:
+        """(the result, its data) of one request; PageTooSlow past ``seconds``, PageWorkFailed when the page
+        cannot be read, KBError with the process's code for a request it refuses."""
+        import queue
+        with self.lock:
+            self._running()
+            try:
+                _send_frame(self.process.stdin, json.dumps({**request, "seconds": seconds}).encode())
+                reply = self.replies.get(timeout=seconds)
+            except queue.Empty:
+                self.stop()
+                raise PageTooSlow(f"{seconds:g} s") from None
+            except OSError:
+                reply = None
+            if reply is None:
+                self.stop()
+                raise PageWorkFailed("the page process ended while working on the page (MuPDF crashed on it?)")
+        answer = json.loads(reply[0])
+        if answer.get("ok"):
+            return answer["result"], reply[1]
+        if answer.get("code"):
+            raise KBError(answer["code"], answer["error"])
+        raise PageWorkFailed(answer["error"])
+
+
+PAGE_PROCESS = PageProcess()     # one per engine process, shared by its libraries
+
+
+@dataclass(frozen=True)
+class IndexedPdf:
+    """An indexed PDF as the page process reads it: its path and the stamp it was verified under (the key of its
+    pages in the cache; the page process checks the file still has it), its page count, and the pages whose OCR'd
+    text ingest laid on, to be laid on again from the cache."""
+    path: str
+    stamp: tuple
+    pages: int
+    ocr_pages: tuple[int, ...] = ()
+    sha256: str | None = None
+    ocr_cache: str = ""
+
+    def wire(self) -> dict:
+        return {"path": self.path, "stamp": list(self.stamp), "ocr_pages": list(self.ocr_pages),
+                "sha256": self.sha256, "ocr_cache": self.ocr_cache}
+
+
+# What each kind of page work is called in a note (and a page of 0 is the file as a whole).
+PAGE_WORK = {"open": "opening the file", "glyphs": "reading the text of page {page}", "picture": "drawing page {page}",
+             "figure": "finding the figure regions of page {page}"}
 
 
 class PageCache:
-    """Glyphs of recently used pages, and files found unchanged by hash, kept by a resident engine between
-    requests (keyed by path, size and mtime, so a changed file is read again)."""
+    """Glyphs of recently used pages, files found unchanged by hash, and pages whose reading or drawing ran past
+    the deadline, kept by a resident engine between requests (keyed by path, size, mtime, ctime and inode, so a
+    changed file is read again)."""
 
     def __init__(self, size: int = PAGE_CACHE_PAGES):
         from collections import OrderedDict
         self.size = size
-        self.pages: "OrderedDict[tuple, PageGlyphs | None]" = OrderedDict()
-        self.files: dict[tuple, str | None] = {}
+        self.pages: "OrderedDict[tuple, PageGlyphs | str]" = OrderedDict()
+        self.files: dict[tuple, tuple | str] = {}
+        self.slow: "OrderedDict[tuple, float]" = OrderedDict()      # (stamp, page, work) -> the deadline it overran
 
-    def glyphs(self, doc, stamp: tuple, page: int) -> PageGlyphs | None:
-        key = (*stamp, page)
+    def work(self, pdf: IndexedPdf, kind: str, page: int = 0, **args) -> tuple[dict, bytes]:
+        """One piece of page work in the page process, under the deadline. A page that overran it once is not
+        tried again for the same work until the file changes: PageTooSlow at once."""
+        key = (pdf.stamp, page, kind)
+        what = PAGE_WORK[kind].format(page=page)
+        if key in self.slow:
+            raise PageTooSlow(f"{what} took longer than {self.slow[key]:g} s (KB_DRAW_SECONDS) before; it is not "
+                              f"tried again until the file changes")
+        seconds = draw_seconds()
+        try:
+            return PAGE_PROCESS.ask({"work": kind, "doc": pdf.wire(), "page": page, **args}, seconds)
+        except PageTooSlow:
+            self.slow[key] = seconds
+            while len(self.slow) > SLOW_PAGES_KEPT:
+                self.slow.popitem(last=False)
+            raise PageTooSlow(f"{what} took longer than {seconds:g} s (KB_DRAW_SECONDS) and was stopped") from None
+
+    def glyphs(self, pdf: IndexedPdf, page: int) -> PageGlyphs | str:
+        """The page's glyphs, or why they cannot be had."""
+        if not 0 < page <= pdf.pages:
+            return f"page {page} is not in the file"
+        key = (*pdf.stamp, page)
         if key in self.pages:
             self.pages.move_to_end(key)
             return self.pages[key]
-        found = PageGlyphs(doc[page - 1]) if 0 < page <= doc.page_count else None
+        try:
+            found: PageGlyphs | str = PageGlyphs(self.work(pdf, "glyphs", page)[0]["lines"])
+        except PageTooSlow as exc:
+            return str(exc)            # remembered as slow, not as the page's glyphs
+        except PageWorkFailed as exc:
+            found = f"page {page} cannot be read ({exc})"
+        except KBError as exc:         # the file is no longer the one verified
+            found = exc.message
         self.pages[key] = found
         while len(self.pages) > self.size:
             self.pages.popitem(last=False)
@@ -9486,57 +9748,65 @@ def layer_cached_ocr(doc, ocr_pages: Iterable[int], sha256: str, cache_file: str
 
 
 class BoxPlacer:
-    """Places the passages of one request, opening each file once; pages come from ``cache`` (a fresh one when
-    the caller keeps none)."""
+    """Places the passages of one request, verifying and opening each file once; pages come from ``cache`` (a
+    fresh one when the caller keeps none)."""
 
     def __init__(self, lib: Library, cache: PageCache | None = None):
         self.lib = lib
         self.cache = cache or PageCache()
-        self.documents: dict[int, Any] = {}      # (open PDF, stamp), or why the document cannot be used
+        self.documents: dict[int, IndexedPdf | str] = {}    # the verified file, or why it cannot be used
+        self.codes: dict[int, str] = {}                     # the error code of that why, for ``show``
 
-    def close(self) -> None:
-        for doc in self.documents.values():
-            if not isinstance(doc, str):
-                doc[0].close()
+    def document(self, doc_id: int) -> IndexedPdf | str:
+        """The document's file, verified as the one indexed and opened in the page process, or the reason it
+        cannot be used."""
+        if doc_id not in self.documents:
+            try:
+                self.documents[doc_id] = self._open(doc_id)
+            except KBError as exc:
+                self.documents[doc_id], self.codes[doc_id] = exc.message, exc.code
+        return self.documents[doc_id]
 
-    def document(self, doc_id: int):
-        """(the open PDF, its stamp) of a document, or the reason it cannot be used as indexed."""
-        if doc_id in self.documents:
-            return self.documents[doc_id]
-        import pymupdf
+    def require(self, doc_id: int) -> IndexedPdf:
+        """``document``, or the KBError that says why not."""
+        opened = self.document(doc_id)
+        if isinstance(opened, str):
+            raise KBError(self.codes.get(doc_id, "stale"), f"document {doc_id}: {opened}")
+        return opened
+
+    def _open(self, doc_id: int) -> IndexedPdf:
         row = self.lib.conn.execute("SELECT path, size, mtime_ns, sha256, page_coverage FROM docs WHERE id = ?",
                                     (doc_id,)).fetchone()
-        why = "no document has this doc_id" if row is None else indexed_file_state(row, self.cache.files)
-        if why:
-            self.documents[doc_id] = why
-            return why
+        if row is None:
+            raise KBError("not_found", "no document has this doc_id")
+        stamp = verified_stamp(row, self.cache.files)
+        if isinstance(stamp, str):
+            raise KBError("not_found" if "no longer" in stamp else "stale", stamp)
+        pdf = IndexedPdf(row["path"], stamp, 0, tuple(sorted(_ocr_pages(row["page_coverage"]))), row["sha256"],
+                         str(self.lib.root / OCR_CACHE_FILENAME))
         try:
-            st = os.stat(row["path"])
-            doc = pymupdf.open(row["path"], filetype="pdf")
-            ocr_pages = _ocr_pages(row["page_coverage"])
-            if ocr_pages and row["sha256"]:
-                layer_cached_ocr(doc, sorted(ocr_pages), row["sha256"], str(self.lib.root / OCR_CACHE_FILENAME))
-            self.documents[doc_id] = (doc, (row["path"], st.st_size, st.st_mtime_ns))
-        except Exception as exc:     # PyMuPDF raises its own types for damaged files
-            self.documents[doc_id] = f"the file cannot be opened ({type(exc).__name__})"
-        return self.documents[doc_id]
+            opened = self.cache.work(pdf, "open")[0]
+        except PageTooSlow as exc:
+            raise KBError("too_slow", str(exc)) from None
+        except PageWorkFailed as exc:      # PyMuPDF raises its own types for damaged files
+            raise KBError("stale", f"the file cannot be opened ({exc})") from None
+        return replace(pdf, pages=opened["pages"])
 
     def place(self, doc_id: int, span: dict, text: str, page_map: list) -> dict:
         """``{"boxes": [...]}`` for a placed passage, else ``{"boxes_note": why}``."""
         pieces = snippet_pieces(text, page_map, span)
         if not pieces:
             return {"boxes_note": "the snippet has no page offsets to place"}
-        opened = self.document(doc_id)
-        if isinstance(opened, str):
-            return {"boxes_note": opened}
-        doc, stamp = opened
+        pdf = self.document(doc_id)
+        if isinstance(pdf, str):
+            return {"boxes_note": pdf}
         boxes = []
         if len(pieces) > 1:      # a page holding only punctuation of the passage has nothing to box
             pieces = [(page, piece) for page, piece in pieces if box_key(piece)] or pieces
         for page, piece in pieces:
-            glyphs = self.cache.glyphs(doc, stamp, page)
-            if glyphs is None:
-                return {"boxes_note": f"page {page} is not in the file"}
+            glyphs = self.cache.glyphs(pdf, page)
+            if isinstance(glyphs, str):
+                return {"boxes_note": glyphs}
             placed = place_passage(glyphs, box_key(piece))
             if isinstance(placed, str):
                 return {"boxes_note": f"{placed} (p. {page})"}
@@ -9560,7 +9830,8 @@ class BoxPlacer:
 SHOW_WIDTH_PX = 900            # by default a picture is at most this wide: a chat card's width
 SHOW_DPI_RANGE = (36, 400)     # what a request may ask for
 SHOW_DEFAULT_DPI_MAX = 200     # the default never renders finer than this (a narrow column would be huge)
-SHOW_MAX_PIXELS = 40_000_000   # a request whose picture would be larger is refused
+SHOW_MAX_PIXELS = 40_000_000   # no picture is larger: a finer asked dpi is refused, the default drawn coarser
+SHOW_MAX_PAGES = 10            # pages one show request may draw (a passage touches two or three)
 SHOW_CONTEXT_PT = 30.0         # context kept above and below the passage in a cropped picture
 SHOW_MARGIN_PT = 6.0           # and beside its column
 SHOW_MARKER = (255, 214, 10)   # the marker's colour, multiplied over the page
@@ -9607,12 +9878,36 @@ def passage_clip(page, rects: list[list[float]], crop: bool) -> tuple[float, flo
             min(area.x1, x1 + SHOW_MARGIN_PT), min(area.y1, y1 + 2))
 
 
-def picture_dpi(clip: tuple[float, float, float, float], asked: int | None, width_px: int = SHOW_WIDTH_PX) -> int:
-    """The asked resolution, or one that draws the clip ``width_px`` wide (within the default's range)."""
+def picture_dpi(clip: tuple[float, float, float, float], asked: int | None,
+                width_px: int = SHOW_WIDTH_PX) -> tuple[int, str | None]:
+    """The resolution a picture of ``clip`` is drawn at, and a note when it had to go below the lowest one a
+    request may ask for. The size limits come first: by default the picture is at most ``width_px`` wide and
+    ``SHOW_MAX_PIXELS`` large (and no finer than ``SHOW_DEFAULT_DPI_MAX``), whatever resolution that takes, down
+    to 1 dpi for a poster-sized page; an asked resolution is kept, or refused with one that can be asked for."""
+    width_in, height_in = max(clip[2] - clip[0], 1.0) / 72, max(clip[3] - clip[1], 1.0) / 72
+    size = f"{width_in:,.0f} x {height_in:,.0f}" if min(width_in, height_in) >= 10 else \
+        f"{width_in:.1f} x {height_in:.1f}"
+    finest = int(math.sqrt(SHOW_MAX_PIXELS / (width_in * height_in)))     # the pixel budget's resolution
+    # the picture's edges are rounded outwards to whole pixels, up to one more: hence width_px - 1
+    fitting = min(SHOW_DEFAULT_DPI_MAX, int((width_px - 1) / width_in), finest)
     if asked is not None:
-        return asked
-    width = max(clip[2] - clip[0], 1.0)
-    return max(SHOW_DPI_RANGE[0], min(SHOW_DEFAULT_DPI_MAX, int(width_px * 72 / width)))
+        if asked <= finest:
+            return asked, None
+        if finest >= SHOW_DPI_RANGE[0]:
+            ask = f"ask for at most {finest} dpi"
+        else:
+            ask = f"leave `dpi` out to have it drawn at {fitting} dpi, to fit" if fitting >= 1 else \
+                "it is too large to draw at any resolution"
+        raise KBError("bad_request", f"a picture of this {size}-inch region at {asked} dpi would be "
+                                     f"{int(width_in * asked):,} x {int(height_in * asked):,} pixels, more than "
+                                     f"{SHOW_MAX_PIXELS:,}; {ask}")
+    if fitting < 1:
+        raise KBError("bad_request", f"the {size}-inch region is too large to draw within {width_px} pixels even at "
+                                     f"1 dpi")
+    if fitting < SHOW_DPI_RANGE[0]:
+        limit = f"{width_px} pixels" if fitting < finest else f"{SHOW_MAX_PIXELS:,} pixels in all"
+        return fitting, f"the region is {size} inches: drawn at {fitting} dpi to fit {limit}"
+    return fitting, None
 
 
 def render_passage(page, rects: list[list[float]], clip: tuple[float, float, float, float], dpi: int) -> dict:
@@ -9622,10 +9917,6 @@ def render_passage(page, rects: list[list[float]], clip: tuple[float, float, flo
     import numpy as np
     import pymupdf
     zoom = dpi / 72.0
-    width, height = (clip[2] - clip[0]) * zoom, (clip[3] - clip[1]) * zoom
-    if width * height > SHOW_MAX_PIXELS:
-        raise KBError("bad_request", f"a picture at {dpi} dpi would be {int(width)} x {int(height)} pixels; "
-                                     f"ask for a lower dpi or a cropped picture")
     pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=pymupdf.Rect(clip), alpha=False,
                           colorspace=pymupdf.csRGB)
     rows = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)
@@ -9673,7 +9964,24 @@ PICTURE_WIDTH_PX = 640        # a picture attached to a hit (a card's thumbnail,
 def picture_record(picture: dict, page: int) -> dict:
     """What an answer says of a rendered picture (the PNG itself goes in as ``data`` or ``path``)."""
     return {"page": page, "width": picture["width"], "height": picture["height"], "dpi": picture["dpi"],
-            "clip": picture["clip"], "marks": picture["marks"], "media_type": "image/png"}
+            "clip": picture["clip"], "marks": picture["marks"], "media_type": "image/png",
+            **({"note": picture["note"]} if picture.get("note") else {})}
+
+
+def draw_picture(cache: PageCache, pdf: IndexedPdf, page: int, rects: list, crop: bool, clip: list | None = None,
+                 dpi: int | None = None, width_px: int = SHOW_WIDTH_PX) -> dict:
+    """A page's picture (``render_passage``'s keys, and ``note``), drawn in the page process under the deadline:
+    the passage's crop (or ``clip``, or the whole page) at ``dpi`` or fitted to ``width_px``. PageWorkFailed
+    (PageTooSlow) or KBError (a size that cannot be met) when it cannot be drawn."""
+    result, png = cache.work(pdf, "picture", page, rects=rects, crop=crop, clip=clip, dpi=dpi, width=width_px)
+    return {**result, "png": png}
+
+
+def _work_note(exc: Exception, page: int) -> str:
+    """A hit's note for page work that failed: the deadline's note and a refusal say it all; a failure is named."""
+    if isinstance(exc, (PageTooSlow, KBError)):
+        return str(exc)
+    return f"page {page} cannot be drawn ({exc})"
 
 
 def hit_picture(placer: "BoxPlacer", doc_id: int, placed: dict) -> dict:
@@ -9682,19 +9990,20 @@ def hit_picture(placer: "BoxPlacer", doc_id: int, placed: dict) -> dict:
     import base64
     if "boxes" not in placed:
         return {"picture_note": placed.get("boxes_note") or "the passage is not placed on its page"}
-    opened = placer.document(doc_id)
-    if isinstance(opened, str):
-        return {"picture_note": opened}
+    pdf = placer.document(doc_id)
+    if isinstance(pdf, str):
+        return {"picture_note": pdf}
     first = placed["boxes"][0]
-    page = opened[0][first["page"] - 1]
-    clip = passage_clip(page, first["rects"], crop=True)
-    picture = render_passage(page, first["rects"], clip, picture_dpi(clip, None, PICTURE_WIDTH_PX))
+    try:
+        picture = draw_picture(placer.cache, pdf, first["page"], first["rects"], crop=True, width_px=PICTURE_WIDTH_PX)
+    except (PageWorkFailed, KBError) as exc:
+        return {"picture_note": _work_note(exc, first["page"])}
     return {"picture": {**picture_record(picture, first["page"]),
                         "data": base64.b64encode(picture["png"]).decode("ascii")}}
 
 
 def with_evidence(lib: Library, hits: list[dict], cache: PageCache | None = None, boxes: bool = True,
-               pictures: int = 0) -> list[dict]:
+                  pictures: int = 0) -> list[dict]:
     """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none) when ``boxes``, and
     with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
     as inline PNG (see ``hit_picture``), or ``picture_note``."""
@@ -9702,23 +10011,20 @@ def with_evidence(lib: Library, hits: list[dict], cache: PageCache | None = None
     rows = {row["id"]: row for row in lib.conn.execute(
         f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
     placer = BoxPlacer(lib, cache)
-    try:
-        out = []
-        drawn = 0
-        for hit in hits:
-            row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
-            if row is None or (not boxes and drawn >= pictures):
-                out.append(dict(hit))
-                continue
-            placed = placer.place(hit["doc_id"], hit, row["text"], json.loads(row["page_map"]))
-            extra = dict(placed) if boxes else {}
-            if drawn < pictures:
-                drawn += 1
-                extra.update(hit_picture(placer, hit["doc_id"], placed))
-            out.append({**hit, **extra})
-        return out
-    finally:
-        placer.close()
+    out = []
+    drawn = 0
+    for hit in hits:
+        row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
+        if row is None or (not boxes and drawn >= pictures):
+            out.append(dict(hit))
+            continue
+        placed = placer.place(hit["doc_id"], hit, row["text"], json.loads(row["page_map"]))
+        extra = dict(placed) if boxes else {}
+        if drawn < pictures:
+            drawn += 1
+            extra.update(hit_picture(placer, hit["doc_id"], placed))
+        out.append({**hit, **extra})
+    return out
 
 
 FIGURE_GAP_PT = 14.0           # graphics (or short text between them) this close make one figure or table
@@ -9784,6 +10090,109 @@ def figure_region(page, caption: tuple[float, float, float, float], label: str) 
     return None
 
 
+# -- the page process's side ----------------------------------------------------------------------------------
+# ``kb_engine.py pages`` (see PageProcess): each request names a document (its path, verified stamp and OCR'd
+# pages), a page and the work; the answer is a JSON frame and a data frame (a picture's PNG, else empty).
+
+PAGE_PROCESS_DOCS = 4        # documents the page process keeps open
+
+
+def _page_picture(page, request: dict) -> tuple[dict, bytes]:
+    rects = request["rects"]
+    clip = tuple(request["clip"]) if request.get("clip") else passage_clip(page, rects, request["crop"] and bool(rects))
+    dpi, note = picture_dpi(clip, request.get("dpi"), request["width"])
+    picture = render_passage(page, rects, clip, dpi)
+    png = picture.pop("png")
+    return {**picture, **({"note": note} if note else {})}, png
+
+
+def _page_figure(page, request: dict) -> tuple[dict, bytes]:
+    return {"region": figure_region(page, tuple(request["caption"]), request["label"])}, b""
+
+
+# The work the page process does on one page (the keys of PAGE_WORK, but ``open``, which needs no page).
+PAGE_WORKERS: dict[str, Callable[[Any, dict], tuple[dict, bytes]]] = {
+    "glyphs": lambda page, request: ({"lines": page_text_lines(page)}, b""),
+    "picture": _page_picture,
+    "figure": _page_figure,
+}
+
+
+def _opened_pdf(documents: dict, wire: dict) -> dict:
+    """The open document of a request, opened now if need be: ``{"doc", "laid"}`` (the pages whose OCR'd text is
+    laid on). The file must still have the stamp it was verified under, before and after it is opened."""
+    import pymupdf
+    key = tuple(wire["stamp"])
+
+    def check() -> None:
+        try:
+            if _file_stamp(os.stat(wire["path"])) != key[1:]:
+                raise KBError("stale", FILE_CHANGED)
+        except OSError:
+            raise KBError("not_found", "the file is no longer at its indexed path") from None
+    check()
+    if key in documents:
+        documents[key] = documents.pop(key)          # the most recently used last
+        return documents[key]
+    doc = pymupdf.open(wire["path"], filetype="pdf")
+    check()
+    documents[key] = {"doc": doc, "laid": set()}
+    while len(documents) > PAGE_PROCESS_DOCS:
+        documents.pop(next(iter(documents)))["doc"].close()
+    return documents[key]
+
+
+def _page_request(documents: dict, request: dict) -> tuple[dict, bytes]:
+    opened, wire, number = _opened_pdf(documents, request["doc"]), request["doc"], request["page"]
+    doc = opened["doc"]
+    if request["work"] == "open":
+        return {"pages": doc.page_count}, b""
+    if not 1 <= number <= doc.page_count:
+        raise KBError("bad_request", f"page {number} is not in the file ({doc.page_count} pages)")
+    if number in wire["ocr_pages"] and wire["sha256"] and number not in opened["laid"]:
+        layer_cached_ocr(doc, [number], wire["sha256"], wire["ocr_cache"])
+        opened["laid"].add(number)
+    return PAGE_WORKERS[request["work"]](doc[number - 1], request)
+
+
+def _limit_cpu(seconds: float) -> None:
+    """Let the page process end itself (SIGXCPU) once its CPU time passes this request's deadline by a margin. The
+    engine kills it at the deadline, so this acts only on a process whose engine died meanwhile, which would
+    otherwise draw on for hours. Core dumps are off, so that ending this way leaves no file behind."""
+    try:
+        import resource
+    except ImportError:          # Windows: a process left alone stops when its page is done
+        return
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    soft = int(time.process_time() + seconds) + DRAW_CPU_MARGIN_S
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+
+
+def serve_pages() -> int:
+    """``kb_engine.py pages``: answer the engine's page requests on stdin, one at a time, until stdin ends."""
+    import pymupdf  # noqa: F401 -- imported before "ready", so that its import never counts against a page
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)             # anything else written to stdout (a library's message) goes to stderr, not a reply
+    documents: dict = {}
+    _send_frame(replies, json.dumps({"ok": True, "result": {"ready": True}}).encode())
+    _send_frame(replies, b"")
+    while (frame := _read_frame(sys.stdin.buffer)) is not None:
+        request = json.loads(frame)
+        _limit_cpu(float(request.get("seconds") or DRAW_SECONDS))
+        data = b""
+        try:
+            result, data = _page_request(documents, request)
+            reply = {"ok": True, "result": result}
+        except KBError as exc:
+            reply = {"ok": False, "code": exc.code, "error": exc.message}
+        except Exception as exc:      # PyMuPDF raises its own types for damaged pages
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {_short_error(exc)}"}
+        _send_frame(replies, json.dumps(reply).encode())
+        _send_frame(replies, data)
+    return 0
+
+
 # -- the show command -----------------------------------------------------------------------------------------
 # Declared here, beside the drawing it runs (the command table lists it with the others).
 
@@ -9801,7 +10210,8 @@ SHOW_FIELDS = (
           "the passage's end (exclusive) in the page text of `page_end`, exactly as the hit carries it",
           cli=(Flag(("--char-end",), "the hit's char_end", {"type": int}),)),
     Field("page_end", "integer", "`page`",
-          "the passage's last page, as the hit carries it",
+          f"the passage's last page, as the hit carries it; at most {SHOW_MAX_PAGES} pages are drawn at a time (a "
+          f"longer range is a `bad_request`)",
           cli=(Flag(("--page-end",), "the hit's page_end", {"type": int}),)),
     Field("figure", "string", "none",
           "a label from a hit's `captions` (`\"Figure 3\"`, `\"Table 2\"`): the picture is that figure's or table's "
@@ -9814,7 +10224,8 @@ SHOW_FIELDS = (
                     {"action": "store_false", "default": None}, into="crop"),)),
     Field("dpi", "integer", "fits 900 pixels",
           f"resolution, {SHOW_DPI_RANGE[0]} to {SHOW_DPI_RANGE[1]}; by default the picture is at most "
-          f"{SHOW_WIDTH_PX} pixels wide (at most {SHOW_DEFAULT_DPI_MAX} dpi)",
+          f"{SHOW_WIDTH_PX} pixels wide (at most {SHOW_DEFAULT_DPI_MAX} dpi, and below {SHOW_DPI_RANGE[0]} for a "
+          f"region over {SHOW_WIDTH_PX // SHOW_DPI_RANGE[0]} inches wide, with a `note`)",
           cli=(Flag(("--dpi",), "resolution (default: 900 pixels wide)", {"type": int}),)),
     Field("dest", "string", f"`<kb_root>/{SHOW_CACHE_DIR}`",
           "the folder the PNG files are written to (created if missing). The default folder is the library's "
@@ -9846,6 +10257,9 @@ def _show_request(payload: dict) -> dict:
     request.setdefault("page_end", request.get("page"))
     if request.get("page") and request["page_end"] < request["page"]:
         raise KBError("bad_request", "`page_end` comes before `page`")
+    if request.get("page") and request["page_end"] - request["page"] >= SHOW_MAX_PAGES:
+        raise KBError("bad_request", f"show draws at most {SHOW_MAX_PAGES} pages at a time: ask for pages "
+                                     f"{request['page']} to {request['page'] + SHOW_MAX_PAGES - 1}, then the next ones")
     if has_start and request["page_end"] == request.get("page") and request["char_end"] <= request["char_start"]:
         raise KBError("bad_request", "`char_end` must come after `char_start` on one page")
     return request
@@ -9878,7 +10292,8 @@ def _passage_boxes(lib: Library, placer: BoxPlacer, request: dict) -> dict:
                           "them, after the last ingest?)"}
 
 
-def _figure_boxes(lib: Library, placer: BoxPlacer, request: dict) -> tuple[int, tuple | None, str | None]:
+def _figure_boxes(lib: Library, placer: BoxPlacer, pdf: IndexedPdf,
+                  request: dict) -> tuple[int, list | None, str | None]:
     """(page, region, note) of a figure or table by its caption's label."""
     wanted = request["figure"].strip()
     head = _FIGURE_MENTION.match(wanted)
@@ -9889,18 +10304,16 @@ def _figure_boxes(lib: Library, placer: BoxPlacer, request: dict) -> tuple[int, 
     for row in sorted(rows, key=lambda r: r["page"] != request.get("page")):
         found = _FIGURE_MENTION.match(row["text"].lstrip())
         if label and found and figure_label(found.group(1), found.group(2)) == label and row["page"]:
-            opened = placer.document(request["doc_id"])
-            if isinstance(opened, str):
-                raise KBError("stale", opened)
-            doc, stamp = opened
-            glyphs = placer.cache.glyphs(doc, stamp, row["page"])
-            placed = place_passage(glyphs, box_key(row["text"])) if glyphs else "the page is not in the file"
-            rects = glyphs.rects(placed) if glyphs and not isinstance(placed, str) else None
+            glyphs = placer.cache.glyphs(pdf, row["page"])
+            if isinstance(glyphs, str):
+                return row["page"], None, f"the caption of {label} cannot be found on p. {row['page']}: {glyphs}"
+            placed = place_passage(glyphs, box_key(row["text"]))
+            rects = glyphs.rects(placed) if not isinstance(placed, str) else None
             if not rects:
                 return row["page"], None, f"the caption of {label} cannot be found on p. {row['page']}"
-            caption = (min(r[0] for r in rects), min(r[1] for r in rects),
-                       max(r[2] for r in rects), max(r[3] for r in rects))
-            region = figure_region(doc[row["page"] - 1], caption, label)
+            caption = [min(r[0] for r in rects), min(r[1] for r in rects),
+                       max(r[2] for r in rects), max(r[3] for r in rects)]
+            region = placer.cache.work(pdf, "figure", row["page"], caption=caption, label=label)[0]["region"]
             return row["page"], region, None if region else f"no image or drawing lies next to the caption of {label}"
     raise KBError("not_found", f"document {request['doc_id']} has no caption labelled {wanted!r} "
                                f"(the labels are in a hit's `captions`)")
@@ -9910,9 +10323,33 @@ def _picture_file(folder: Path, row: sqlite3.Row, page: int, picture: dict) -> s
     digest = hashlib.sha256(json.dumps([row["sha256"], page, picture["clip"], picture["dpi"],
                                         hashlib.sha256(picture["png"]).hexdigest()]).encode()).hexdigest()[:16]
     path = folder / f"doc{row['id']}-p{page}-{digest}.png"
-    if not path.exists():
+    try:
+        drawn = stat_module.S_ISREG(os.lstat(path).st_mode)     # a link put at the name is replaced, not read
+    except OSError:
+        drawn = False
+    if not drawn:
         _write_atomically(path, picture["png"])
     return str(path)
+
+
+def _show_regions(lib: Library, placer: BoxPlacer, pdf: IndexedPdf, request: dict,
+                  answer: dict) -> list[tuple[int, list, list | None]]:
+    """(page, rects, clip) of each picture to draw; ``answer`` gains the snippet, boxes and notes."""
+    if request["figure"] is not None:
+        page, region, note = _figure_boxes(lib, placer, pdf, request)
+        answer.update({"figure": request["figure"], "highlighted": False, **({"note": note} if note else {})})
+        return [(page, [], region)]
+    if request["page"] > pdf.pages:
+        raise KBError("bad_request", f"page {request['page']} is not in the file ({pdf.pages} pages)")
+    placed: dict[str, Any] = _passage_boxes(lib, placer, request) if request.get("char_start") is not None \
+        else {"boxes_note": "no passage offsets were given: the page is drawn without a highlight"}
+    if placed.get("snippet"):
+        answer["snippet"] = placed["snippet"]
+    if "boxes" in placed:
+        answer.update({"highlighted": True, "boxes": placed["boxes"]})
+        return [(b["page"], b["rects"], None) for b in placed["boxes"]]
+    answer.update({"highlighted": False, "note": placed["boxes_note"]})
+    return [(page, [], None) for page in range(request["page"], min(request["page_end"], pdf.pages) + 1)]
 
 
 def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
@@ -9921,46 +10358,25 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
     request = _show_request(payload)
     if lib is None:
         raise KBError("not_found", f"no document has doc_id {request['doc_id']}: the library is empty")
+    PAGE_PROCESS.warm()
     placer = BoxPlacer(lib, state.pages)
     row = _show_document(lib, request["doc_id"], placer.cache.files)
     answer: dict = {"doc_id": row["id"], "title": row["title"], "file": os.path.basename(row["path"]),
                     "path": row["path"]}
+    pdf = placer.require(row["id"])
+    folder = None if request["inline"] else \
+        Path(request["dest"]).expanduser() if request["dest"] else lib.root / SHOW_CACHE_DIR
+    images = []
     try:
-        opened = placer.document(row["id"])
-        if isinstance(opened, str):
-            raise KBError("stale", f"document {row['id']}: {opened}")
-        doc = opened[0]
-        regions: list[tuple[int, list, tuple | None]] = []      # (page, rects, clip)
-        if request["figure"] is not None:
-            page, region, note = _figure_boxes(lib, placer, request)
-            regions.append((page, [], region if region else None))
-            answer.update({"figure": request["figure"], "highlighted": False, **({"note": note} if note else {})})
-        else:
-            last = min(request["page_end"], doc.page_count)
-            if request["page"] > doc.page_count:
-                raise KBError("bad_request", f"page {request['page']} is not in the file ({doc.page_count} pages)")
-            placed: dict[str, Any] = _passage_boxes(lib, placer, request) if request.get("char_start") is not None \
-                else {"boxes_note": "no passage offsets were given: the page is drawn without a highlight"}
-            if placed.get("snippet"):
-                answer["snippet"] = placed["snippet"]
-            if "boxes" in placed:
-                answer.update({"highlighted": True, "boxes": placed["boxes"]})
-                regions = [(b["page"], b["rects"], None) for b in placed["boxes"]]
-            else:
-                answer.update({"highlighted": False, "note": placed["boxes_note"]})
-                regions = [(page, [], None) for page in range(request["page"], last + 1)]
-        folder = None if request["inline"] else \
-            Path(request["dest"]).expanduser() if request["dest"] else lib.root / SHOW_CACHE_DIR
+        regions = _show_regions(lib, placer, pdf, request, answer)
         if folder is not None:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise KBError("bad_request", f"cannot create the picture folder {folder}: {_short_error(exc)}")
-        images = []
         for page, rects, clip in regions:
-            pdf_page = doc[page - 1]
-            clip = clip or passage_clip(pdf_page, rects, request["crop"] and bool(rects))
-            picture = render_passage(pdf_page, rects, clip, picture_dpi(clip, request["dpi"]))
+            picture = draw_picture(placer.cache, pdf, page, rects, request["crop"] and bool(rects), clip,
+                                   request["dpi"])
             image = picture_record(picture, page)
             if folder is None:
                 image["data"] = base64.b64encode(picture["png"]).decode("ascii")
@@ -9970,12 +10386,14 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
                 except OSError as exc:
                     raise KBError("bad_request", f"cannot write into {folder}: {_short_error(exc)}")
             images.append(image)
-        if folder is not None and not request["dest"]:
-            trim_picture_cache(folder)
-        answer["images"] = images
-        return answer
-    finally:
-        placer.close()
+    except PageTooSlow as exc:
+        raise KBError("too_slow", f"document {row['id']}: {exc}; nothing is drawn") from None
+    except PageWorkFailed as exc:
+        raise KBError("internal", f"document {row['id']}: a page cannot be drawn ({exc})") from None
+    if folder is not None and not request["dest"]:
+        trim_picture_cache(folder)
+    answer["images"] = images
+    return answer
 
 
 # =============================================================================
@@ -10343,6 +10761,8 @@ def vector_coverage(lib: Library, state: LibraryState, models: Models) -> dict:
 def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState,
                rag: bool = False) -> tuple[dict, object]:
     request = _search_request(payload, rag)
+    if (request["boxes"] or request["pictures"]) and lib is not None:
+        PAGE_PROCESS.warm()
     response = {"query": request["query"], "mode": request["mode"], "depth": request["depth"], "results": [],
                 "count": 0, "cached": False}
     if request["queries"]:
@@ -11412,12 +11832,9 @@ def save_fetched(dest: Path, name: str, body: bytes) -> Path:
                 return target
         except OSError:
             pass
-    temp = dest / f".{name}.{os.getpid()}.part"
     try:
-        temp.write_bytes(body)
-        os.replace(temp, target)
+        _write_atomically(target, body)
     except OSError as exc:
-        temp.unlink(missing_ok=True)
         raise KBError("fetch_failed", f"cannot save {target}: {_short_error(exc)}") from None
     return target
 
@@ -17218,6 +17635,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 3 and argv[0] == "job":
         return run_job(argv[1], argv[2])
+    if argv == ["pages"]:                 # the page process a resident engine reads and draws pages in
+        return serve_pages()
     if argv[:1] == ["requirements"]:      # neither needs the engine object (nor any non-standard module)
         return print_requirements(argv[1:])
     if argv[:1] == ["selftest"]:
