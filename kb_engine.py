@@ -8449,7 +8449,10 @@ def _mixed_script_candidates(lib: Library, groups: list[list[str]], filters: dic
 
 
 def _idf(population: int, holding: int) -> float:
-    """BM25's idf as FTS5 computes it (a term in over half the passages counts almost nothing)."""
+    """BM25's idf as FTS5 computes it (a term in over half the passages counts almost nothing). The two counts may
+    be read a moment apart while a sync writes (more passages holding the term than the total read before them):
+    a term can be in no more passages than there are, and the logarithm's argument stays positive."""
+    holding = min(holding, population)
     return max(math.log((population - holding + 0.5) / (holding + 0.5)), 1e-6)
 
 
