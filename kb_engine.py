@@ -10696,30 +10696,48 @@ def _zotero_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 # Zotero stamps every save of an item with clientDateModified (its transaction's time, UTC, to the second) and
 # every sync with a higher version: a sync of a watched library reads again only the attachments saved since the
 # last one, their parents' and annotations' saves included. Changes that save no item (a collection renamed, an
-# annotation erased, a file renamed by Zotero) show in each attachment's digest (ZoteroCatalog.digest).
+# annotation erased, a file renamed by Zotero) show in each attachment's digest (ZoteroCatalog.digest). The mark
+# only moves forward: a stamp from a clock that ran fast is no mark (it is capped at the snapshot's time), and a
+# database whose history went back (a backup restored: earlier stamps, lower versions) gets a full pass.
 ZOTERO_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 ZOTERO_MARK_SLACK_S = 60     # saves stamped up to this long before the mark are read again (a clock set back
                              # a little; Zotero runs one transaction at a time, so saves are stamped in order)
 
 
-def zotero_mark(conn: sqlite3.Connection) -> dict | None:
-    """Where a library's history stands in this snapshot: its latest clientDateModified and the highest version
-    in each of its libraries. None for a schema without clientDateModified (Zotero 4): each sync reads it all."""
-    if not _zotero_column(conn, "items", "clientDateModified"):
-        return None
+def _zotero_history(conn: sqlite3.Connection) -> tuple[str, dict[str, int]]:
+    """(the latest clientDateModified, the highest version in each library) of a snapshot."""
     latest = conn.execute("SELECT MAX(clientDateModified) FROM items").fetchone()[0]
     versions = {str(library): version or 0 for library, version in
                 conn.execute("SELECT libraryID, MAX(version) FROM items GROUP BY libraryID")}
-    return {"modified": latest or "", "versions": versions}
+    return latest or "", versions
 
 
-def zotero_touched(conn: sqlite3.Connection, mark: dict) -> set[int] | None:
+def zotero_mark(conn: sqlite3.Connection, now: float) -> dict | None:
+    """Where a library's history stands in this snapshot (taken at ``now``, time.time()): its latest
+    clientDateModified, but never later than ``now`` (a stamp past the present comes from a clock that ran fast;
+    as a mark it would hide every correctly stamped save until real time caught up with it), and the highest
+    version in each of its libraries. None for a schema without clientDateModified (Zotero 4): each sync reads it
+    all."""
+    if not _zotero_column(conn, "items", "clientDateModified"):
+        return None
+    latest, versions = _zotero_history(conn)
+    present = time.strftime(ZOTERO_TIME_FORMAT, time.gmtime(now))
+    return {"modified": min(latest, present) if latest else "", "versions": versions}
+
+
+def zotero_touched(conn: sqlite3.Connection, mark: dict, now: float) -> set[int] | None:
     """The items saved since ``mark`` (zotero_mark of an earlier snapshot), and the attachments whose annotations
-    were; None when the mark is unreadable (the caller then reads everything)."""
+    were; None (the caller then reads everything) when the mark is unreadable, lies in the future (the clock was
+    set back since), or is ahead of this snapshot: its latest stamp is earlier or a library's highest version is
+    lower (a backup restored; or the latest item erased, which a full pass costs nothing to get right)."""
     try:
         latest = calendar.timegm(time.strptime(mark["modified"], ZOTERO_TIME_FORMAT))
         versions = [(int(library), int(version)) for library, version in mark["versions"].items()]
     except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    stamped, highest = _zotero_history(conn)
+    if latest > now + ZOTERO_MARK_SLACK_S or stamped < mark["modified"] or any(
+            highest.get(str(library), version) < version for library, version in versions):
         return None
     since = time.strftime(ZOTERO_TIME_FORMAT, time.gmtime(latest - ZOTERO_MARK_SLACK_S))
     where = " OR ".join(["i.clientDateModified >= ?"] + ["(i.libraryID = ? AND i.version > ?)"] * len(versions))
@@ -14948,16 +14966,17 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     known = _known_attachments(lib, meta_key)
     mark = source.get("zotero_mark") if isinstance(source.get("zotero_mark"), dict) else None
     full = mark is None or not _mark_recent(mark)
-    with ZoteroSnapshot(db) as conn:
+    snapshot = ZoteroSnapshot(db)
+    with snapshot as conn:
         catalog = read_zotero_catalog(conn)
         files = {row["key"]: _catalog_file(row, db.parent, base_dir) for row in catalog.rows}
         now = {row["key"]: (path_key(files[row["key"]] or "") or None, catalog.digest(row)) for row in catalog.rows}
         removed = _remove_departed(lib, known, now)
-        touched = None if full or mark is None else zotero_touched(conn, mark)
+        touched = None if full or mark is None else zotero_touched(conn, mark, snapshot.taken)
         full = full or touched is None
         rows = zotero_sync_rows(lib, catalog, known, now, files, touched)
         attachments = zotero_attachments(conn, catalog, db.parent, base_dir, rows)
-        new_mark = zotero_mark(conn)
+        new_mark = zotero_mark(conn, snapshot.taken)
     if not full:        # an attachment saved just before the mark is read again: it is imported only if it changed
         attachments = [a for a in attachments if a.attachment_key not in known or _zotero_needs_work(lib, a, False)]
     # imported after the removals, so that a recorded copy of a removed document's file is indexed in its place
