@@ -355,6 +355,11 @@ ENVIRONMENT_VARIABLES = (
            "a sync of a watched Zotero library reads only the attachments saved since the last one (Zotero's "
            "clientDateModified and versions) and those whose collections, tags, annotations or file changed; every "
            "this many seconds it reads them all (`0`: always)"),
+    EnvVar("KB_ZOTERO_SNAPSHOT_S",
+           "`30`",
+           "how long `zotero` and a sync of a watched Zotero library try to copy Zotero's database while Zotero "
+           "writes it (a copy is used only once it is shown to be one state of the database); past it they answer "
+           "`zotero_busy` and change nothing (see docs/ZOTERO.md)"),
     EnvVar("KB_WATCH_EVENTS",
            "`1`",
            "`0` turns file-system events off: watched folders are scanned every `KB_WATCH_SCAN_S` instead (for "
@@ -10896,9 +10901,10 @@ def _surname(name: str) -> str:
 # 20. Zotero
 # =============================================================================
 # Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
-# copies the database with its -wal/-journal into a temporary folder and reads
-# the copy. Zotero's own files are only ever read. Item types and fields are
-# looked up by name because their ids differ between Zotero 5, 6 and 7.
+# copies the database with its -wal/-journal into a temporary folder, checks that
+# the copies are one state of the database, and reads the copy. Zotero's own files
+# are only ever read. Item types and fields are looked up by name because their
+# ids differ between Zotero 5, 6 and 7.
 
 ZOTERO_ATTACHMENT_TYPES = {"application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md",
                            "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx"}
@@ -10955,49 +10961,202 @@ def locate_zotero_db(explicit: str | None) -> Path:
                                "profile folders); pass zotero_db with the path to zotero.sqlite")
 
 
-class ZoteroSnapshot:
-    """A private copy of zotero.sqlite (+ -wal, -journal), opened for reading; removed on exit."""
-
-    def __init__(self, db_path: Path):
-        self.db_path = db_path
-        self.folder: str | None = None
-        self.conn: sqlite3.Connection | None = None
-
-    def __enter__(self) -> sqlite3.Connection:
-        import shutil
-        import tempfile
-        self.folder = folder = tempfile.mkdtemp(prefix="kb-zotero-")
-        copy = Path(folder) / "zotero.sqlite"
-        try:
-            shutil.copyfile(self.db_path, copy)
-            for suffix in ("-wal", "-journal"):
-                sidecar = Path(f"{self.db_path}{suffix}")
-                if sidecar.exists():
-                    shutil.copyfile(sidecar, f"{copy}{suffix}")
-            # the copy is ours: opening it normally lets SQLite fold the copied WAL in
-            self.conn = conn = sqlite3.connect(str(copy))
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA query_only = ON")
-            conn.execute("SELECT COUNT(*) FROM items").fetchone()
-        except (OSError, sqlite3.DatabaseError) as exc:
-            self.__exit__(None, None, None)
-            raise KBError("zotero_unreadable", f"cannot read the Zotero database {self.db_path}: {exc}") from None
-        return conn
-
-    def __exit__(self, *exc_info):
-        import shutil
-        if self.conn is not None:
-            self.conn.close()
-        if self.folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        return False
-
-
 def _zotero_table(conn: sqlite3.Connection, *names: str) -> str | None:
     for name in names:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone():
             return name
     return None
+
+
+# Zotero (its current releases) holds zotero.sqlite under an exclusive lock in WAL mode, the WAL index in memory
+# (no -shm file), with synchronous=NORMAL, and runs wal_checkpoint(TRUNCATE) at idle and at close besides SQLite's
+# own checkpoints every 1,000 pages; releases before WAL wrote a rollback journal (-journal) instead. The engine
+# never opens those files with SQLite (that could take locks Zotero relies on): it copies them and reads the copy.
+# Copies made while Zotero writes are one state of the database only in the cases _snapshot_consistent names;
+# otherwise the copy is made again, after a pause that grows, until ZOTERO_SNAPSHOT_S has passed.
+ZOTERO_SNAPSHOT_S = 30.0        # how long a snapshot is tried while Zotero writes (KB_ZOTERO_SNAPSHOT_S overrides)
+ZOTERO_RETRY_S = (0.01, 0.25)   # the first and the longest pause between two tries (each drawn from its upper half)
+SQLITE_HEADER_BYTES, WAL_HEADER_BYTES = 100, 32
+SQLITE_MAGIC = b"SQLite format 3\x00"
+ZOTERO_SIDECARS = ("-journal", "-wal")      # copied after the database file, the log last
+# the tables whose rows decide which attachments the library holds: the copy's are checked page by page
+ZOTERO_CHECKED_TABLES = ("items", "itemAttachments", "deletedItems")
+
+
+def zotero_snapshot_seconds() -> float:
+    """ZOTERO_SNAPSHOT_S, or its non-negative override from the environment (0: a single try)."""
+    try:
+        value = float(os.environ.get("KB_ZOTERO_SNAPSHOT_S", "") or ZOTERO_SNAPSHOT_S)
+    except ValueError:
+        return ZOTERO_SNAPSHOT_S
+    return value if math.isfinite(value) and value >= 0 else ZOTERO_SNAPSHOT_S
+
+
+def _zotero_file_state(path: str, head_bytes: int) -> tuple | None:
+    """What one look tells of one of Zotero's files: (device, inode, size, mtime_ns, ctime_ns, its first bytes),
+    None when it is absent."""
+    try:
+        with open(path, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            head = handle.read(head_bytes)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, head
+
+
+def _zotero_files_state(db_path: Path) -> dict[str, tuple | None]:
+    """One look at the database file ("") and its -journal and -wal."""
+    return {"": _zotero_file_state(str(db_path), SQLITE_HEADER_BYTES),
+            **{suffix: _zotero_file_state(f"{db_path}{suffix}", WAL_HEADER_BYTES) for suffix in ZOTERO_SIDECARS}}
+
+
+def _snapshot_consistent(before: dict[str, tuple | None], after: dict[str, tuple | None], db_unchanged: bool) -> bool:
+    """Whether copies of the database file and then of its log, made between the looks ``before`` and ``after``,
+    are one state of the database. ``db_unchanged``: the copied database file is byte for byte the file as it
+    stands after (compared only when the answer depends on it).
+
+    In WAL mode a transaction is written to the log alone, a frame per page; each frame carries the log's salts
+    and a checksum chained over the frames before it. The database file changes only when a checkpoint copies
+    frames into it, and the log starts over (emptied by TRUNCATE, or its header rewritten with new salts and the
+    next checkpoint number by the next writer) only after every frame is in the file. Opening the copy, SQLite
+    replays the copied log over the copied file up to the last transaction whose frames all check out. So:
+
+    - the log kept its header (the same salts and checkpoint number) and did not shrink: the same log, only
+      appended to. Its copy holds every frame a checkpoint may have copied into the file meanwhile, and a frame
+      wins over the file's page, so even a page of the file copied half-written is never read. A frame still being
+      written at the end fails its checksum and is dropped with its transaction. Consistent, whatever happened to
+      the database file (as long as it is the same file).
+    - the log had no header at the first look (absent, or empty after a TRUNCATE: every transaction was in the
+      file) and the database file did not change: no checkpoint ran, so whatever log was copied is a new one
+      begun over exactly the file copied. Consistent. A file's times cannot show that it did not change (file
+      systems stamp them in ticks of up to 2 s, and a write in the tick of the last one leaves them as they
+      were), so the copy is compared with the file itself.
+    - anything else (the log emptied, begun again with new salts, replaced or shrunk; the database file changed
+      while the log was empty; a rollback journal that changed): a checkpoint or a rollback-mode commit ran while
+      the files were copied, and the copied file may miss it or hold half of it. Not consistent: copy again.
+    """
+    db_before, db_after = before[""], after[""]
+    if db_before is None or db_after is None or db_before[:2] != db_after[:2]:
+        return False            # gone, or replaced by another file
+    if before["-journal"] != after["-journal"]:
+        return False
+    log_before, log_after = before["-wal"], after["-wal"]
+    if log_before is not None and len(log_before[5]) == WAL_HEADER_BYTES:
+        return (log_after is not None and log_after[:2] == log_before[:2] and log_after[5] == log_before[5]
+                and log_after[2] >= log_before[2])
+    return db_before == db_after and db_unchanged
+
+
+def _same_bytes(first: Path, second: Path, block: int = 1 << 20) -> bool:
+    with open(first, "rb") as one, open(second, "rb") as other:
+        while True:
+            a, b = one.read(block), other.read(block)
+            if a != b:
+                return False
+            if not a:
+                return True
+
+
+class ZoteroSnapshot:
+    """A private copy of zotero.sqlite (+ -journal, -wal), shown to be one state of the database and checked
+    once opened, for reading; removed on exit. ``taken``: the time (time.time()) of the look the copy began
+    with: everything Zotero committed before it is in the copy."""
+
+    def __init__(self, db_path: Path):
+        self.db_path = db_path
+        self.folder: str | None = None
+        self.conn: sqlite3.Connection | None = None
+        self.taken = 0.0
+
+    def __enter__(self) -> sqlite3.Connection:
+        import tempfile
+        self.folder = tempfile.mkdtemp(prefix="kb-zotero-")
+        try:
+            self._copy_consistent(Path(self.folder) / "zotero.sqlite")
+            self.conn = self._open_checked(Path(self.folder) / "zotero.sqlite")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self.conn
+
+    def _copy_consistent(self, copy: Path) -> None:
+        import random
+        bound = zotero_snapshot_seconds()
+        deadline = time.monotonic() + bound
+        pause = ZOTERO_RETRY_S[0]
+        while True:
+            self.taken = time.time()
+            before = _zotero_files_state(self.db_path)
+            if before[""] is None:
+                raise KBError("not_found", f"no Zotero database at {self.db_path}")
+            self._copy_files(copy, before)
+            after = _zotero_files_state(self.db_path)
+            log_empty = before["-wal"] is None or len(before["-wal"][5]) < WAL_HEADER_BYTES
+            unchanged = log_empty and before[""] == after[""] and self._same_file(copy)
+            if _snapshot_consistent(before, after, unchanged):
+                return
+            if time.monotonic() + pause > deadline:
+                raise KBError("zotero_busy", f"Zotero kept writing its database {self.db_path} for {bound:g} s "
+                                             "without a pause long enough to copy it whole; try again in a moment "
+                                             "(a watched Zotero library's next sync tries again by itself)")
+            time.sleep(random.uniform(pause / 2, pause))   # at random: a writer with a rhythm is not met in step
+            pause = min(pause * 2, ZOTERO_RETRY_S[1])
+
+    def _copy_files(self, copy: Path, seen: dict[str, tuple | None]) -> None:
+        """Copy the database file, then the sidecars the look ``seen`` found (the log last); one that is gone
+        meanwhile is left out (the next look sees that it went)."""
+        import shutil
+        for suffix in ("", *ZOTERO_SIDECARS):
+            target = Path(f"{copy}{suffix}")
+            target.unlink(missing_ok=True)
+            if seen[suffix] is None:
+                continue
+            try:
+                shutil.copyfile(f"{self.db_path}{suffix}", target)
+            except FileNotFoundError:
+                target.unlink(missing_ok=True)
+            except OSError as exc:
+                raise KBError("zotero_unreadable", f"cannot copy the Zotero database {self.db_path}{suffix}: "
+                                                   f"{exc}") from None
+
+    def _same_file(self, copy: Path) -> bool:
+        try:
+            return _same_bytes(self.db_path, copy)
+        except OSError:
+            return False
+
+    def _open_checked(self, copy: Path) -> sqlite3.Connection:
+        """The copy opened for reading (SQLite folds the copied log into it), once its header says SQLite and the
+        pages of the tables that decide what the library holds pass SQLite's quick check."""
+        with open(copy, "rb") as handle:
+            if handle.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                raise KBError("zotero_unreadable", f"{self.db_path} is not an SQLite database")
+        try:
+            self.conn = conn = sqlite3.connect(str(copy))
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA query_only = ON")
+            # a table name narrows the check to the table's pages from SQLite 3.33 on; before, it checks them all
+            tables = [t for t in ZOTERO_CHECKED_TABLES if _zotero_table(conn, t)]
+            for table in tables if sqlite3.sqlite_version_info >= (3, 33, 0) else tables[:1]:
+                found = [row[0] for row in conn.execute(f"PRAGMA quick_check({table})")]
+                if found != ["ok"]:
+                    raise KBError("zotero_unreadable", f"the Zotero database {self.db_path} is damaged: {found[0]}")
+            conn.execute("SELECT COUNT(*) FROM items").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise KBError("zotero_unreadable", f"cannot read the Zotero database {self.db_path}: {exc}") from None
+        return conn
+
+    def __exit__(self, exc_type, exc, traceback):
+        import shutil
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+        if isinstance(exc, sqlite3.DatabaseError):     # the copy is sound but could not be read to the end
+            raise KBError("zotero_unreadable", f"cannot read the Zotero database {self.db_path}: {exc}") from None
+        return False
 
 
 def zotero_base_directory(data_dir: Path, explicit: str | None) -> Path | None:
@@ -11223,30 +11382,48 @@ def _zotero_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 # Zotero stamps every save of an item with clientDateModified (its transaction's time, UTC, to the second) and
 # every sync with a higher version: a sync of a watched library reads again only the attachments saved since the
 # last one, their parents' and annotations' saves included. Changes that save no item (a collection renamed, an
-# annotation erased, a file renamed by Zotero) show in each attachment's digest (ZoteroCatalog.digest).
+# annotation erased, a file renamed by Zotero) show in each attachment's digest (ZoteroCatalog.digest). The mark
+# only moves forward: a stamp from a clock that ran fast is no mark (it is capped at the snapshot's time), and a
+# database whose history went back (a backup restored: earlier stamps, lower versions) gets a full pass.
 ZOTERO_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 ZOTERO_MARK_SLACK_S = 60     # saves stamped up to this long before the mark are read again (a clock set back
                              # a little; Zotero runs one transaction at a time, so saves are stamped in order)
 
 
-def zotero_mark(conn: sqlite3.Connection) -> dict | None:
-    """Where a library's history stands in this snapshot: its latest clientDateModified and the highest version
-    in each of its libraries. None for a schema without clientDateModified (Zotero 4): each sync reads it all."""
-    if not _zotero_column(conn, "items", "clientDateModified"):
-        return None
+def _zotero_history(conn: sqlite3.Connection) -> tuple[str, dict[str, int]]:
+    """(the latest clientDateModified, the highest version in each library) of a snapshot."""
     latest = conn.execute("SELECT MAX(clientDateModified) FROM items").fetchone()[0]
     versions = {str(library): version or 0 for library, version in
                 conn.execute("SELECT libraryID, MAX(version) FROM items GROUP BY libraryID")}
-    return {"modified": latest or "", "versions": versions}
+    return latest or "", versions
 
 
-def zotero_touched(conn: sqlite3.Connection, mark: dict) -> set[int] | None:
+def zotero_mark(conn: sqlite3.Connection, now: float) -> dict | None:
+    """Where a library's history stands in this snapshot (taken at ``now``, time.time()): its latest
+    clientDateModified, but never later than ``now`` (a stamp past the present comes from a clock that ran fast;
+    as a mark it would hide every correctly stamped save until real time caught up with it), and the highest
+    version in each of its libraries. None for a schema without clientDateModified (Zotero 4): each sync reads it
+    all."""
+    if not _zotero_column(conn, "items", "clientDateModified"):
+        return None
+    latest, versions = _zotero_history(conn)
+    present = time.strftime(ZOTERO_TIME_FORMAT, time.gmtime(now))
+    return {"modified": min(latest, present) if latest else "", "versions": versions}
+
+
+def zotero_touched(conn: sqlite3.Connection, mark: dict, now: float) -> set[int] | None:
     """The items saved since ``mark`` (zotero_mark of an earlier snapshot), and the attachments whose annotations
-    were; None when the mark is unreadable (the caller then reads everything)."""
+    were; None (the caller then reads everything) when the mark is unreadable, lies in the future (the clock was
+    set back since), or is ahead of this snapshot: its latest stamp is earlier or a library's highest version is
+    lower (a backup restored; or the latest item erased, which a full pass costs nothing to get right)."""
     try:
         latest = calendar.timegm(time.strptime(mark["modified"], ZOTERO_TIME_FORMAT))
         versions = [(int(library), int(version)) for library, version in mark["versions"].items()]
     except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    stamped, highest = _zotero_history(conn)
+    if latest > now + ZOTERO_MARK_SLACK_S or stamped < mark["modified"] or any(
+            highest.get(str(library), version) < version for library, version in versions):
         return None
     since = time.strftime(ZOTERO_TIME_FORMAT, time.gmtime(latest - ZOTERO_MARK_SLACK_S))
     where = " OR ".join(["i.clientDateModified >= ?"] + ["(i.libraryID = ? AND i.version > ?)"] * len(versions))
@@ -15583,7 +15760,9 @@ class Watcher:
         store.write(job)
         given = []
         folders = self.libraries[root]
-        for path in zotero:         # a failed import is not retried until the database changes again
+        # A failed import is not retried until the database changes again. One that gave up because Zotero kept
+        # writing (zotero_busy) finds it changed: the writes it met came after this signature was taken.
+        for path in zotero:
             watch = folders[path]
             watch.sent["zotero"] = watch.seen.pop("zotero")[0]
             given.append((watch, "zotero"))
@@ -15936,7 +16115,10 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     deleted) since the last sync, then import the attachments that changed (all of them on a full pass, see
     zotero_sync_rows). (The import's entries, the paths removed.) The database's signature is taken before its
     snapshot, so a change made while this runs brings another sync; the mark and the known attachments are
-    stored only once the import is done, so a sync cut short is done again."""
+    stored only once the import is done, so a sync cut short is done again. Removals are made only from a
+    catalog read whole from a snapshot shown to be one state of the database: a snapshot that cannot be had
+    (zotero_busy: Zotero kept writing; zotero_unreadable) raises before anything is removed, and the next sync
+    reads the database again."""
     signature = zotero_signature(scan_zotero(source["path"]))
     options = source.get("options") or {}
     request = {"zotero_db": source["db"], **options}
@@ -15946,16 +16128,17 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     known = _known_attachments(lib, meta_key)
     mark = source.get("zotero_mark") if isinstance(source.get("zotero_mark"), dict) else None
     full = mark is None or not _mark_recent(mark)
-    with ZoteroSnapshot(db) as conn:
+    snapshot = ZoteroSnapshot(db)
+    with snapshot as conn:
         catalog = read_zotero_catalog(conn)
         files = {row["key"]: _catalog_file(row, db.parent, base_dir) for row in catalog.rows}
         now = {row["key"]: (path_key(files[row["key"]] or "") or None, catalog.digest(row)) for row in catalog.rows}
         removed = _remove_departed(lib, known, now)
-        touched = None if full or mark is None else zotero_touched(conn, mark)
+        touched = None if full or mark is None else zotero_touched(conn, mark, snapshot.taken)
         full = full or touched is None
         rows = zotero_sync_rows(lib, catalog, known, now, files, touched)
         attachments = zotero_attachments(conn, catalog, db.parent, base_dir, rows)
-        new_mark = zotero_mark(conn)
+        new_mark = zotero_mark(conn, snapshot.taken)
     if not full:        # an attachment saved just before the mark is read again: it is imported only if it changed
         attachments = [a for a in attachments if a.attachment_key not in known or _zotero_needs_work(lib, a, False)]
     # imported after the removals, so that a recorded copy of a removed document's file is indexed in its place

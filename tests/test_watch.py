@@ -467,3 +467,115 @@ def test_zotero_sync_reads_only_what_changed(kb_engine, tmp_path, monkeypatch):
     finally:
         con.close()
         engine.close()
+
+
+def _utc(seconds: float) -> str:
+    """A moment as Zotero stamps clientDateModified (UTC, to the second)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+
+
+def test_zotero_sync_after_a_clock_that_ran_fast(kb_engine, tmp_path, monkeypatch):
+    """An item saved while the clock ran a year fast keeps its stamp after the clock is corrected: the saves that
+    follow, correctly stamped, still reach the library at their next sync (the mark is never past the present);
+    and a mark stored in the future (by a sync that ran on the fast clock) is not trusted: a full pass."""
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    b, c, h = (lib.entries[name] for name in "BCH")
+    kb = tmp_path / "kb"
+    engine = kb_engine.Engine()
+
+    def sync() -> dict[str, dict]:
+        return {e["attachment_key"]: e for e in engine.execute("sync", {"kb_root": str(kb)})["files"]}
+
+    def title(entry) -> str:
+        return db_rows(kb, "SELECT title FROM docs WHERE zotero_attachment_key = ?", (entry.attachment_key,))[0][0]
+
+    def save_title(entry, new_title: str, stamp: str) -> None:
+        with con:
+            item = con.execute("SELECT itemID FROM items WHERE key = ?", (entry.item_key,)).fetchone()[0]
+            zf.ZoteroWriter(con).set_field(item, "title", new_title)
+            con.execute("UPDATE items SET clientDateModified = ? WHERE itemID = ?", (stamp, item))
+
+    con = sqlite3.connect(str(lib.db))
+    try:
+        engine.execute("watch", {"kb_root": str(kb), "add": [str(lib.data_dir)], "base_dir": str(lib.base_dir)})
+        assert set(sync()) == {e.attachment_key for e in lib.listed.values()}
+        save_title(c, "Saved While the Clock Ran Fast", _utc(time.time() + 365 * 86400))
+        assert set(sync()) == {c.attachment_key} and title(c) == "Saved While the Clock Ran Fast"
+        # the clock is right again: a save stamped now is read at once, not a year from now
+        save_title(b, "Saved After the Clock Was Corrected", _utc(time.time()))
+        changed = sync()
+        assert b.attachment_key in changed and title(b) == "Saved After the Clock Was Corrected", changed
+
+        # a mark stored by a sync that ran on the fast clock: in the future, so no mark at all
+        stored = json.loads(db_rows(kb, "SELECT value FROM meta WHERE key = 'watch_sources'")[0][0])
+        stored[0]["zotero_mark"]["modified"] = _utc(time.time() + 365 * 86400)
+        with contextlib.closing(sqlite3.connect(str(kb / "kb.sqlite"))) as kb_con, kb_con:
+            kb_con.execute("UPDATE meta SET value = ? WHERE key = 'watch_sources'", (json.dumps(stored),))
+        save_title(h, "Saved Under a Mark From the Future", _utc(time.time()))
+        changed = sync()
+        assert set(changed) == {e.attachment_key for e in lib.listed.values()}     # the full pass
+        assert title(h) == "Saved Under a Mark From the Future"
+    finally:
+        con.close()
+        engine.close()
+
+
+def test_zotero_sync_after_a_backup_is_restored(kb_engine, tmp_path, monkeypatch):
+    """Zotero's database replaced by an older backup (earlier stamps, lower versions) is read in full at the next
+    sync: the library takes the backup's data, instead of keeping what the backup undid until the next full pass."""
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    c = lib.entries["C"]
+    kb = tmp_path / "kb"
+    engine = kb_engine.Engine()
+
+    def sync() -> dict[str, dict]:
+        return {e["attachment_key"]: e for e in engine.execute("sync", {"kb_root": str(kb)})["files"]}
+
+    def title() -> str:
+        return db_rows(kb, "SELECT title FROM docs WHERE zotero_attachment_key = ?", (c.attachment_key,))[0][0]
+
+    try:
+        engine.execute("watch", {"kb_root": str(kb), "add": [str(lib.data_dir)], "base_dir": str(lib.base_dir)})
+        sync()
+        backup = tmp_path / "zotero.sqlite.bak"
+        shutil.copyfile(lib.db, backup)
+        with contextlib.closing(sqlite3.connect(str(lib.db))) as con, con:     # edited, then synced by Zotero
+            item = con.execute("SELECT itemID FROM items WHERE key = ?", (c.item_key,)).fetchone()[0]
+            zf.ZoteroWriter(con).set_field(item, "title", "Revised After the Backup")
+            con.execute("UPDATE items SET clientDateModified = ?, version = 40 WHERE itemID = ?",
+                        (_utc(time.time()), item))
+        assert set(sync()) == {c.attachment_key} and title() == "Revised After the Backup"
+
+        shutil.copyfile(backup, lib.db)         # the user restores the backup
+        changed = sync()
+        assert set(changed) == {e.attachment_key for e in lib.listed.values()}     # the full pass
+        assert changed[c.attachment_key]["status"] == "updated" and title() == c.title
+    finally:
+        engine.close()
+
+
+@pytest.mark.internals
+def test_zotero_mark_is_never_ahead(kb_engine, tmp_path):
+    """zotero_mark caps the latest stamp at the snapshot's time; zotero_touched refuses (None: read everything) a
+    mark in the future, a mark whose latest stamp is later than the database's, and one whose highest version
+    of a library is above the database's."""
+    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    now = time.time()
+    with contextlib.closing(sqlite3.connect(str(lib.db))) as con, con:
+        con.execute("UPDATE items SET clientDateModified = ? WHERE key = ?",
+                    (_utc(now + 365 * 86400), lib.entries["C"].item_key))
+    snapshot = kb_engine.ZoteroSnapshot(lib.db)
+    with snapshot as conn:
+        latest, highest = conn.execute("SELECT MAX(clientDateModified), MAX(version) FROM items").fetchone()
+        mark = kb_engine.zotero_mark(conn, now)
+        assert mark == {"modified": _utc(now), "versions": {"1": highest}}, (mark, latest)
+        assert isinstance(kb_engine.zotero_touched(conn, mark, now), set)
+        assert kb_engine.zotero_touched(conn, {**mark, "modified": _utc(now + 86400)}, now) is None   # future
+        assert kb_engine.zotero_touched(conn, {**mark, "versions": {"1": highest + 1}}, now) is None  # ahead
+    with contextlib.closing(sqlite3.connect(str(lib.db))) as con, con:    # the future stamp corrected: earlier
+        con.execute("UPDATE items SET clientDateModified = ? WHERE key = ?", (_utc(now - 86400),
+                                                                              lib.entries["C"].item_key))
+    with kb_engine.ZoteroSnapshot(lib.db) as conn:
+        assert kb_engine.zotero_touched(conn, mark, now) is None

@@ -7,6 +7,7 @@ The real Zotero 5 and 6 databases come from the shared fixtures only: those test
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import zotero_fixture as zf
-from helpers import err_code, sp
+from helpers import db_rows, err_code, sp
 
 FIXTURES = zf.fixtures_root()
 STATUSES = {"added", "updated", "skipped", "missing", "error", "duplicate", "moved"}
@@ -749,6 +750,162 @@ def test_import_while_zotero_holds_the_database(eng, zcopy, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def busy_zotero(lib: zf.ZoteroLibrary, folder: Path, pause: float):
+    """A separate process writing ``lib``'s database as a busy Zotero 7 does (zotero_fixture.busy_writer: an
+    exclusive lock, WAL, a new attachment per transaction ``pause`` seconds apart, wal_checkpoint(TRUNCATE) after
+    every second one); yields a function that says how many attachments it has committed so far."""
+    status, stop = folder / "committed", folder / "stop"
+    stop.unlink(missing_ok=True)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import zotero_fixture as z; "
+            "z.busy_writer(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(Path(zf.__file__).parent), str(lib.db), str(status),
+                             str(stop), str(pause)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, f"the Zotero stand-in did not start: {proc.stderr.read() if proc.poll() is not None else ''}"
+        held = json.loads(line)
+        assert held == {"journal_mode": "wal", "locking_mode": "exclusive"}, held
+        assert not Path(f"{lib.db}-shm").exists()        # the WAL index is in the writer's memory, as in Zotero
+        yield lambda: int(status.read_text())
+        assert proc.poll() is None, f"the Zotero stand-in died: {proc.stderr.read()}"
+    finally:
+        stop.touch()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def busy_attachments_wrong(seen: dict[str, str | None], committed_before: int) -> str | None:
+    """What is wrong with the writer's attachments a read saw (attachment key -> its parent's title), if anything:
+    it must see every one committed before it began, none twice or out of order, each with its parent's title."""
+    count = len(seen)
+    expected = {zf._busy_key(zf.BUSY_ATTACHMENT_PREFIX, n): f"Field Observation {n}" for n in range(count)}
+    if count < committed_before:
+        return f"{count} attachments seen, {committed_before} committed before the read began"
+    if seen != expected:
+        return f"not the first {count} attachments with their titles: {sorted(set(seen) ^ set(expected))[:5]}"
+    return None
+
+
+def test_reads_while_zotero_writes_and_checkpoints(eng, kb_engine, tmp_path):
+    """Zotero 7 keeps zotero.sqlite in WAL mode under an exclusive lock and checkpoints it with TRUNCATE: a copy
+    of the database file and then of its log can straddle a checkpoint and be damaged, or older than what was
+    committed. With a writer process saving without rest and checkpointing after every second transaction,
+    (b) the syncs of a library watching the database and (a) 50 `zotero` reads all succeed, none sees fewer
+    attachments than were committed before it began (nor an attachment without its parent's data), and the
+    library loses nothing."""
+    lib = zf.build_library(tmp_path / "z", FIXTURES)
+    zf.fill_sync_cache(lib.db, 4)        # a copy takes a few milliseconds, as a synced library's does
+    kb = tmp_path / "kb"
+    failures, inconsistent, removed = [], [], []
+    eng.execute("watch", {"kb_root": str(kb), "add": [str(lib.data_dir)]})
+    # (b) each sync imports the attachments added since the last one: this writer leaves it the time to
+    with busy_zotero(lib, tmp_path, pause=0.02) as committed:
+        for _ in range(12):
+            before = committed()
+            try:
+                resp = eng.execute("sync", {"kb_root": str(kb)})
+            except kb_engine.KBError as exc:
+                failures.append(f"sync: {exc.code}: {exc.message}")
+                continue
+            failures += [f"sync: {e}" for e in resp.get("errors", [])]
+            removed += resp["removed"]
+            held = dict(db_rows(kb, "SELECT zotero_attachment_key, title FROM docs WHERE status = 'indexed' AND "
+                                    "zotero_attachment_key LIKE ?", (zf.BUSY_ATTACHMENT_PREFIX + "%",)))
+            wrong = busy_attachments_wrong(held, before)
+            inconsistent += [f"sync: {wrong}"] if wrong else []
+    # (a) a read lists the attachments without importing them: this writer saves every few milliseconds
+    with busy_zotero(lib, tmp_path, pause=0.005) as committed:
+        for _ in range(50):
+            before = committed()
+            try:
+                resp = eng.execute("zotero", {"zotero_db": str(lib.db), "dry_run": True})
+            except kb_engine.KBError as exc:
+                failures.append(f"zotero: {exc.code}: {exc.message}")
+                continue
+            wrong = busy_attachments_wrong({it["attachment_key"]: it["title"] for it in resp["items"]
+                                            if it["attachment_key"].startswith(zf.BUSY_ATTACHMENT_PREFIX)}, before)
+            inconsistent += [f"zotero: {wrong}"] if wrong else []
+    assert (failures, inconsistent, removed) == ([], [], [])
+    keys = {key for (key,) in db_rows(kb, "SELECT zotero_attachment_key FROM docs WHERE status = 'indexed'")}
+    assert {e.attachment_key for e in found(lib).values()} <= keys       # the library's own papers are all there
+
+
+def watched_and_synced(eng, lib: zf.ZoteroLibrary, kb: Path) -> dict[str, tuple]:
+    """Watch the Zotero library, sync it once; the library's documents: attachment key -> (path, title)."""
+    eng.execute("watch", {"kb_root": str(kb), "add": [str(lib.data_dir)]})
+    assert not eng.execute("sync", {"kb_root": str(kb)}).get("errors")
+    return library_docs(kb)
+
+
+def library_docs(kb: Path) -> dict[str, tuple]:
+    return {key: (path, title) for key, path, title in
+            db_rows(kb, "SELECT zotero_attachment_key, path, title FROM docs WHERE zotero_attachment_key IS NOT NULL")}
+
+
+def trash(lib: zf.ZoteroLibrary, entry: zf.Entry) -> None:
+    with contextlib.closing(sqlite3.connect(str(lib.db))) as con, con:
+        item = con.execute("SELECT itemID FROM items WHERE key = ?", (entry.item_key,)).fetchone()[0]
+        zf.ZoteroWriter(con).trash(item)
+
+
+@pytest.mark.internals
+def test_a_database_that_never_stands_still_is_zotero_busy(eng, kb_engine, tmp_path, monkeypatch):
+    """A stand-in that cannot be copied whole (its log begins again between any two looks at it): `zotero` and
+    a sync give up after KB_ZOTERO_SNAPSHOT_S with zotero_busy, and the sync leaves the library alone, though
+    an item was trashed in Zotero meanwhile; once the database can be copied, the next sync removes it."""
+    lib = zf.build_library(tmp_path / "z", FIXTURES)
+    kb = tmp_path / "kb"
+    held = watched_and_synced(eng, lib, kb)
+    marks = db_rows(kb, "SELECT value FROM meta WHERE key = 'watch_sources'")
+    trash(lib, lib.entries["C"])
+    looks = iter(range(10**6))
+    real_state = kb_engine._zotero_files_state
+
+    def restarting_log(db_path):
+        state = real_state(db_path)
+        return {**state, "-wal": (1, 1, 4096, 0, 0, next(looks).to_bytes(32, "big"))}   # new salts every look
+
+    monkeypatch.setattr(kb_engine, "_zotero_files_state", restarting_log)
+    monkeypatch.setenv("KB_ZOTERO_SNAPSHOT_S", "0.2")
+    with pytest.raises(kb_engine.KBError) as refused:
+        eng.execute("zotero", {"zotero_db": str(lib.db), "dry_run": True})
+    assert refused.value.code == "zotero_busy" and "try again" in refused.value.message, refused.value.message
+    synced = eng.execute("sync", {"kb_root": str(kb)})
+    assert synced["removed"] == [] and len(synced["errors"]) == 1 and "kept writing" in synced["errors"][0], synced
+    assert library_docs(kb) == held
+    source = json.loads(db_rows(kb, "SELECT value FROM meta WHERE key = 'watch_sources'")[0][0])[0]
+    assert source["zotero_mark"] == json.loads(marks[0][0])[0]["zotero_mark"]     # the next sync reads it again
+
+    monkeypatch.undo()
+    synced = eng.execute("sync", {"kb_root": str(kb)})
+    assert not synced.get("errors") and [Path(p).parent.name for p in synced["removed"]] == \
+        [lib.entries["C"].attachment_key], synced
+
+
+def test_a_damaged_database_is_zotero_unreadable_and_removes_nothing(eng, kb_engine, tmp_path):
+    """A database whose attachments table is damaged (its first page overwritten) opens, but is not read: `zotero`
+    answers zotero_unreadable, and a sync says so and removes none of the documents it could not see."""
+    lib = zf.build_library(tmp_path / "z", FIXTURES)
+    kb = tmp_path / "kb"
+    held = watched_and_synced(eng, lib, kb)
+    with contextlib.closing(sqlite3.connect(f"file:{lib.db}?mode=ro", uri=True)) as con:
+        page_size = con.execute("PRAGMA page_size").fetchone()[0]
+        root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'itemAttachments'").fetchone()[0]
+    with open(lib.db, "r+b") as raw:
+        raw.seek((root - 1) * page_size)
+        raw.write(b"\xff" * 64)
+    with pytest.raises(kb_engine.KBError) as refused:
+        eng.execute("zotero", {"zotero_db": str(lib.db), "dry_run": True})
+    assert refused.value.code == "zotero_unreadable" and "damaged" in refused.value.message, refused.value.message
+    synced = eng.execute("sync", {"kb_root": str(kb)})
+    assert synced["removed"] == [] and len(synced["errors"]) == 1 and "damaged" in synced["errors"][0], synced
+    assert library_docs(kb) == held
 
 
 def test_import_with_read_ahead_workers_and_vectors_matches_in_process(kb_engine, zcopy, tmp_path, monkeypatch):

@@ -46,6 +46,7 @@ import re
 import shutil
 import sqlite3
 import sys
+import time
 import unicodedata
 import zlib
 from pathlib import Path
@@ -688,6 +689,90 @@ def hold_wal_writer(db: str) -> None:
     print(json.dumps({"journal_mode": journal, "locking_mode": locking, "path": str(entry.path),
                       "item_key": entry.item_key, "attachment_key": entry.attachment_key}), flush=True)
     sys.stdin.read()
+    con.close()
+
+
+def fill_sync_cache(db: Path, megabytes: int) -> None:
+    """Grow the database the way a synced library grows: Zotero keeps the JSON of every object it synced in
+    syncCache (a large share of a real zotero.sqlite). Rows for made-up objects are added until the file holds
+    about ``megabytes``; the engine never reads them, so a copy of the database simply takes longer."""
+    con = sqlite3.connect(str(db))
+    try:
+        con.execute("CREATE TABLE IF NOT EXISTS syncCache (libraryID INT NOT NULL, key TEXT NOT NULL, "
+                    "syncObjectTypeID INT NOT NULL, version INT NOT NULL, data TEXT, "
+                    "PRIMARY KEY (libraryID, key, syncObjectTypeID, version))")
+        abstract = " ".join(f"word{i % 997}" for i in range(300))
+        rows, n = [], 0
+        while n * 4200 < megabytes * 1024 * 1024:
+            key = _busy_key("SC", n)
+            data = {"key": key, "version": n + 1, "itemType": "journalArticle", "title": f"Synced paper {n}",
+                    "abstractNote": abstract, "creators": [{"firstName": "Ada", "lastName": f"Author{n}"}]}
+            rows.append((1, key, 3, n + 1, json.dumps(data)))
+            n += 1
+        with con:
+            con.executemany("INSERT INTO syncCache VALUES (?, ?, ?, ?, ?)", rows)
+    finally:
+        con.close()
+
+
+BUSY_ATTACHMENT_PREFIX = "22"    # the keys of the attachments busy_writer adds ("23": their parents)
+
+
+def _busy_key(prefix: str, n: int) -> str:
+    digits = ""
+    for _ in range(6):
+        n, rest = divmod(n, len(KEY_ALPHABET))
+        digits = KEY_ALPHABET[rest] + digits
+    return prefix + digits
+
+
+def busy_writer(db: str, status: str, stop: str, pause: float = 0.002) -> None:
+    """Act like a running Zotero that saves without rest (run in a child process): hold the database as Zotero 7
+    holds it (an exclusive lock taken before WAL mode is set, so the WAL index lives in memory and there is no -shm
+    file), commit one new article with a text attachment per transaction, each attachment with its own file in
+    storage/, ``pause`` seconds apart, and run ``wal_checkpoint(TRUNCATE)`` (what Zotero runs at idle and at close)
+    after every second one. After each commit the number of attachments committed so far is written to
+    ``status`` (replaced whole, so a reader never sees half of it). Prints one JSON line once the first
+    transaction is committed; stops when the file ``stop`` exists. Run again, it goes on numbering where the last
+    run stopped. Zotero writes with synchronous=NORMAL, which
+    only adds an fsync to each checkpoint; without it the stand-in checkpoints several times as often."""
+    db_path = Path(db)
+    con = sqlite3.connect(str(db_path), isolation_level=None)
+    locking = con.execute("PRAGMA locking_mode=EXCLUSIVE").fetchone()[0]
+    journal = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    con.execute("PRAGMA synchronous=OFF")
+    writer = ZoteroWriter(con)
+    has_sync_cache = con.execute("SELECT 1 FROM sqlite_master WHERE name = 'syncCache'").fetchone() is not None
+    count = con.execute("SELECT COUNT(*) FROM items WHERE key LIKE ?", (BUSY_ATTACHMENT_PREFIX + "%",)).fetchone()[0]
+    first, parent_pid = count, os.getppid()
+    while count == first or not (os.path.exists(stop) or os.getppid() != parent_pid):     # (or its test is gone)
+        attachment_key = _busy_key(BUSY_ATTACHMENT_PREFIX, count)
+        folder = db_path.parent / "storage" / attachment_key
+        folder.mkdir(parents=True, exist_ok=True)
+        note = folder / f"observation {count}.txt"
+        note.write_text(f"Field observation number {count} of the busy writer.\n\nThe specimen {attachment_key} "
+                        f"was logged while the library was being written without pause.\n", encoding="utf-8")
+        now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        con.execute("BEGIN IMMEDIATE")
+        parent = writer.article(_busy_key("23", count), title=f"Field Observation {count}", added=now,
+                                modified=now, version=0)
+        writer.attachment(parent, attachment_key, path=f"storage:{note.name}", link_mode=LINK_IMPORTED_FILE,
+                          content_type="text/plain", title=note.name, added=now, version=0)
+        if has_sync_cache:      # as a sync saves it: the object's JSON, its key falling anywhere in the index
+            con.execute("INSERT INTO syncCache VALUES (1, ?, 3, 1, ?)",
+                        (_busy_key(KEY_ALPHABET[count % len(KEY_ALPHABET)] + "Y", count),
+                         json.dumps({"key": attachment_key, "itemType": "attachment", "title": note.name})))
+        con.execute("COMMIT")
+        count += 1
+        partial = Path(f"{status}.part")
+        partial.write_text(str(count), encoding="utf-8")
+        os.replace(partial, status)
+        if count % 2 == 0:
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if count == first + 1:
+            print(json.dumps({"journal_mode": journal, "locking_mode": locking}), flush=True)
+        if pause:
+            time.sleep(pause)
     con.close()
 
 

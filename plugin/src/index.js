@@ -71,6 +71,7 @@ const HINTS = {
   storage_error: 'kb.sqlite is damaged or not a database: tell the user; kb_clear would start an empty library.',
   not_found: 'Check the path or id and retry.',
   zotero_unreadable: 'Zotero\'s database could not be copied or read: check the zotero_db path.',
+  zotero_busy: 'Zotero is writing its database without a pause: retry in a moment (a watched Zotero library retries by itself).',
   model_unavailable: 'The embedding model is not available: check the embedModel option or the network.',
   reply_too_large: 'Ask for less at a time: a smaller top_k or shorter snippets.',
 }
