@@ -523,3 +523,33 @@ def crossref_service(monkeypatch, answer, send=None):
         for name in ("KB_OFFLINE", "KB_METADATA_TIMEOUT", "KB_METADATA_DEADLINE"):
             monkeypatch.delenv(name, raising=False)
         yield url
+
+
+def ingest_peak_memory(payload: str, env: dict, timeout: float = 900) -> tuple[float, dict]:
+    """(peak resident memory in MB, the reply) of a one-shot ingest. A process's peak starts from its parent's size
+    at the fork (Linux carries it over the exec), so the ingest is started from a small Python process, which
+    reports the peak of its one child, not pytest's."""
+    probe = ("import resource, subprocess, sys\n"
+             "p = subprocess.run(sys.argv[1:], input=sys.stdin.buffer.read(), capture_output=True)\n"
+             "sys.stderr.buffer.write(p.stderr)\n"
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)\n"
+             "sys.stdout.buffer.write(p.stdout)\n"
+             "sys.exit(p.returncode)\n")
+    run = subprocess.run([sys.executable, "-c", probe, sys.executable, str(ENGINE), "ingest"], input=payload,
+                         capture_output=True, text=True, env=env, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-2000:]
+    peak_kb, out = run.stdout.split("\n", 1)
+    return int(peak_kb) / 1024, json.loads(out)              # kilobytes on Linux
+
+
+def kill_jobs_left(kb_root: Path) -> None:
+    """Kill the job processes a library's job files still name (a test's daemon may have left one running)."""
+    folder = kb_root / ".kb-jobs"
+    for job in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            pid = json.loads(job.read_text()).get("pid") if job.name != "watcher.json" else None
+        except (OSError, ValueError):
+            continue
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, 9)

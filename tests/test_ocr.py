@@ -13,14 +13,13 @@ import random
 import re
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, ROOT, isolate_model_env, use_minilm
+from helpers import ROOT, ingest_peak_memory, isolate_model_env, use_minilm
 
 sys.path.insert(0, str(ROOT / "examples"))
 import sample_papers  # noqa: E402
@@ -469,21 +468,9 @@ def test_a_100_page_scan_ingests_in_bounded_memory(tmp_path, monkeypatch):
     scan = long_scan(tmp_path / "thesis_scan.pdf")
     env = {**os.environ, "KB_OCR": "auto", "KB_INGEST_WORKERS": "0"}
     payload = json.dumps({"paths": [str(scan)], "kb_root": str(tmp_path / "kb")})
-    # A process's peak starts from its parent's size at the fork (Linux carries it over the exec): the ingest is
-    # started from a small Python process, which reports the peak of its one child, not pytest's.
-    probe = ("import resource, subprocess, sys\n"
-             "p = subprocess.run(sys.argv[1:], input=sys.stdin.buffer.read(), capture_output=True)\n"
-             "sys.stderr.buffer.write(p.stderr)\n"
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)\n"
-             "sys.stdout.buffer.write(p.stdout)\n"
-             "sys.exit(p.returncode)\n")
-    run = subprocess.run([sys.executable, "-c", probe, sys.executable, str(ENGINE), "ingest"], input=payload,
-                         capture_output=True, text=True, env=env, timeout=900)
-    assert run.returncode == 0, run.stderr[-2000:]
-    peak_kb, out = run.stdout.split("\n", 1)
-    entry = json.loads(out)["files"][0]
+    peak_mb, reply = ingest_peak_memory(payload, env)
+    entry = reply["files"][0]
     assert entry["status"] == "added" and entry["ocr_pages"] == 100, entry
     assert entry["chunks"] >= 50
-    peak_mb = int(peak_kb) / 1024                          # kilobytes on Linux
     print(f"peak resident memory of the ingest: {peak_mb:.0f} MB")
     assert peak_mb < 1536, f"peak {peak_mb:.0f} MB"

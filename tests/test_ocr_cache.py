@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from helpers import ENGINE, clean_env, run_cli
+from helpers import ENGINE, clean_env, ingest_peak_memory, run_cli
 
 # About the engine's own functions (the OCR stand-in, the cache rows): reaches names outside kb_engine.__all__.
 # OCR of generated scan pages, a few seconds each.
@@ -287,26 +287,14 @@ def test_a_76_inch_scan_is_ocrd_at_a_lower_dpi_in_bounded_memory(tmp_path):
     scan = large_scan(tmp_path / "survey_sheet.pdf", 5500)
     env = clean_env(KB_OCR="auto", KB_INGEST_WORKERS="0")
     payload = json.dumps({"paths": [str(scan)], "kb_root": str(tmp_path / "kb")})
-    # A process's peak starts from its parent's size at the fork: the ingest is started from a small Python
-    # process, which reports the peak of its one child, not pytest's.
-    probe = ("import resource, subprocess, sys\n"
-             "p = subprocess.run(sys.argv[1:], input=sys.stdin.buffer.read(), capture_output=True)\n"
-             "sys.stderr.buffer.write(p.stderr)\n"
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)\n"
-             "sys.stdout.buffer.write(p.stdout)\n"
-             "sys.exit(p.returncode)\n")
-    run = subprocess.run([sys.executable, "-c", probe, sys.executable, str(ENGINE), "ingest"], input=payload,
-                         capture_output=True, text=True, env=env, timeout=900)
-    assert run.returncode == 0, run.stderr[-2000:]
-    peak_kb, out = run.stdout.split("\n", 1)
-    entry = json.loads(out)["files"][0]
+    peak_mb, reply = ingest_peak_memory(payload, env)
+    entry = reply["files"][0]
     dpi = int(((40e6 / (5500 / 72) ** 2) ** 0.5))           # the default KB_OCR_MAX_MEGAPIXELS, 40
     assert entry["status"] == "added" and entry["ocr_pages"] == 1, entry
     assert f"page 1 at {dpi} dpi" in entry["note"] and "KB_OCR_MAX_MEGAPIXELS (40 million pixels)" in entry["note"]
     found = run_cli("search", {"query": "sediment transport northern channel", "kb_root": str(tmp_path / "kb"),
                                "mode": "keyword"}, env=env)
     assert found.rc == 0 and found.json["results"][0]["page"] == 1, found
-    peak_mb = int(peak_kb) / 1024
     print(f"peak resident memory of the ingest: {peak_mb:.0f} MB")
     assert peak_mb < 1536, f"peak {peak_mb:.0f} MB"
 

@@ -15,14 +15,13 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE, ROOT, clean_env, db_rows, sp
+from helpers import ENGINE, ROOT, clean_env, db_rows, kill_jobs_left, sp
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import ServeProcess  # noqa: E402
@@ -101,11 +100,7 @@ def daemon_factory(tmp_path, unprivileged):
     yield start
     for daemon in started:
         daemon.close()
-    for job in (tmp_path / "kb" / ".kb-jobs").glob("*.json") if (tmp_path / "kb").exists() else ():
-        pid = json.loads(job.read_text()).get("pid") if job.name != "watcher.json" else None
-        if pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    kill_jobs_left(tmp_path / "kb")
 
 
 def stored(kb_root: Path) -> dict[str, tuple]:

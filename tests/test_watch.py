@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import zotero_fixture as zf
-from helpers import ENGINE, ROOT, clean_env, db_rows, sp, use_minilm
+from helpers import ENGINE, ROOT, clean_env, db_rows, kill_jobs_left, sp, use_minilm
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import ServeProcess  # noqa: E402   (a serve daemon driven over JSON lines, shared with bench_watch)
@@ -40,13 +40,7 @@ def daemon_factory(tmp_path):
     yield start
     for daemon in started:
         daemon.close()
-    for job in (tmp_path / "kb" / ".kb-jobs").glob("*.json") if (tmp_path / "kb").exists() else ():
-        pid = json.loads(job.read_text()).get("pid") if job.name != "watcher.json" else None
-        if pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    kill_jobs_left(tmp_path / "kb")
 
 
 def wait_for(check, timeout: float, every: float = 0.25):
@@ -399,22 +393,40 @@ def test_zotero_source_keeps_the_options_of_zotero(kb_engine, tmp_path, monkeypa
         engine.close()
 
 
-def test_zotero_sync_reads_only_what_changed(kb_engine, tmp_path, monkeypatch):
+class ZoteroSyncs:
+    """A Zotero library built from the fixtures, a library beside it and an engine: what the sync tests ask."""
+
+    def __init__(self, kb_engine, tmp_path: Path):
+        self.zotero = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+        self.kb = tmp_path / "kb"
+        self.engine = kb_engine.Engine()
+
+    def sync(self) -> dict[str, dict]:
+        """One sync's entries by attachment key."""
+        return {e["attachment_key"]: e for e in self.engine.execute("sync", {"kb_root": str(self.kb)})["files"]}
+
+    def title(self, entry) -> str:
+        """The title the library holds for a Zotero attachment."""
+        return db_rows(self.kb, "SELECT title FROM docs WHERE zotero_attachment_key = ?",
+                       (entry.attachment_key,))[0][0]
+
+
+@pytest.fixture
+def zotero_syncs(kb_engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("KB_EMBED_MODEL", "none")
+    syncs = ZoteroSyncs(kb_engine, tmp_path)
+    yield syncs
+    syncs.engine.close()
+
+
+def test_zotero_sync_reads_only_what_changed(zotero_syncs, tmp_path, monkeypatch):
     """After the first sync of a watched Zotero library, a sync reads only the attachments Zotero saved since
     (themselves, their parents or their annotations: clientDateModified), those whose collections, tags,
     annotations or stored path changed without an item being saved, and those whose file changed on disk; the
     rest is not read at all. Every KB_ZOTERO_FULL_S a full pass reads everything."""
-    monkeypatch.setenv("KB_EMBED_MODEL", "none")
-    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    lib, kb, engine, sync, title = (zotero_syncs.zotero, zotero_syncs.kb, zotero_syncs.engine, zotero_syncs.sync,
+                                    zotero_syncs.title)
     a, b, c, h = (lib.entries[name] for name in "ABCH")
-    kb = tmp_path / "kb"
-    engine = kb_engine.Engine()
-
-    def sync() -> dict[str, dict]:
-        return {e["attachment_key"]: e for e in engine.execute("sync", {"kb_root": str(kb)})["files"]}
-
-    def title(entry) -> str:
-        return db_rows(kb, "SELECT title FROM docs WHERE zotero_attachment_key = ?", (entry.attachment_key,))[0][0]
 
     con = sqlite3.connect(str(lib.db))
     try:
@@ -474,21 +486,13 @@ def _utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
 
 
-def test_zotero_sync_after_a_clock_that_ran_fast(kb_engine, tmp_path, monkeypatch):
+def test_zotero_sync_after_a_clock_that_ran_fast(zotero_syncs):
     """An item saved while the clock ran a year fast keeps its stamp after the clock is corrected: the saves that
     follow, correctly stamped, still reach the library at their next sync (the mark is never past the present);
     and a mark stored in the future (by a sync that ran on the fast clock) is not trusted: a full pass."""
-    monkeypatch.setenv("KB_EMBED_MODEL", "none")
-    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    lib, kb, engine, sync, title = (zotero_syncs.zotero, zotero_syncs.kb, zotero_syncs.engine, zotero_syncs.sync,
+                                    zotero_syncs.title)
     b, c, h = (lib.entries[name] for name in "BCH")
-    kb = tmp_path / "kb"
-    engine = kb_engine.Engine()
-
-    def sync() -> dict[str, dict]:
-        return {e["attachment_key"]: e for e in engine.execute("sync", {"kb_root": str(kb)})["files"]}
-
-    def title(entry) -> str:
-        return db_rows(kb, "SELECT title FROM docs WHERE zotero_attachment_key = ?", (entry.attachment_key,))[0][0]
 
     def save_title(entry, new_title: str, stamp: str) -> None:
         with con:
@@ -521,20 +525,14 @@ def test_zotero_sync_after_a_clock_that_ran_fast(kb_engine, tmp_path, monkeypatc
         engine.close()
 
 
-def test_zotero_sync_after_a_backup_is_restored(kb_engine, tmp_path, monkeypatch):
+def test_zotero_sync_after_a_backup_is_restored(zotero_syncs, tmp_path):
     """Zotero's database replaced by an older backup (earlier stamps, lower versions) is read in full at the next
     sync: the library takes the backup's data, instead of keeping what the backup undid until the next full pass."""
-    monkeypatch.setenv("KB_EMBED_MODEL", "none")
-    lib = zf.build_library(tmp_path / "z", ZOTERO_FIXTURES)
+    lib, kb, engine, sync = zotero_syncs.zotero, zotero_syncs.kb, zotero_syncs.engine, zotero_syncs.sync
     c = lib.entries["C"]
-    kb = tmp_path / "kb"
-    engine = kb_engine.Engine()
-
-    def sync() -> dict[str, dict]:
-        return {e["attachment_key"]: e for e in engine.execute("sync", {"kb_root": str(kb)})["files"]}
 
     def title() -> str:
-        return db_rows(kb, "SELECT title FROM docs WHERE zotero_attachment_key = ?", (c.attachment_key,))[0][0]
+        return zotero_syncs.title(c)
 
     try:
         engine.execute("watch", {"kb_root": str(kb), "add": [str(lib.data_dir)], "base_dir": str(lib.base_dir)})
