@@ -4,15 +4,19 @@
 PY ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 NPM ?= npm
 
-.PHONY: help test-static test-quick test lint regen ci
+.PHONY: help build test-static test-quick test lint regen ci
 
 help:
+	@echo "make build        kb_engine.py, the one file users get, from the package kb_rag/"
 	@echo "make test-static  the static tests (tables, docs, layering, contract, twins): pytest alone, seconds"
 	@echo "make test-quick   every test not marked slow (a few minutes)"
 	@echo "make test         the whole suite, the README's test command (CI runs it)"
-	@echo "make lint         ruff (pyflakes, import order, line length) and mypy on kb_engine.py"
+	@echo "make lint         kb_engine.py is the package's build, ruff (pyflakes, import order, line length), mypy"
 	@echo "make regen        rewrite every generated file from the code, then review the diff"
 	@echo "make ci           .ci/run: a fresh virtual environment, make lint, the whole suite"
+
+build:
+	$(PY) scripts/build_engine.py
 
 test-static:
 	$(PY) -m pytest -q tests/static
@@ -24,13 +28,14 @@ test:
 	$(PY) -m pytest -q
 
 lint:
+	$(PY) scripts/build_engine.py --check
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
 # Generated files: PROTOCOL.md's request tables, README's environment table, DESIGN.md's contents,
 # host-contract.json (KB_UPDATE_DOCS=1 over the static tests); the rendering cases' expected Markdown and views;
 # the host conformance cases; the DSH plugin's tool-schema snapshot (KB_UPDATE_SNAPSHOT=1 over its tests).
-regen:
+regen: build
 	KB_UPDATE_DOCS=1 $(PY) -m pytest -q tests/static tests/test_rendering.py
 	$(PY) tests/conformance_cases.py
 	cd plugin && PATH="$(abspath $(dir $(PY))):$$PATH" KB_UPDATE_SNAPSHOT=1 $(NPM) test

@@ -7,14 +7,16 @@ that change files or libraries build their own under tmp_path.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from helpers import ENGINE
+from helpers import ENGINE, ROOT
 
 # Markers by test file (declared in pyproject.toml). The quick subset, `-m "not slow"`, still has every command's
 # happy and error paths (test_commands, test_cli, test_serve, test_jobs, test_fetch, test_zotero, test_models).
@@ -38,9 +40,31 @@ FILE_MARKS = {
 }
 
 
+def build_engine_module():
+    """scripts/build_engine.py, loaded by path (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("build_engine", ROOT / "scripts" / "build_engine.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("build_engine", module)
+    spec.loader.exec_module(module)
+    return sys.modules["build_engine"]
+
+
+def _engine_file_current() -> None:
+    """The tests run kb_engine.py, the file that ships: rebuild it first when kb_rag/ has changed since its build, so
+    no run tests a stale file. A file edited by hand stops the run instead (the edit would be lost)."""
+    build = build_engine_module()
+    try:
+        said = build.refresh()
+    except build.BuildError as exc:
+        pytest.exit(f"build_engine: {exc}", returncode=2)
+    if said:
+        print(f"\n[kb-rag] {said}", file=sys.stderr)
+
+
 def pytest_configure(config):
     """A request without kb_root opens ~/.kb-rag when no .kb folder lies at or above its folder (the engine's
     library rule): the whole run gets a home folder of its own, so no test reads or writes the user's library."""
+    _engine_file_current()
     home = Path(tempfile.mkdtemp(prefix="kb-test-home-"))
     config.kb_test_home = home
     os.environ["HOME"] = str(home)

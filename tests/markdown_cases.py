@@ -2,7 +2,7 @@
 sample papers and generated Zotero library), hostile answers made from a real one, and what the engine renders for
 each (`markdown`, and `view` for search and rag).
 
-The engine renders every answer a host shows a model (kb_engine.py, section Rendering); tests/test_rendering.py
+The engine renders every answer a host shows a model (kb_rag/rendering.py); tests/test_rendering.py
 holds it to these cases. The answers change only when this script runs again (`python tests/markdown_cases.py`,
 needs the shared Zotero schema for the Zotero case; `--hostile` rebuilds only the hostile cases from the stored
 search answer); the expected rendering is refreshed with KB_UPDATE_DOCS=1 python -m pytest tests/test_rendering.py.

@@ -1,5 +1,5 @@
 """The ingest pipeline: cheap checks in order, reading in spawned worker processes, one commit per file,
-vectors encoded on a thread (sections 23 and 24 of kb_engine.py, Ingest and Ingest pipeline: triage_file,
+vectors encoded on a thread (kb_rag/ingest/files.py and kb_rag/ingest/pipeline.py: triage_file,
 prepare_file, store_prepared, FileReader, VectorFeeder, ingest_files, cmd_ingest).
 
 Covered here: reading in workers stores exactly what reading in-process stores (every column of docs, chunks,

@@ -1,4 +1,4 @@
-// This host's own lines in a result. The engine renders every answer (kb_engine.py, section Rendering; the
+// This host's own lines in a result. The engine renders every answer (kb_rag/rendering.py; the
 // Markdown a model reads and, for kb_search / kb_rag, the view a card draws), the same text the MCP server shows;
 // the plugin adds only what it alone knows: the session's answering scope and its library notices, placed after
 // the result's first line, and kb_scope's answer. Everything here is pure (no I/O, no clock), as DSH requires of
