@@ -18,27 +18,6 @@ import pytest
 
 from helpers import ENGINE, ROOT
 
-# Markers by test file (declared in pyproject.toml). The quick subset, `-m "not slow"`, still has every command's
-# happy and error paths (test_commands, test_cli, test_serve, test_jobs, test_fetch, test_zotero, test_models).
-FILE_MARKS = {
-    "test_installer.py": ("slow", "node"),
-    "test_plugin_node.py": ("slow", "node"),
-    "test_dsh_e2e.py": ("slow", "node"),
-    "test_mcp_server.py": ("slow",),
-    "test_kill_resume.py": ("slow",),
-    "test_two_phase.py": ("slow", "model"),
-    "test_onnx_backend.py": ("model",),
-    "test_provenance_exact.py": ("slow", "corpus"),
-    "test_corpus.py": ("slow", "corpus"),
-    "test_hybrid.py": ("model",),
-    "test_models.py": ("model",),
-    "test_plain_encoder.py": ("model",),
-    "test_prompts.py": ("model",),
-    "test_unusable_embeddings.py": ("model",),
-    "test_model_import.py": ("slow", "model"),      # builds and loads multilingual-e5 (about 20 s)
-    "test_ocr.py": ("slow",),                       # OCR of five generated scan pages (about a minute)
-}
-
 
 def build_engine_module():
     """scripts/build_engine.py, loaded by path (scripts/ is not a package)."""
@@ -80,12 +59,6 @@ def pytest_unconfigure(config):
     home = getattr(config, "kb_test_home", None)
     if home is not None:
         shutil.rmtree(home, ignore_errors=True)
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        for name in FILE_MARKS.get(item.path.name, ()):
-            item.add_marker(getattr(pytest.mark, name))
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,8 @@ import pytest
 from helpers import assert_readable_error, assert_totals, check_hit_provenance, run_cli
 
 CORPUS = os.environ.get("KB_CORPUS_DIR")
-pytestmark = pytest.mark.skipif(not CORPUS, reason="set KB_CORPUS_DIR to the shared corpus folder")
+pytestmark = [pytest.mark.skipif(not CORPUS, reason="set KB_CORPUS_DIR to the shared corpus folder"),
+              pytest.mark.slow, pytest.mark.corpus]
 
 SUPPORTED = {".pdf", ".docx", ".txt", ".md", ".markdown"}
 NO_TEXT = ["ocrmypdf/c02-22.pdf", "ocrmypdf/linn.pdf", "ocrmypdf/skew.pdf", "ocrmypdf/cardinal.pdf",

@@ -25,6 +25,8 @@ import pytest
 
 from helpers import ROOT
 
+pytestmark = [pytest.mark.slow, pytest.mark.node]
+
 RUNNER = ROOT / "plugin" / "e2e" / "run.mjs"
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from helpers import assert_finite, copy_samples, db_rows, err_code, isolate_model_env, use_minilm, words
 
+pytestmark = [pytest.mark.model]
+
 SMALL_SET = ("owner_password_only.pdf", "sparse_attention.md", "coral_heatwaves.docx", "battery_electrolytes.pdf")
 ENGLISH_SET = SMALL_SET + ("graphene_cvd_copper.pdf",)
 TERNS = "owner_password_only.pdf"

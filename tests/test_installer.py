@@ -31,6 +31,8 @@ import pytest
 
 from helpers import ENGINE, ROOT, answering_handler, local_server
 
+pytestmark = [pytest.mark.slow, pytest.mark.node]
+
 INSTALL_SH = ROOT / "scripts" / "install.sh"
 INSTALL_PS1 = ROOT / "scripts" / "install.ps1"
 NPM_PACKAGE = ROOT / "npm-package"

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import ENGINE, ROOT, assert_db_ok, chunk_texts_by_path, clean_env, run_cli, sp
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX"), pytest.mark.slow]
 
 SEED = int(os.environ.get("KB_KILL_SEED", "4242"))
 KILLS = int(os.environ.get("KB_KILLS", "4"))

@@ -36,6 +36,8 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 
 from helpers import PLUGIN, ROOT, ensure_plugin_modules, sp  # noqa: E402
 
+pytestmark = [pytest.mark.slow]
+
 SERVER = ROOT / "mcp-server" / "server.py"
 TOOL_NAMES = {"kb_ingest", "kb_zotero", "kb_search", "kb_rag", "kb_show", "kb_dedup", "kb_clear", "kb_stats",
               "kb_fetch", "kb_status", "kb_watch"}

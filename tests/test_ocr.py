@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 import sample_papers  # noqa: E402
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-pytestmark = pytest.mark.internals
+# slow: OCR of five generated scan pages (about a minute)
+pytestmark = [pytest.mark.internals, pytest.mark.slow]
 
 SCAN_DPI = 200          # the resolution of the generated scans (a library scanner's usual setting)
 

@@ -9,7 +9,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import PLUGIN, ensure_plugin_modules
+
+pytestmark = [pytest.mark.slow, pytest.mark.node]
 
 
 def test_plugin_node_suite():

@@ -10,6 +10,8 @@ import pytest
 
 from test_search import PROVENANCE_QUERIES
 
+pytestmark = [pytest.mark.slow, pytest.mark.corpus]
+
 
 def _ws(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()

@@ -18,6 +18,8 @@ from helpers import ROOT, assert_db_ok, clean_env, use_minilm
 sys.path.insert(0, str(ROOT / "examples"))
 import sample_papers  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
 PAPERS = 40
 
 
