@@ -1,7 +1,7 @@
 """Human CLI: argument parser, printers, progress bar, requirements, ``selftest``, job runner, ``main``.
 
-May import: config, models.runtime, models.importer, answers.pictures, jobs, rendering, commands.core, live,
-commands.sync, commands.table, protocol.
+May import: answers.pictures, commands.core, commands.sync, commands.table, config, jobs, live, models.importer,
+models.runtime, protocol, rendering.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Crossref check: opt-in metadata verification against Crossref, cached.
 
-May import: config, storage, reading.metadata, fetch.
+May import: config, fetch, reading.metadata, storage.
 """
 from __future__ import annotations
 

@@ -169,7 +169,6 @@ def job_view(job: dict) -> dict:
     return view
 
 
-
 # Phases whose events count the items a command goes through (files, Zotero attachments, documents); the
 # embed phase counts chunks and the verify_metadata phase the lookups, and both leave the item count alone.
 ITEM_PHASES = ("files", "zotero", "metadata")

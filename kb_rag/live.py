@@ -1,7 +1,7 @@
 """Live library: watched folders and Zotero libraries: scans, file events, settling, grace, offline roots, the
 watcher.
 
-May import: config, storage, jobs, ingest.files.
+May import: config, ingest.files, jobs, storage.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Protocol: one-shot JSON and ``serve`` JSON lines: parsing, bounded replies, the serve loop.
 
-May import: config, storage, commands.table.
+May import: commands.table, config, storage.
 """
 from __future__ import annotations
 

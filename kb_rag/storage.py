@@ -1,6 +1,6 @@
 """Storage: schema, migrations, connections (WAL, one txn per file).
 
-May import: config, text.
+May import: config, reading.chunking, text.
 """
 from __future__ import annotations
 
@@ -12,14 +12,11 @@ import re
 import sqlite3
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .config import BUSY_TIMEOUT_MS, DB_FILENAME, SCHEMA_VERSION, KBError, _short_error, now_iso
+from .reading.chunking import Chunk
 from .text import _strip_diacritics, analyzed_string, cjk_ratio
-
-if TYPE_CHECKING:     # annotations only: these modules come later in the layering
-    from .reading.chunking import Chunk
-
 
 # What the library records (in ``meta``) about the model that made its vectors; dropped with the vectors.
 VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt",

@@ -13,6 +13,7 @@ That works only if the package keeps a few rules, which this script checks befor
     at the top level of that module, never a module object (``from . import storage``; ``storage.Library``), so
     removing the imports leaves every name resolving to the same object;
   - an external name (``Path``, ``os``) means the same thing in every module and is never redefined by one;
+  - a module uses only names it defines or imports (in the file, any other would quietly be another module's);
   - the imports between modules have no cycle.
 
 Usage:
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import hashlib
 import re
+import symtable
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,9 +213,37 @@ def _external_meaning(stmt: ast.Import | ast.ImportFrom) -> list[tuple[str, str]
     return [(a.asname or a.name, f"from {stmt.module} import {a.name}") for a in stmt.names]
 
 
+MODULE_DUNDERS = {"__name__", "__file__", "__doc__", "__spec__", "__loader__", "__package__", "__builtins__"}
+
+
+def free_names(module: Module) -> list[tuple[str, str]]:
+    """(name, scope) for each global name a module reads that it neither binds nor imports, nor Python provides.
+    Annotations are not read (``from __future__ import annotations``), so names under TYPE_CHECKING may serve them."""
+    table = symtable.symtable(module.source, str(module.path), "exec")
+    bound = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    known = bound | set(dir(builtins)) | MODULE_DUNDERS
+    found: list[tuple[str, str]] = []
+
+    def walk(scope: symtable.SymbolTable) -> None:
+        for symbol in scope.get_symbols():
+            global_here = scope.get_type() == "module" or symbol.is_global()
+            if global_here and symbol.is_referenced() and symbol.get_name() not in known:
+                found.append((symbol.get_name(), scope.get_name()))
+        for child in scope.get_children():
+            walk(child)
+
+    walk(table)
+    return found
+
+
 def check(modules: dict[str, Module]) -> dict[str, str]:
     owner = definitions(modules)
     problems = []
+    for module in modules.values():
+        for name, scope in free_names(module):
+            where = f" (defined by {modules[owner[name]].shown}: import it)" if name in owner else ""
+            problems.append(f"{module.shown}: `{name}` is used in {scope} but neither defined nor imported "
+                            f"here{where}")
     meaning: dict[str, tuple[str, str]] = {}
     for module in modules.values():
         for stmt in module.external:

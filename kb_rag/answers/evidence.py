@@ -1,6 +1,6 @@
 """Evidence: snippet boxes: a passage's glyph rectangles on its page.
 
-May import: config, storage, reading.ocr, reading.pdf, retrieval.fusion.
+May import: config, reading.ocr, reading.pdf, retrieval.fusion, storage.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Search: search and rag requests: query cache, both halves, fusion, rerank, snippets, related.
 
-May import: config, text, storage, models.runtime, models.importer, models.registry, retrieval.candidates,
-retrieval.fusion, answers.evidence, answers.pictures.
+May import: answers.evidence, answers.pictures, config, models.importer, models.registry, models.runtime,
+retrieval.candidates, retrieval.fusion, storage, text.
 """
 from __future__ import annotations
 

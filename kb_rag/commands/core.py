@@ -1,8 +1,9 @@
 """Commands: command handlers with their request fields (ingest, status, fetch, search, rag, cite, docs, stats,
 dedup, delete, ...).
 
-May import: config, text, storage, reading.ocr, reading.metadata, reading.chunking, models.runtime, models.importer,
-models.registry, answers.pictures, answers.search, jobs, fetch, ingest.files, ingest.pipeline, crossref, rendering.
+May import: answers.pictures, answers.search, config, crossref, fetch, ingest.files, ingest.pipeline, jobs,
+models.importer, models.registry, models.runtime, reading.chunking, reading.metadata, reading.ocr, rendering,
+storage, text.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Sync: the watch and sync commands; Zotero sources brought in step.
 
-May import: config, storage, reading.ocr, models.registry, zotero.snapshot, ingest.files, commands.core,
-zotero.importer, live.
+May import: commands.core, commands.zotero, config, ingest.files, live, models.registry, reading.ocr, storage,
+zotero.importer, zotero.snapshot.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..commands.core import cmd_ingest, written_library
+from ..commands.zotero import cmd_zotero
 from ..config import (
     KB_ROOT_FIELD,
     STATUS_ADDED,
@@ -51,7 +52,7 @@ from ..live import (
 from ..models.registry import Models
 from ..reading.ocr import OCR_MODES, ocr_mode
 from ..storage import Library, fs_path, path_key
-from ..zotero.importer import _zotero_needs_work, cmd_zotero, zotero_file_needs_work
+from ..zotero.importer import _zotero_needs_work, zotero_file_needs_work
 from ..zotero.snapshot import (
     ZoteroCatalog,
     ZoteroSnapshot,

@@ -1,7 +1,7 @@
 """Command table: the command table, the host contract, ``Engine``.
 
-May import: config, storage, reading.ocr, models.registry, answers.pictures, answers.search, jobs, fetch,
-ingest.files, ingest.pipeline, rendering, commands.core, zotero.importer, live, commands.sync.
+May import: answers.search, commands.core, commands.show, commands.sync, commands.zotero, config, fetch,
+ingest.files, ingest.pipeline, jobs, live, models.registry, reading.ocr, rendering, storage, zotero.importer.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..answers.pictures import SHOW_FIELDS, cmd_show
 from ..answers.search import MAX_RENDERINGS, RAG_TOP_K, SEARCH_DEPTHS, SEARCH_MODES, LibraryState
 from ..commands.core import (
     CITE_FIELDS,
@@ -45,7 +44,9 @@ from ..commands.core import (
     with_background_vectors,
     written_library,
 )
+from ..commands.show import SHOW_FIELDS, cmd_show
 from ..commands.sync import SYNC_FIELDS, WATCH_FIELDS, cmd_sync, cmd_watch, sync_pending
+from ..commands.zotero import ZOTERO_FIELDS, cmd_zotero
 from ..config import (
     BACKGROUND_FIELD,
     DB_FILENAME,
@@ -72,7 +73,7 @@ from ..models.registry import Models
 from ..reading.ocr import OCR_MODES
 from ..rendering import HOST_FIELDS, HOST_RENDER_BUDGET, MIN_RENDER_BUDGET, RENDERERS, render_budget, rendered
 from ..storage import DiskFull, Library, is_disk_full
-from ..zotero.importer import ZOTERO_FIELDS, cmd_zotero, zotero_pending
+from ..zotero.importer import zotero_pending
 
 # -- the command table ----------------------------------------------------------
 

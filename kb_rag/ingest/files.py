@@ -1,7 +1,7 @@
 """Ingest: file walk, triage, one transaction per file, metadata refresh.
 
-May import: config, storage, reading.ocr, reading.readers, reading.metadata, reading.chunking, reading.citations,
-models.runtime, models.importer, models.registry, answers.search.
+May import: answers.search, config, models.importer, models.registry, models.runtime, reading.chunking,
+reading.citations, reading.metadata, reading.ocr, reading.readers, storage.
 """
 from __future__ import annotations
 

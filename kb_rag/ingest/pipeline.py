@@ -1,7 +1,7 @@
 """Ingest pipeline: reader processes, the encoding thread, settled reads, the batch loop.
 
-May import: config, storage, reading.ocr, reading.readers, reading.metadata, models.runtime, models.registry,
-answers.search, jobs, ingest.files.
+May import: answers.search, config, ingest.files, jobs, models.registry, models.runtime, reading.metadata,
+reading.ocr, reading.readers, storage.
 """
 from __future__ import annotations
 
@@ -598,8 +598,6 @@ class VectorBackfill:
     def stop(self, timeout: float) -> None:
         self.feeder.stop()
         self.thread.join(timeout)
-
-
 
 
 READ_ATTEMPTS = 3            # reads of a file that keeps changing under the reader before it is reported

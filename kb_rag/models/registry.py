@@ -1,6 +1,6 @@
 """Models: the engine's models, loaded once, with their downloads and devices.
 
-May import: config, models.runtime, models.native, models.onnx_encoder, models.importer.
+May import: config, models.importer, models.native, models.onnx_encoder, models.runtime.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Chunking: sections, weights, captions, size-capped chunks.
 
-May import: config, text, reading.blocks, reading.structure.
+May import: config, reading.blocks, reading.structure, text.
 """
 from __future__ import annotations
 

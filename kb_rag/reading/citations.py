@@ -1,6 +1,6 @@
 """Citations: reference fields, citation markers, in-library matches.
 
-May import: storage, reading.blocks, reading.structure, reading.metadata, reading.chunking.
+May import: reading.blocks, reading.chunking, reading.metadata, reading.structure, storage.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Metadata: title, authors, year, DOI, language.
 
-May import: text, reading.blocks, reading.structure, reading.pdf.
+May import: reading.blocks, reading.pdf, reading.structure, text.
 """
 from __future__ import annotations
 

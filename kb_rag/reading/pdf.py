@@ -1,6 +1,6 @@
 """PDF reader: PyMuPDF structured text: lines, columns, tables, figures, running heads.
 
-May import: config, text, storage, reading.blocks, reading.structure, reading.classify, reading.ocr.
+May import: config, reading.blocks, reading.classify, reading.ocr, reading.structure, storage, text.
 """
 from __future__ import annotations
 

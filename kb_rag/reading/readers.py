@@ -1,6 +1,6 @@
 """Readers: DOCX, TXT/MD, and the dispatch of any file to its reader.
 
-May import: config, text, reading.blocks, reading.structure, reading.classify, reading.ocr, reading.pdf.
+May import: config, reading.blocks, reading.classify, reading.ocr, reading.pdf, reading.structure, text.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Structure recognition: heading typography, run-in headings, closing sections, reference lists, superscript
 citations, page text.
 
-May import: text, reading.blocks.
+May import: reading.blocks, text.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Retrieval: filters, FTS5 keyword candidates, the topic-word order inside long documents (both halves), snippets.
 
-May import: config, text, storage, reading.blocks, models.runtime.
+May import: config, models.runtime, reading.blocks, storage, text.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..reading.blocks import canonical_section
 from ..storage import Library
 from ..text import analyze, is_cjk
 
-if TYPE_CHECKING:     # annotations only: these modules come later in the layering
+if TYPE_CHECKING:     # annotations only: these modules import this one
     from ..answers.search import LibraryState
 
 

@@ -1,6 +1,6 @@
 """Fusion: search hits, the vector index, section priors, hybrid fusion, language notes.
 
-May import: text, storage, reading.citations, retrieval.candidates.
+May import: reading.citations, retrieval.candidates, storage, text.
 """
 from __future__ import annotations
 
@@ -307,8 +307,6 @@ def doc_centroids(lib: Library, dim: int):
     if not ids:
         return [], np.zeros((0, dim), dtype=np.float32)
     return ids, np.stack([directions[i] for i in ids]).astype(np.float32)
-
-
 
 
 def _script(lang: str) -> str:

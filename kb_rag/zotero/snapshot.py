@@ -1,6 +1,6 @@
 """Zotero: snapshot reading, attachments, metadata, annotations, collections, tags.
 
-May import: config, reading.metadata, reading.chunking.
+May import: config, reading.chunking, reading.metadata.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 The tree is the map of the engine, so these checks keep it one: every module opens with a docstring that says what
 it holds and which modules it may import, imports no other, and stays under MODULE_LINE_BUDGET lines; the public
 surface is declared once; and CONTRIBUTING's module map is generated from the docstrings. What the one file needs
-of the package (one definition per name, names imported rather than modules, the same meaning for an external name
-everywhere, no cycle) is checked by the build itself; the tests below hold the build to those refusals on small
+of the package (one definition per name, names imported rather than modules, every name a module uses defined or
+imported there, the same meaning for an external name everywhere, no cycle) is checked by the build itself; the tests below hold the build to those refusals on small
 packages of their own, and build one into a file that runs.
 """
 from __future__ import annotations
@@ -182,6 +182,8 @@ REFUSED = {
     "an external name the package defines": (
         {"tools/later.py": LATER.replace("import os\n", "import os\nfrom math import tau as FACTOR\n")},
         "imported here and defined by"),
+    "a name used but not imported": ({"tools/later.py": LATER.replace("FACTOR, HERE", "FACTOR")},
+                                     "`HERE` is used in twice but neither defined nor imported here"),
     "a cycle": ({"base.py": GOOD["base.py"] + "from .tools.later import twice\n"}, "cycle"),
     "annotations that would mean two things": ({"base.py": GOOD["base.py"].replace(FUTURE, "")},
                                                "from __future__ import annotations"),
