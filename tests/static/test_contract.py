@@ -76,6 +76,31 @@ def test_the_contract_follows_the_engine(kb_engine):
     assert needs == ["kb_scope"]
 
 
+# A field's type, as PROTOCOL.md prints it, by its first word -> the JSON Schema type a tool may offer it as.
+SCHEMA_TYPE_OF_FIELD = {"boolean": "boolean", "integer": "integer", "number": "number", "string": "string",
+                        "object": "object", "list": "array", "array": "array"}
+
+
+def test_every_tool_parameter_is_a_declared_field_of_its_command(kb_engine):
+    """A tool's schema is written apart from its command's fields (it says what a model should send, not all a
+    command takes), so it could offer a parameter the command does not know or of another type: never."""
+    checked = 0
+    for tool in kb_engine.host_contract()["tools"]:
+        if tool["command"] is None:
+            continue
+        fields = {name: field for field in kb_engine.COMMANDS_BY_NAME[tool["command"]].request_fields
+                  for name in field.names}
+        offered = dict(tool["input_schema"]["properties"])
+        assert set(offered) | set(tool.get("fixed", {})) <= set(fields), (
+            tool["name"], sorted(set(offered) | set(tool.get("fixed", {})) - set(fields)))
+        for name, schema in offered.items():
+            types = {schema["type"]} if "type" in schema else {alt.get("type") for alt in schema.get("oneOf", [])}
+            wanted = SCHEMA_TYPE_OF_FIELD[fields[name].type.split()[0]]
+            assert types == {wanted}, (tool["name"], name, fields[name].type, types)
+            checked += 1
+    assert checked > 40
+
+
 def test_every_schema_stays_inside_what_both_hosts_enforce(kb_engine):
     for tool in kb_engine.host_contract()["tools"]:
         assert set(tool["input_schema"]) <= {"type", "properties", "required"}, tool["name"]
