@@ -306,7 +306,7 @@ def main(argv=None) -> int:
                       f"first ingest {ingest_s:.1f} s (embedding alone {figures['embedding_only_s']} s); "
                       f"one-shot hybrid search {figures['one_shot_hybrid_search_s']} s")
             if BASELINE in rows:
-                for backend, figures in rows.items():
+                for figures in rows.values():
                     figures["speedup_vs_torch"] = round(figures["passages_per_s"] / rows[BASELINE]["passages_per_s"],
                                                         2)
             report["models"][name] = rows

@@ -195,7 +195,7 @@ class Engine:
             reply = json.loads(proc.stdout)
         except ValueError:
             raise RuntimeError(f"{self.name} {command}: no JSON reply (rc {proc.returncode}): "
-                               f"{proc.stderr.decode(errors='replace')[-800:]}")
+                               f"{proc.stderr.decode(errors='replace')[-800:]}") from None
         if not reply.get("ok"):
             raise RuntimeError(f"{self.name} {command}: {reply.get('error')} {reply.get('code') or ''}")
         return reply, elapsed
@@ -315,7 +315,7 @@ def query_phase(engines: dict[str, Engine], queries: list[str], top_k: int) -> d
     finally:
         for daemon in daemons.values():
             daemon.close()
-    for name, r in out.items():
+    for r in out.values():
         r["warm_p50_ms"] = statistics.median(r["warm_ms"])
         r["search_mode"] = sorted(r.pop("modes"))
         r["notes"] = sorted(r["notes"])[:5]
@@ -351,7 +351,7 @@ def fmt_row(label: str, ours: float, peer: float, unit: str, target: float | Non
     return f"| {label} | {ours:.{digits}f} {unit} | {peer:.{digits}f} {unit} | {ratio:.3f} | {goal} |"
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> int:  # noqa: C901
     ap = argparse.ArgumentParser(description="kb-rag vs the public dsh-kb-rag engine on the same papers and model.")
     ap.add_argument("--peer", default=None,
                     help="required: "

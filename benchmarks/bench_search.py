@@ -90,7 +90,7 @@ def write_corpus(folder: Path, n_chunks: int, vocabulary: Vocabulary, seed: int 
             continue
         sections = ["Introduction", "Methods", "Results", "Discussion"]
         parts = [f"# Synthetic paper {i} on {vocabulary.draw(rng)} {vocabulary.draw(rng)}\n"]
-        for s, name in enumerate(sections):
+        for name in sections:
             parts.append(f"## {name}\n")
             parts.extend(paragraph(rng, vocabulary) + "\n" for _ in range(CHUNKS_PER_FILE // len(sections)))
         path.write_text("\n".join(parts), encoding="utf-8")

@@ -131,7 +131,7 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
             except ValueError:
                 if n == 0:
                     continue        # header
-                raise SystemExit(f"error: {path}:{n + 1}: score is not a number: {parts[2]!r}")
+                raise SystemExit(f"error: {path}:{n + 1}: score is not a number: {parts[2]!r}") from None
             qrels.setdefault(parts[0].strip(), {})[parts[1].strip()] = score
     return qrels
 
@@ -303,7 +303,7 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(cells))
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> int:  # noqa: C901
     default_eval = REPO_ROOT.parent / "shared" / "eval"
     ap = argparse.ArgumentParser(description="Retrieval quality of kb_engine on SciFact and CSL.")
     ap.add_argument("--scifact", default=str(default_eval / "scifact"), help="SciFact folder")

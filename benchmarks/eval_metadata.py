@@ -209,7 +209,7 @@ def usable(rec: dict | None) -> bool:
 
 # -- comparison -----------------------------------------------------------------------------------------
 
-def evaluate(truth: list[dict], records: dict[str, dict]) -> dict:
+def evaluate(truth: list[dict], records: dict[str, dict]) -> dict:  # noqa: C901
     fields = {name: {"correct": 0, "total": 0} for name in ("doi", "title", "title_lenient", "year",
                                                            "first_author", "authors")}
     classes: dict[str, dict] = {}

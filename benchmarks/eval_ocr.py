@@ -106,7 +106,7 @@ def hits_at(ranks: list[int | None], k: int) -> float:
     return round(sum(r is not None and r <= k for r in ranks) / max(len(ranks), 1), 4)
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> int:  # noqa: C901
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", default=default_corpus())
     ap.add_argument("--questions", default=str(QUESTIONS))

@@ -210,7 +210,7 @@ def reranker_available(eng) -> bool:
         return False
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> int:  # noqa: C901
     ap = argparse.ArgumentParser(description="Page-level retrieval quality on full-text papers.")
     ap.add_argument("--corpus", default=default_corpus())
     ap.add_argument("--questions", default=str(DEFAULT_QUESTIONS))

@@ -167,7 +167,7 @@ def score_document(doc: dict, passages: list[tuple[int, int, list[str]]]) -> dic
     found = found_next = level_ok = 0
     misses, wrong_levels = [], []
     for h in body:
-        def positions(pages):
+        def positions(pages, h=h):
             return [i + 1 for first, last, parts in passages if any(first <= p <= last for p in pages)
                     for i, part in enumerate(parts) if same_heading(part, h["text"])]
         on_page = positions([h["page"]])

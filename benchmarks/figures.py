@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peer import TARGETS as PEER_TARGETS  # noqa: E402
@@ -373,7 +373,7 @@ def performance_embed(results_dir: Path = RESULTS_DIR) -> str:
             "lowest / mean | first ingest | embedding alone | one-shot hybrid search |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for model, backends in f["models"].items():
-        for backend, r in backends.items():
+        for r in backends.values():
             rows.append(f"| {names.get(model, model)} | {r['backend']} | {r['passages_per_s']} | "
                         f"**{r.get('speedup_vs_torch', 1.0):.2f}x** | {r['model_only_passages_per_s']} | "
                         f"{r['gflops']:.0f} "

@@ -966,7 +966,7 @@ def make_page_labels_paper(outdir, name="ptarmigan_page_labels.pdf") -> Path:
     """Four pages whose printed labels are i, ii, 1, 2 (PDF page labels)."""
     f = Flow(A4)
     f.footer_labels = [label for label, _ in LABELS_PAGES.values()]
-    for pno, (label, sentence) in LABELS_PAGES.items():
+    for pno, (_label, sentence) in LABELS_PAGES.items():
         if pno > 1:
             f.new_page()
         if pno == 1:
@@ -1524,7 +1524,7 @@ def _pdf_text(path) -> list[str]:
         return [page.get_text() for page in doc]
 
 
-def verify(path) -> str:
+def verify(path) -> str:  # noqa: C901
     """Check one generated file with PyMuPDF (or by decoding it); return a short
     description, raise AssertionError when it is not what it should be."""
     path = Path(path)

@@ -11,8 +11,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .answers.pictures import serve_pages
 from .commands.core import _kb_root
@@ -154,7 +155,7 @@ def _job_line(job: dict) -> str:
             + (f"  {detail}" if detail else "") + (f"  ({counts})" if counts else ""))
 
 
-def follow_job(engine: "Engine", payload: dict, bar: ProgressBar | None, poll_s: float = 0.5) -> dict:
+def follow_job(engine: Engine, payload: dict, bar: ProgressBar | None, poll_s: float = 0.5) -> dict:
     """Poll a job's status until it ends, drawing it with ``bar``; the last status response."""
     while True:
         response = engine.execute("status", payload)

@@ -10,9 +10,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 __version__ = "0.1.0"
 
@@ -427,7 +427,7 @@ class Field:
     default: str
     meaning: str
     aliases: tuple[str, ...] = ()       # other names the field is accepted under (its meaning says so)
-    cli: tuple["Flag", ...] = ()        # how the human command line gives it (none: protocol only)
+    cli: tuple[Flag, ...] = ()        # how the human command line gives it (none: protocol only)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -11,8 +11,8 @@ import re
 import sqlite3
 import time
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from .config import _SURROGATE, KBError, _short_error
 from .fetch import _FETCH_DOI, FETCH_PAGE_MAX_BYTES, FetchSettings, _http_failure, fetch_settings_number, http_get

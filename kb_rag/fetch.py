@@ -206,7 +206,7 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
                 parts.append(chunk)
     except KBError:
         raise
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise _fetch_failed(url, f"timed out after {settings.timeout:g} s ({settings.timeout_name})") from None
     except urllib.error.URLError as exc:
         reason = exc.reason

@@ -10,8 +10,8 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .config import STATUS_ERROR, KBError
 from .storage import _write_atomically
@@ -147,7 +147,7 @@ class JobStore:
 def spawn_job(kb_root: Path, job_id: str) -> int:
     """Start ``kb_engine.py job KB_ROOT JOB_ID`` detached from this process (it outlives a daemon restart)."""
     import subprocess
-    log = open(kb_root / JOBS_DIRNAME / f"{job_id}.log", "ab")
+    log = open(kb_root / JOBS_DIRNAME / f"{job_id}.log", "ab")  # noqa: SIM115 (handed to the child, closed below)
     options: dict = {"start_new_session": True} if os.name != "nt" else {
         "creationflags": 0x00000008 | 0x00000200}      # DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
     try:

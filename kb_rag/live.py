@@ -10,9 +10,10 @@ import math
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .config import ABSENT_ERRNOS, KBError, _short_error, now_iso, path_state
 from .ingest.files import WalkFindings, _inside, _within_any, collect_files

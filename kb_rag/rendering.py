@@ -8,8 +8,9 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .config import Field, KBError, _is_integer, _opt_int
 

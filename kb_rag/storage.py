@@ -11,8 +11,8 @@ import os
 import re
 import sqlite3
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .config import BUSY_TIMEOUT_MS, DB_FILENAME, SCHEMA_VERSION, KBError, _short_error, now_iso
 from .reading.chunking import Chunk
@@ -262,7 +262,7 @@ def path_bytes(path: str) -> bytes | None:
 
 def fs_path(row: sqlite3.Row) -> str:
     """The path to open for a stored document (its raw bytes when its name is not UTF-8)."""
-    raw = row["path_bytes"] if "path_bytes" in row.keys() else None
+    raw = row["path_bytes"] if "path_bytes" in row.keys() else None   # noqa: SIM118 (`in` on a Row reads values)
     return os.fsdecode(raw) if raw else row["path"]
 
 
@@ -342,7 +342,7 @@ class Library:
         return self.root / DB_FILENAME
 
     @classmethod
-    def open(cls, root: Path, writable: bool, migrate: bool = True) -> "Library | None":
+    def open(cls, root: Path, writable: bool, migrate: bool = True) -> Library | None:
         """Open the library; a read-only open of a missing library gives None. A read-only open of a library of
         an older schema migrates it first, unless ``migrate`` is False (the watcher never writes a library that
         no command asked for)."""
@@ -490,7 +490,7 @@ class Library:
                               (doc_id,))
         self.conn.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,))
 
-    def insert_chunks(self, doc_id: int, chunks: list["Chunk"], heading_prefix: str, first_seq: int = 0) -> list[int]:
+    def insert_chunks(self, doc_id: int, chunks: list[Chunk], heading_prefix: str, first_seq: int = 0) -> list[int]:
         ids = []
         for seq, chunk in enumerate(chunks, start=first_seq):
             cur = self.conn.execute(
@@ -522,7 +522,7 @@ class Library:
                               [(chunk_id, ref_ids[index], marker) for chunk_id, chunk_links in zip(chunk_ids, links)
                                for marker, index in chunk_links])
 
-    def replace_block_chunks(self, doc_id: int, block: str, chunks: list["Chunk"], title: str) -> None:
+    def replace_block_chunks(self, doc_id: int, block: str, chunks: list[Chunk], title: str) -> None:
         """Swap a document's chunks of one kind (Zotero annotations) and keep its chunk count right."""
         old = [r[0] for r in self.conn.execute("SELECT id FROM chunks WHERE doc_id = ? AND block = ?", (doc_id, block))]
         self._txn_removed.extend(old)

@@ -19,8 +19,8 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 STDERR_TAIL = 4000
 # The longest reply line read. The engine never writes one over 48 MiB (it answers reply_too_large instead), so a
@@ -359,7 +359,8 @@ class EngineClient:
                         if attempt == 1:
                             await self._kill()
                             continue
-                        raise EngineCrashed("the kb engine process could not be reached; it restarts on the next call")
+                        raise EngineCrashed(
+                            "the kb engine process could not be reached; it restarts on the next call") from None
                     try:
                         reply = await future
                     except asyncio.CancelledError:

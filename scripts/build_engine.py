@@ -170,9 +170,7 @@ def _bound_at_top(stmt: ast.stmt) -> list[str]:
     targets: list[ast.AST] = []
     if isinstance(stmt, ast.Assign):
         targets = list(stmt.targets)
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-        targets = [stmt.target]
-    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
         targets = [stmt.target]
     elif isinstance(stmt, (ast.With, ast.AsyncWith)):
         targets = [item.optional_vars for item in stmt.items if item.optional_vars is not None]

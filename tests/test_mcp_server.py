@@ -59,10 +59,9 @@ def run_session(kb_root: Path, body, **env):
 
     async def main():
         with anyio.fail_after(CALL_TIMEOUT * 2):
-            async with stdio_client(params) as (read, write):
-                async with ClientSession(read, write) as session:
-                    await session.initialize()
-                    return await body(session)
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                return await body(session)
 
     return anyio.run(main)
 
@@ -145,10 +144,9 @@ def offered_by_mcp(kb_root: Path) -> tuple[dict, str]:
 
     async def main():
         with anyio.fail_after(CALL_TIMEOUT * 2):
-            async with stdio_client(params) as (read, write):
-                async with ClientSession(read, write) as session:
-                    initialized = await session.initialize()
-                    return (await session.list_tools()).tools, initialized.instructions
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                initialized = await session.initialize()
+                return (await session.list_tools()).tools, initialized.instructions
 
     tools, instructions = anyio.run(main)
     return {t.name: (t.description, t.input_schema) for t in tools}, instructions
@@ -545,7 +543,7 @@ def test_streamable_http_needs_the_generated_token(tmp_path):
 
         async def main():
             with anyio.fail_after(CALL_TIMEOUT):
-                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},  # noqa: SIM117
                                               timeout=httpx2.Timeout(CALL_TIMEOUT)) as client:
                     async with streamable_http_client(url, http_client=client) as streams:
                         async with ClientSession(streams[0], streams[1]) as session:

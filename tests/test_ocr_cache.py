@@ -289,7 +289,7 @@ def test_a_76_inch_scan_is_ocrd_at_a_lower_dpi_in_bounded_memory(tmp_path):
     payload = json.dumps({"paths": [str(scan)], "kb_root": str(tmp_path / "kb")})
     peak_mb, reply = ingest_peak_memory(payload, env)
     entry = reply["files"][0]
-    dpi = int(((40e6 / (5500 / 72) ** 2) ** 0.5))           # the default KB_OCR_MAX_MEGAPIXELS, 40
+    dpi = int((40e6 / (5500 / 72) ** 2) ** 0.5)           # the default KB_OCR_MAX_MEGAPIXELS, 40
     assert entry["status"] == "added" and entry["ocr_pages"] == 1, entry
     assert f"page 1 at {dpi} dpi" in entry["note"] and "KB_OCR_MAX_MEGAPIXELS (40 million pixels)" in entry["note"]
     found = run_cli("search", {"query": "sediment transport northern channel", "kb_root": str(tmp_path / "kb"),

@@ -65,7 +65,7 @@ def paper_set(tmp_path_factory) -> Path:
 
 class RecordingReader(RealFileReader):
     """The engine's FileReader, recording what went to a worker process."""
-    instances: list["RecordingReader"] = []
+    instances: list[RecordingReader] = []
     read_with = None          # a module-level read function for the workers, else the engine's own
 
     def __init__(self, workers, read=None, options=None, progress=None):

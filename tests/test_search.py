@@ -43,7 +43,7 @@ def test_graphene_query_finds_passage(search):
     top = resp["results"][0]
     assert top["file"] == "graphene_cvd_copper.pdf"
     assert "nucleation" in norm(top["snippet"])
-    assert RESULT_KEYS <= set(top), RESULT_KEYS - set(top)
+    assert set(top) >= RESULT_KEYS, RESULT_KEYS - set(top)
     scores = [r["score"] for r in resp["results"]]
     assert scores == sorted(scores, reverse=True)
     assert top["title"] == sp.GRAPHENE_TITLE and top["kind"] == "pdf" and top["year"] == sp.GRAPHENE_YEAR
@@ -380,7 +380,7 @@ def test_page_labels(engine, tmp_path, kb_engine):
     paper = sp.make_page_labels_paper(tmp_path / "lib")
     kb = tmp_path / "kb"
     engine.execute("ingest", {"paths": [str(paper)], "kb_root": str(kb)})
-    for pno, (label, sentence) in sp.LABELS_PAGES.items():
+    for pno, (_label, sentence) in sp.LABELS_PAGES.items():
         query = " ".join(sentence.split()[:8])
         resp = engine.execute("search", {"query": query, "kb_root": str(kb), "top_k": 3})
         top = resp["results"][0]

@@ -196,7 +196,7 @@ def test_a_running_head_with_an_authors_name_is_not_a_heading(kb_engine, tmp_pat
                                           body_page(["4 Discussion"])])
     labels = labels_of(kb_engine, path)
     assert not [label for label in labels if "Abbott" in label], labels
-    assert ["Introduction", "Methods", "Results", "Discussion"] == [l for l in labels if l not in ("", "Front matter")]
+    assert [l for l in labels if l not in ("", "Front matter")] == ["Introduction", "Methods", "Results", "Discussion"]
 
 
 # -- text drawn over a figure ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,7 +152,7 @@ def test_pictures_are_files_in_the_cache_or_in_dest(library, tmp_path):
     hit = next(h for h in library["search"]("photocatalyst", "photocatalysis_ligatures.pdf") if "boxes" in h)
     cached = library["show"](hit)["images"][0]
     assert "data" not in cached and os.path.dirname(cached["path"]) == str(library["kb_root"] / "show-cache")
-    assert open(cached["path"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert Path(cached["path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     elsewhere = library["show"](hit, dest=str(tmp_path / "pictures"))["images"][0]
     assert os.path.dirname(elsewhere["path"]) == str(tmp_path / "pictures")
     assert image_bytes(elsewhere) == image_bytes(cached)

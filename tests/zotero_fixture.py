@@ -827,7 +827,7 @@ def storage_path(db: Path, attachment_key: str, stored: str) -> Path:
     return data_dir_of(db) / "storage" / attachment_key / stored[len("storage:"):]
 
 
-def validate(lib: ZoteroLibrary) -> list[str]:
+def validate(lib: ZoteroLibrary) -> list[str]:  # noqa: C901
     """Checks of the fixture against its own design; returns the problems found (empty: fine)."""
     problems = []
     con = sqlite3.connect(f"file:{lib.db}?mode=ro", uri=True)

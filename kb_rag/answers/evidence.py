@@ -10,8 +10,9 @@ import os
 import struct
 import sys
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 
 from ..config import KBError
 from ..reading.ocr import OCR_CACHE_FILENAME, OcrCache, layer_ocr_lines, ocr_page_dpi, ocr_reason
@@ -229,7 +230,7 @@ def _clear_of(part: tuple, other: tuple) -> list[tuple]:
 BOX_SEARCH_STEPS = 400       # placements tried for one passage before it counts as ambiguous
 
 
-def _placements(glyphs: "PageGlyphs", key: str, after: int | None, used: list[tuple[int, int]], lead: bool,
+def _placements(glyphs: PageGlyphs, key: str, after: int | None, used: list[tuple[int, int]], lead: bool,
                 steps: list[int]) -> list:
     """Ways to spell ``key`` on the page piece by piece (each piece the longest stretch found at once), after a
     piece ending at ``after``; at most two are returned (two mean ambiguous). A piece continues the one before
@@ -564,9 +565,9 @@ class PageCache:
     def __init__(self, size: int = PAGE_CACHE_PAGES):
         from collections import OrderedDict
         self.size = size
-        self.pages: "OrderedDict[tuple, PageGlyphs | str]" = OrderedDict()
+        self.pages: OrderedDict[tuple, PageGlyphs | str] = OrderedDict()
         self.files: dict[tuple, tuple | str] = {}
-        self.slow: "OrderedDict[tuple, float]" = OrderedDict()      # (stamp, page, work) -> the deadline it overran
+        self.slow: OrderedDict[tuple, float] = OrderedDict()      # (stamp, page, work) -> the deadline it overran
 
     def work(self, pdf: IndexedPdf, kind: str, page: int = 0, **args) -> tuple[dict, bytes]:
         """One piece of page work in the page process, under the deadline. A page that overran it once is not

@@ -9,8 +9,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..answers.evidence import (
     DRAW_CPU_MARGIN_S,
@@ -194,7 +195,7 @@ def _work_note(exc: Exception, page: int) -> str:
     return f"page {page} cannot be drawn ({exc})"
 
 
-def hit_picture(placer: "BoxPlacer", doc_id: int, placed: dict) -> dict:
+def hit_picture(placer: BoxPlacer, doc_id: int, placed: dict) -> dict:
     """``{"picture": ...}``: a placed passage highlighted on its first page, cropped, as inline PNG; else
     ``{"picture_note": why}``."""
     import base64
@@ -245,7 +246,7 @@ def _union(a, b) -> tuple[float, float, float, float]:
     return min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])
 
 
-def figure_region(page, caption: tuple[float, float, float, float], label: str) -> tuple | None:
+def figure_region(page, caption: tuple[float, float, float, float], label: str) -> tuple | None:  # noqa: C901
     """The region (display coordinates) of the figure or table a caption (text coordinates) belongs to. The
     caption is taken whole (its text block); from it the region grows on the side such a caption usually sits
     (figures above their caption, tables below; the other side when that one has nothing) over the page's images

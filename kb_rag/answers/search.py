@@ -76,7 +76,7 @@ class LibraryState:
         # (generation, passages, passages without a vector, why the model's vectors were refused or None)
         self.coverage: tuple[int, int, int, str | None] | None = None
         self.vectors_coming = False          # a resident engine is adding vectors after an ingest's answer
-        self.query_cache: "OrderedDict[str, tuple[int, str]]" = OrderedDict()    # answers kept as JSON text
+        self.query_cache: OrderedDict[str, tuple[int, str]] = OrderedDict()    # answers kept as JSON text
         self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
         self.directions: tuple[int, str, dict] | None = None    # (generation, model, doc id -> unit mean vector)
         self.pages = PageCache()                 # glyphs of pages that snippet boxes and pictures read
@@ -88,7 +88,7 @@ class LibraryState:
         self.directions = None
         self.pages = PageCache()
 
-    def document_directions(self, lib: Library, doc_ids: list[int], embedder: "Embedder") -> dict:
+    def document_directions(self, lib: Library, doc_ids: list[int], embedder: Embedder) -> dict:
         """doc id -> its own direction in vector space (see document_directions), each computed once until the
         library changes."""
         generation = lib.generation()
@@ -517,7 +517,7 @@ def related_work(lib: Library, models: Models, state: LibraryState, query_vec, e
         f"SELECT id, title, authors, year, doi, path FROM docs WHERE id IN ({', '.join('?' * len(candidates))})",
         [c[2] for c in candidates])} if candidates else {}
     related = []
-    for topic, relevance, doc_id in candidates:
+    for topic, _relevance, doc_id in candidates:
         row = rows[doc_id]
         authors = json.loads(row["authors"] or "[]")
         shared = evidence_authors & {_surname(a) for a in authors}

@@ -11,9 +11,10 @@ import json
 import os
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..answers.pictures import PICTURE_WIDTH_PX
 from ..answers.search import (
@@ -658,7 +659,7 @@ CITE_FIELDS = (
 )
 
 
-def cmd_cite(lib: Library | None, payload: dict, models: "Models", state: "LibraryState") -> dict:
+def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
     """BibTeX or CSL-JSON for documents given by id, or for the documents a query finds."""
     fmt = _opt_str(payload, "format", "bibtex") or "bibtex"
     if fmt not in CITE_FORMATS:

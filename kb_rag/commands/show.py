@@ -227,7 +227,8 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise KBError("bad_request", f"cannot create the picture folder {folder}: {_short_error(exc)}")
+                raise KBError("bad_request",
+                              f"cannot create the picture folder {folder}: {_short_error(exc)}") from None
         for page, rects, clip in regions:
             picture = draw_picture(placer.cache, pdf, page, rects, request["crop"] and bool(rects), clip,
                                    request["dpi"])
@@ -238,7 +239,7 @@ def cmd_show(lib: Library | None, payload: dict, state: LibraryState) -> dict:
                 try:
                     image["path"] = _picture_file(folder, row, page, picture)
                 except OSError as exc:
-                    raise KBError("bad_request", f"cannot write into {folder}: {_short_error(exc)}")
+                    raise KBError("bad_request", f"cannot write into {folder}: {_short_error(exc)}") from None
             images.append(image)
     except PageTooSlow as exc:
         raise KBError("too_slow", f"document {row['id']}: {exc}; nothing is drawn") from None

@@ -9,8 +9,9 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..commands.core import cmd_ingest, written_library
 from ..commands.zotero import cmd_zotero
@@ -138,9 +139,7 @@ def confirm_folder_sizes(sources: list[dict], add: list[str], kb_root: Path) -> 
         if source["kind"] != "folder" or any(_inside(source["path"], s["path"]) for s in sources
                                              if s.get("kind", "folder") == "folder"):
             continue
-        count = 0
-        for _ in collect_files([source["path"]], kb_root):
-            count += 1
+        for count, _ in enumerate(collect_files([source["path"]], kb_root), start=1):
             if count > limit:
                 raise KBError("confirm_required",
                               f"{source['path']} holds more than {limit} supported files (KB_WATCH_MAX_FILES): "

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..answers.search import MAX_RENDERINGS, RAG_TOP_K, SEARCH_DEPTHS, SEARCH_MODES, LibraryState
 from ..commands.core import (
@@ -90,7 +91,7 @@ class BackgroundWork:
 class CommandCall:
     """What a command's handler gets: the request, its library (None when it does not exist yet, or when the
     command does not open one), and the engine it runs in."""
-    engine: "Engine"
+    engine: Engine
     payload: dict
     root: Path
     lib: Library | None = None

@@ -7,7 +7,7 @@ zotero.importer.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from ..commands.core import written_library
 from ..config import INGEST_STATUSES, KB_ROOT_FIELD, SWITCH, Field, Flag, _opt_bool, _opt_str

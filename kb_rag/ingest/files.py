@@ -11,9 +11,10 @@ import os
 import sqlite3
 import stat as stat_module
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..answers.search import embeddings_disabled
 from ..config import (
@@ -76,7 +77,7 @@ def _within_any(path: str, places: set[str]) -> bool:
     return True
 
 
-def collect_files(paths: list[str], kb_root: Path, findings: WalkFindings | None = None) -> Iterator[tuple[str, bool]]:
+def collect_files(paths: list[str], kb_root: Path, findings: WalkFindings | None = None) -> Iterator[tuple[str, bool]]:  # noqa: C901
     """(absolute path, named explicitly) for every file to consider, in a stable order. A folder is walked for
     the supported files inside it, and only those: a symbolic link is judged by where it really leads, and one
     that leads out of the named folder (a file or a folder) is not followed; links to folders never are, since

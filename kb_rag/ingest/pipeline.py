@@ -11,9 +11,10 @@ import os
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..answers.search import LibraryState, embeddings_disabled
 from ..config import (
@@ -451,8 +452,8 @@ class VectorFeeder:
         self.recorded = lib.vector_model()[0]
         self.passage_format = lib.passage_format() or PASSAGE_FORMAT
         self.recorded_prompt = lib.passage_prompt()
-        self.inbox: "queue.Queue" = queue.Queue()
-        self.outbox: "queue.Queue" = queue.Queue()
+        self.inbox: queue.Queue = queue.Queue()
+        self.outbox: queue.Queue = queue.Queue()
         self.thread: Any = None         # the encoding thread, once started
         self.unavailable: ModelUnavailable | None = None
         self.refusal: UnusableEmbeddings | None = None      # vectors the model got wrong (see unusable_rows)
@@ -640,7 +641,7 @@ def ocr_pages_only(progress: Callable[[dict], None] | None) -> Callable[[dict], 
     return (lambda event: progress(event) if event.get("phase") == "ocr" else None) if progress else None
 
 
-def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,
+def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,  # noqa: C901
                  feeder: VectorFeeder | None, workers: int = 0,
                  on_entry: Callable[[int, dict], dict] | None = None, ocr: str | None = None) -> list[dict]:
     """Ingest files, one transaction each, reading them in reader processes meanwhile; the entries come back in

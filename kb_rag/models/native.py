@@ -168,7 +168,7 @@ class PieceTable:
         self._splitter: Any = None
 
     @classmethod
-    def for_file(cls, tokenizer_file: str) -> "PieceTable | None":
+    def for_file(cls, tokenizer_file: str) -> PieceTable | None:
         """The file's table (written on first use), or None when its vocabulary is small or of another kind."""
         try:
             st = os.stat(tokenizer_file)
@@ -382,7 +382,7 @@ class NativeBert:
         if missing:
             raise ValueError(f"not a BERT checkpoint: {missing[0]} missing")
 
-    def to(self, device: str) -> "NativeBert":
+    def to(self, device: str) -> NativeBert:
         self.weights = {k: v.to(device) for k, v in self.weights.items()}
         return self
 
@@ -447,7 +447,7 @@ class PlainSentenceEncoder:
         self.hidden_size = int(self.network.config.hidden_size)
         self.max_length = min(layout["max_seq_length"], getattr(self.tokenizer, "model_max_length", 10 ** 6))
 
-    def to(self, device: str) -> "PlainSentenceEncoder":
+    def to(self, device: str) -> PlainSentenceEncoder:
         self.network.to(device)
         self.device = device
         return self

@@ -10,8 +10,9 @@ import math
 import os
 import struct
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..config import __version__, _short_error, kb_cache_dir
 from ..models.native import (
@@ -407,14 +408,14 @@ class OnnxSentenceEncoder:
         measured = f"agreement {mean:.4f}, lowest {low:.4f}, on the model's scale"
         reason = (f"int8 agrees with float32 ({measured}) and runs {speedup:.2f}x as fast here"
                   if precision == "int8" else
-                  f"int8 {'is only %.2fx as fast' % speedup if agrees else 'moves the vectors too far'} ({measured})")
+                  f"int8 {f'is only {speedup:.2f}x as fast' if agrees else 'moves the vectors too far'} ({measured})")
         return {"precision": precision, "reason": reason, "int8_agreement": round(mean, 5),
                 "int8_lowest_agreement": round(low, 5), "int8_mean_cosine": round(float(cosines.mean()), 5),
                 "int8_lowest_cosine": round(float(cosines.min()), 5), "int8_speedup": round(speedup, 3),
                 "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "threads": self.threads}
 
     # -- the surface the Embedder uses -------------------------------------------------------------------------
-    def to(self, device: str) -> "OnnxSentenceEncoder":
+    def to(self, device: str) -> OnnxSentenceEncoder:
         return self
 
     def get_sentence_embedding_dimension(self) -> int:

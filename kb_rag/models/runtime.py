@@ -10,9 +10,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config import _short_error, kb_cache_dir
 from ..storage import Library, _write_atomically
@@ -156,7 +157,7 @@ class Downloads:
     def __init__(self):
         import threading
         self._lock = threading.Lock()
-        self._threads: dict[str, "threading.Thread"] = {}
+        self._threads: dict[str, threading.Thread] = {}
         self._errors: dict[str, str] = {}
 
     @staticmethod
@@ -260,7 +261,7 @@ def nvidia_driver_present() -> bool:
     if sys.platform == "darwin":
         return False
     if sys.platform.startswith("win"):
-        system = os.path.join(os.environ.get("SystemRoot", r"C:\Windows"), "System32")
+        system = os.path.join(os.environ.get("SYSTEMROOT", r"C:\Windows"), "System32")
         return os.path.exists(os.path.join(system, "nvcuda.dll"))
     return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0") \
         or os.path.exists("/dev/nvidiactl")
@@ -478,7 +479,7 @@ def unusable_rows(matrix):
 class Embedder(_DeviceBoundModel):
     role = "embed"
 
-    def __init__(self, name: str, devices: "DeviceManager", model, device: str, prompts: ModelPrompts | None = None):
+    def __init__(self, name: str, devices: DeviceManager, model, device: str, prompts: ModelPrompts | None = None):
         super().__init__(name, devices, model, device)
         self.prompts = prompts or model_prompts(name, None)
         self.refused: str | None = None       # why this process last refused the model's vectors

@@ -231,9 +231,9 @@ def _promoted_abstract(blocks: list[Block]) -> Block | None:
     if first_heading is None:
         return None
     for block in blocks[:min(first_heading, 15)]:
-        if block.role == "body" and ABSTRACT_MIN_CHARS <= len(block.text) <= ABSTRACT_MAX_CHARS:
-            if block.page is None or block.page <= 2:
-                return block
+        if block.role == "body" and ABSTRACT_MIN_CHARS <= len(block.text) <= ABSTRACT_MAX_CHARS \
+                and (block.page is None or block.page <= 2):
+            return block
     return None
 
 

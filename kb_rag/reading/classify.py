@@ -133,7 +133,7 @@ def _not_a_section_number(block: Block, arabic_seen: bool, body_size: float) -> 
         and block.size < STYLE_HEADING_MIN_SIZE * body_size)
 
 
-def classify_blocks(blocks: list[Block], body_size: float) -> None:
+def classify_blocks(blocks: list[Block], body_size: float) -> None:  # noqa: C901
     """Assign roles in place: heading, caption, noise or body."""
     numbering = HeadingNumbering()
     in_front_matter = True

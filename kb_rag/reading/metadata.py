@@ -257,7 +257,7 @@ def _venue_from_page(page_one: list[Block]) -> str | None:
         match = _VENUE_LINE.match(block.text) if len(block.text) < 300 else None
         if match:
             venue = _VENUE_TAIL.sub("", re.sub(r"\s+", " ", match.group(1))).strip(" .,;:")
-            if 3 <= len(venue.split()) and len(venue) <= 200:
+            if len(venue.split()) >= 3 and len(venue) <= 200:
                 return venue
     return None
 
@@ -313,7 +313,7 @@ _HEADER_LABELS = ("research article", "original research article", "original art
                   "communication", "research", "report", "notes", "selected for a viewpoint in physics",
                   "editors' suggestion", "editor's suggestion", "featured in physics", "accepted manuscript",
                   "author manuscript", "check for updates", "peer reviewed", "open")
-_LABEL_LINE = re.compile(r"^(?:(?:%s)\b[\s|•·,:;/-]*)+$" % "|".join(map(re.escape, _HEADER_LABELS)), re.IGNORECASE)
+_LABEL_LINE = re.compile(r"^(?:(?:" + "|".join(map(re.escape, _HEADER_LABELS)) + r")\b[\s|•·,:;/-]*)+$", re.IGNORECASE)
 # a multi-word label printed on the title's own line ("Research Article Patient Experiences of ...")
 _GLUED_LABEL = re.compile(r"^(?i:research article|original (?:research )?article|review article|open access|"
                           r"original research|research paper|short communication|brief report|case report|"
@@ -748,6 +748,6 @@ def readable_title(title: str, text: str) -> str:
             out.append(token)
             first = True
             continue
-        out.append(re.sub(r"[^\W\d_]+", lambda m: spell(m.group(0), first and m.start() == 0), token))
+        out.append(re.sub(r"[^\W\d_]+", lambda m, first=first: spell(m.group(0), first and m.start() == 0), token))
         first = False
     return "".join(out)

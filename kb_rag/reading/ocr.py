@@ -13,9 +13,10 @@ import sqlite3
 import stat as stat_module
 import time
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config import Field, Flag, KBError, _short_error, document_limit
 from ..text import _CJK_CHAR, _CJK_RANGES, normalize_text

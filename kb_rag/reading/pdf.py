@@ -8,8 +8,8 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..config import PDF_MIN_TEXT_CHARS, STATUS_ERROR, STATUS_SKIPPED, FileRejected, _short_error, document_limit
 from ..reading.blocks import Block, Extracted, HeaderLine, canonical_section, numbering_depth
@@ -534,9 +534,9 @@ def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list
         for block in blocks:
             if id(block) in running:
                 continue
-            if in_margin(block, height) and len(block.text) < 160:
-                if _PAGE_NUMBER_LINE.match(block.text) or repeated(block.text):
-                    continue
+            if in_margin(block, height) and len(block.text) < 160 \
+                    and (_PAGE_NUMBER_LINE.match(block.text) or repeated(block.text)):
+                continue
             kept.append(block)
         kept_pages.append(kept)
     return kept_pages

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import re
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 from xml.etree import ElementTree
 
 from ..config import (

@@ -6,7 +6,7 @@ May import: reading.blocks, text.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..reading.blocks import (
     _A_WORD,

@@ -8,7 +8,8 @@ import functools
 import json
 import math
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..config import FILTER_YEARS, FTS_COLUMN_WEIGHTS, MAX_FILTER_CHARS, MAX_FILTER_VALUES, SECTION_WEIGHTS, KBError
 from ..models.runtime import Embedder
@@ -36,9 +37,8 @@ def _filter_year(value) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         year = value
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        year = int(value)
-    elif isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,4}\s*", value):
+    elif (isinstance(value, float) and math.isfinite(value) and value.is_integer()) \
+            or (isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,4}\s*", value)):
         year = int(value)
     else:
         year = None
@@ -89,7 +89,7 @@ def _filter_values(filters: dict, key: str) -> list:
     return values
 
 
-def filter_sql(filters: dict | None) -> tuple[str, list]:
+def filter_sql(filters: dict | None) -> tuple[str, list]:  # noqa: C901
     """SQL conditions over ``docs d`` and ``chunks c`` for the search filters."""
     if not filters:
         return "", []
@@ -342,7 +342,7 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
     scored = []
     for chunk_id, body, heading in rows:
         score = 0.0
-        for column, (text, avg, col_weight) in enumerate(zip((body, heading), avg_len, FTS_COLUMN_WEIGHTS)):
+        for text, avg, col_weight in zip((body, heading), avg_len, FTS_COLUMN_WEIGHTS):
             tokens = text.split()
             for t in terms:
                 tf = tokens.count(t)
@@ -486,7 +486,7 @@ def stored_vectors(lib: Library, chunk_ids: list[int]) -> dict:
     return out
 
 
-def document_aware_vector_order(lib: Library, state: "LibraryState", embedder: "Embedder", query_vec,
+def document_aware_vector_order(lib: Library, state: LibraryState, embedder: Embedder, query_vec,
                                 ranked: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """The vector ranking with each long document's passages re-ordered by their cosine less its topic share."""
     import numpy as np

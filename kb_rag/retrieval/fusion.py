@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..reading.citations import hit_captions, hit_citations
 from ..retrieval.candidates import (
@@ -133,7 +134,7 @@ class VectorIndex:
         self.generation = -1
 
     @classmethod
-    def load(cls, lib: Library, dim: int, model: str) -> "VectorIndex":
+    def load(cls, lib: Library, dim: int, model: str) -> VectorIndex:
         import numpy as np
         chunks = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
         index = cls(dim, model, compact=chunks >= compact_index_min())

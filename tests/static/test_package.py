@@ -4,8 +4,8 @@ The tree is the map of the engine, so these checks keep it one: every module ope
 it holds and which modules it may import, imports no other, and stays under MODULE_LINE_BUDGET lines; the public
 surface is declared once; and CONTRIBUTING's module map is generated from the docstrings. What the one file needs
 of the package (one definition per name, names imported rather than modules, every name a module uses defined or
-imported there, the same meaning for an external name everywhere, no cycle) is checked by the build itself; the tests below hold the build to those refusals on small
-packages of their own, and build one into a file that runs.
+imported there, the same meaning for an external name everywhere, no cycle) is checked by the build itself; the
+tests below hold the build to those refusals on small packages of their own, and build one into a file that runs.
 """
 from __future__ import annotations
 
