@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -183,9 +184,10 @@ class ProgressRelay:
         await self.ctx.session.report_progress(progress, grand, message)
 
 
-def _text_result(text: str, value: dict, is_error: bool = False, images: list[dict] = ()) -> types.CallToolResult:
+def _text_result(text: str, value: dict, is_error: bool = False,
+                 images: Sequence[dict] = ()) -> types.CallToolResult:
     content: list = [types.TextContent(type="text", text=text)]
-    content += [types.ImageContent(type="image", data=image["data"], mimeType=image["mime"]) for image in images]
+    content += [types.ImageContent(type="image", data=image["data"], mime_type=image["mime"]) for image in images]
     return types.CallToolResult(content=content, structured_content=value, is_error=is_error)
 
 
@@ -367,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("KB_MCP_LOG", "WARNING").upper(), stream=sys.stderr)
     engine = EngineClient(kb_root=args.kb_root)
     if args.http:
+        assert token is not None          # set above whenever args.http is
         run_http(engine, args.port, token, generated)
     else:
         asyncio.run(run_stdio(engine))
