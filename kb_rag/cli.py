@@ -1,7 +1,7 @@
 """Human CLI: argument parser, printers, progress bar, requirements, ``selftest``, job runner, ``main``.
 
 May import: answers.pictures, commands.core, commands.sync, commands.table, config, jobs, live, models.importer,
-models.runtime, protocol, rendering.
+models.runtime, protocol, records, rendering.
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from .live import OUT_OF_REACH, UNREADABLE_SHOWN, WATCH_EVENTS_NOTE, Watcher
 from .models.importer import offline_model_remedy
 from .models.runtime import DEFAULT_EMBED_MODEL
 from .protocol import error_reply, run_one_shot, serve
+from .records import CitationRecord, HitRecord
 from .rendering import _ocr_progress, format_duration, plain_line, visible_json, visible_text
 
 
@@ -240,7 +241,8 @@ def _print_search(response: dict) -> None:
     for key in ("note", "lang_note"):
         if response.get(key):
             print(f"{key.replace('_', ' ')}: {response[key]}")
-    for rank, hit in enumerate(response["results"], start=1):
+    hits: list[CliHit] = response["results"]
+    for rank, hit in enumerate(hits, start=1):
         where = [hit["section"] or None,
                  (f"p.{hit['page']}" + (f"-{hit['page_end']}" if hit["page_end"] != hit["page"] else ""))
                  if hit["page"] else None]
@@ -252,15 +254,15 @@ def _print_search(response: dict) -> None:
         print(f"   score {hit['score']:.3f}" + (f" · doi:{hit['doi']}" if hit["doi"] else ""))
         print("   > " + hit["snippet"].replace("\n", " "))
         _print_citations(hit.get("citations") or [])
-        if hit.get("picture") or hit.get("picture_note"):
-            print("   picture: " + " · ".join(x for x in (hit.get("picture"), hit.get("picture_note")) if x))
+        if hit.get("picture_file") or hit.get("picture_note"):
+            print("   picture: " + " · ".join(x for x in (hit.get("picture_file"), hit.get("picture_note")) if x))
         print()
 
 
 CLI_CITATIONS_SHOWN = 5
 
 
-def _print_citations(citations: list[dict]) -> None:
+def _print_citations(citations: list[CitationRecord]) -> None:
     """The works a passage cites, as rag and deep search resolve them: marker, entry, and whether the library
     holds the cited work."""
     for cite in citations[:CLI_CITATIONS_SHOWN]:
@@ -397,8 +399,13 @@ def _missing_one_of(command: Command, payload: dict) -> str | None:
     return f"{command.name} needs {' or '.join(shown)}"
 
 
+class CliHit(HitRecord, total=False):
+    """A hit as the human CLI prints it: ``--show`` draws its passage into a file."""
+    picture_file: str
+
+
 def _attach_pictures(engine: Engine, response: dict, library: dict) -> None:
-    """``search --show`` / ``rag --show``: each PDF hit gets ``picture`` (the PNG's path) or ``picture_note``."""
+    """``search --show`` / ``rag --show``: each PDF hit gets ``picture_file`` (the PNG's path) or ``picture_note``."""
     for item in response.get("evidence") or response.get("results") or []:
         if item.get("kind") != "pdf" or item.get("char_start") is None:
             continue
@@ -408,7 +415,8 @@ def _attach_pictures(engine: Engine, response: dict, library: dict) -> None:
         except KBError as exc:
             item["picture_note"] = exc.message
             continue
-        item["picture"] = shown["images"][0]["path"] if shown["images"] else None
+        if shown["images"]:
+            item["picture_file"] = shown["images"][0]["path"]
         if not shown.get("highlighted"):
             item["picture_note"] = shown.get("note")
 

@@ -1,6 +1,6 @@
 """Rendering: the Markdown a model reads and the view a host card draws, fitted to a budget.
 
-May import: config.
+May import: config, records.
 """
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .config import Field, KBError, _is_integer, _opt_int
+from .records import CitationRecord, HitRecord
 
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
 # data, `markdown` (short, escaped, fitted into `render_budget` characters) and, for search and rag, `view`: the
@@ -202,7 +203,7 @@ def _in_library_view(lib: dict) -> dict:
             "url": doi_link(lib.get("doi")), "file": _shown_name(file_name(lib.get("path"))), "path": lib.get("path")}
 
 
-def _citation_view(c: dict) -> dict:
+def _citation_view(c: CitationRecord) -> dict:
     lib = c.get("in_library")
     return {"marker": plain_line(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else "")),
             "ref": c.get("ref"), "title": _shown_line(c.get("title")), "text": _shown_line(c.get("text")),
@@ -210,7 +211,7 @@ def _citation_view(c: dict) -> dict:
             "in_library": _in_library_view(lib) if isinstance(lib, dict) else None}
 
 
-def _source_view(hit: dict, rank: int) -> dict:
+def _source_view(hit: HitRecord, rank: int) -> dict:
     citations = [_citation_view(c) for c in hit["citations"] if isinstance(c, dict)] \
         if isinstance(hit.get("citations"), list) else None
     file = hit.get("file") or file_name(hit.get("path"))
@@ -248,7 +249,8 @@ def _full_view(command: str, answer: dict) -> dict:
         "score_kind": answer.get("score_kind"), "reranker": _shown_line(answer.get("reranker")),
         "cached": answer.get("cached") is True, "notes": [plain_line(n) for n in notes],
         "lang_note": _shown_line(answer.get("lang_note")),
-        "total": len(hits), "sources": [_source_view(hit, i) for i, hit in enumerate(hits, 1)],
+        # an answer's hits are hit records; read defensively all the same (a host may pass on any engine's answer)
+        "total": len(hits), "sources": [_source_view(cast(HitRecord, hit), i) for i, hit in enumerate(hits, 1)],
         "related": [_related_view(r) for r in _listed(answer.get("related")) if isinstance(r, dict)],
         "guidance": _shown_line(answer.get("guidance")), "omitted": 0, "snippet_limit": None,
     }

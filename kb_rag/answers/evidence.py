@@ -10,7 +10,7 @@ import os
 import struct
 import sys
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -303,7 +303,7 @@ def _chunk_offset(page_map: list, page: int, page_offset: int, at_end: bool) -> 
     return None
 
 
-def snippet_pieces(text: str, page_map: list, span: dict) -> list[tuple[int, str]] | None:
+def snippet_pieces(text: str, page_map: list, span: Mapping[str, Any]) -> list[tuple[int, str]] | None:
     """A passage (``page``, ``char_start``, ``page_end``, ``char_end`` as a hit carries them) as (page, text)
     pieces of the chunk text, one per page it touches; None when the chunk does not hold it."""
     if span.get("char_start") is None or span.get("char_end") is None or not span.get("page"):
@@ -678,7 +678,7 @@ class BoxPlacer:
             raise KBError("stale", f"the file cannot be opened ({exc})") from None
         return replace(pdf, pages=opened["pages"])
 
-    def place(self, doc_id: int, span: dict, text: str, page_map: list) -> dict:
+    def place(self, doc_id: int, span: Mapping[str, Any], text: str, page_map: list) -> dict:
         """``{"boxes": [...]}`` for a placed passage, else ``{"boxes_note": why}``."""
         pieces = snippet_pieces(text, page_map, span)
         if not pieces:

@@ -1,6 +1,6 @@
 """Page pictures: highlighted page pictures for hits and ``show``, figure regions, the page process that draws them.
 
-May import: answers.evidence, config, reading.citations, storage.
+May import: answers.evidence, config, reading.citations, records, storage.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..answers.evidence import (
     DRAW_CPU_MARGIN_S,
@@ -31,6 +31,7 @@ from ..answers.evidence import (
 )
 from ..config import KBError, _short_error
 from ..reading.citations import _FIGURE_MENTION
+from ..records import HitRecord
 from ..storage import Library
 
 # ``show`` renders a passage on its page. Only pixels inside the boxes change: the marker is multiplied in (white
@@ -213,8 +214,8 @@ def hit_picture(placer: BoxPlacer, doc_id: int, placed: dict) -> dict:
                         "data": base64.b64encode(picture["png"]).decode("ascii")}}
 
 
-def with_evidence(lib: Library, hits: list[dict], cache: PageCache | None = None, boxes: bool = True,
-                  pictures: int = 0) -> list[dict]:
+def with_evidence(lib: Library, hits: list[HitRecord], cache: PageCache | None = None, boxes: bool = True,
+                  pictures: int = 0) -> list[HitRecord]:
     """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none) when ``boxes``, and
     with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
     as inline PNG (see ``hit_picture``), or ``picture_note``."""
@@ -222,19 +223,19 @@ def with_evidence(lib: Library, hits: list[dict], cache: PageCache | None = None
     rows = {row["id"]: row for row in lib.conn.execute(
         f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
     placer = BoxPlacer(lib, cache)
-    out = []
+    out: list[HitRecord] = []
     drawn = 0
     for hit in hits:
         row = rows.get(hit["chunk_id"]) if hit.get("kind") == "pdf" else None
         if row is None or (not boxes and drawn >= pictures):
-            out.append(dict(hit))
+            out.append(hit.copy())
             continue
         placed = placer.place(hit["doc_id"], hit, row["text"], json.loads(row["page_map"]))
         extra = dict(placed) if boxes else {}
         if drawn < pictures:
             drawn += 1
             extra.update(hit_picture(placer, hit["doc_id"], placed))
-        out.append({**hit, **extra})
+        out.append(cast(HitRecord, {**hit, **extra}))       # extra: boxes or boxes_note, picture or picture_note
     return out
 
 

@@ -1,6 +1,6 @@
 """Citations: reference fields, citation markers, in-library matches.
 
-May import: reading.blocks, reading.chunking, reading.metadata, reading.structure, storage.
+May import: reading.blocks, reading.chunking, reading.metadata, reading.structure, records, storage.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ..reading.blocks import Extracted
 from ..reading.chunking import Chunk
 from ..reading.metadata import arxiv_doi, find_doi
 from ..reading.structure import _numbers_of
+from ..records import CaptionRecord, CitationRecord
 from ..storage import Library, surname_key, title_key
 
 # Reference entries become fields (DOI, title, first author, year); markers in
@@ -176,7 +177,7 @@ def figure_label(kind: str, number: str) -> str:
     return f"{word} {number.upper()}"
 
 
-def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[dict]:
+def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[CaptionRecord]:
     """Caption chunks of the same document for the figures and tables a passage mentions, by exact label."""
     wanted = list(dict.fromkeys(figure_label(m.group(1), m.group(2)) for m in _FIGURE_MENTION.finditer(text)))
     if not wanted:
@@ -187,19 +188,19 @@ def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[di
         head = _FIGURE_MENTION.match(row["text"].lstrip())
         if head:
             captions.setdefault(figure_label(head.group(1), head.group(2)), row)
-    return [{"label": label, "chunk_id": captions[label]["id"], "page": captions[label]["page"],
-             "text": captions[label]["text"][:400]} for label in wanted if label in captions]
+    return [CaptionRecord(label=label, chunk_id=captions[label]["id"], page=captions[label]["page"],
+                          text=captions[label]["text"][:400]) for label in wanted if label in captions]
 
 
-def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[dict], int]:
+def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[CitationRecord], int]:
     """The works a passage cites, with their library match; at most CITATIONS_PER_HIT, plus how many more."""
     rows = lib.conn.execute(
         "SELECT cc.marker, r.num, r.raw, r.doi, r.title, r.first_author, r.year FROM chunk_cites cc "
         "JOIN refs r ON r.id = cc.ref_id WHERE cc.chunk_id = ? ORDER BY r.num", (chunk_id,)).fetchall()
     citations = []
     for row in rows[:CITATIONS_PER_HIT]:
-        citations.append({"marker": row["marker"], "ref": row["num"], "text": row["raw"][:300], "doi": row["doi"],
-                          "title": row["title"], "in_library": in_library(lib, row["doi"], row["title"],
-                                                                          row["first_author"], row["year"], doc_id,
-                                                                          row["raw"])})
+        citations.append(CitationRecord(marker=row["marker"], ref=row["num"], text=row["raw"][:300], doi=row["doi"],
+                                        title=row["title"], in_library=in_library(lib, row["doi"], row["title"],
+                                                                                  row["first_author"], row["year"],
+                                                                                  doc_id, row["raw"])))
     return citations, max(0, len(rows) - CITATIONS_PER_HIT)

@@ -1,6 +1,6 @@
 """Fusion: search hits, the vector index, section priors, hybrid fusion, language notes.
 
-May import: reading.citations, retrieval.candidates, storage, text.
+May import: reading.citations, records, retrieval.candidates, storage, text.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..reading.citations import hit_captions, hit_citations
+from ..records import HitRecord
 from ..retrieval.candidates import (
     CJK_LANGS,
     MAX_SECTION_WEIGHT,
@@ -53,7 +54,7 @@ def _ocr_pages(coverage: str | None) -> set[int]:
 
 
 def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int,
-                with_citations: bool = False) -> list[dict]:
+                with_citations: bool = False) -> list[HitRecord]:
     if not hits:
         return []
     idf = term_idf(lib, terms)
@@ -63,7 +64,7 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
         "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels, d.zotero_key, "
         "d.zotero_attachment_key, d.zotero_group, d.page_coverage FROM chunks c JOIN docs d ON d.id = c.doc_id "
         f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
-    records = []
+    records: list[HitRecord] = []
     for hit in hits:
         row = rows.get(hit.chunk_id)
         if row is None:
@@ -78,13 +79,13 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
         label = (labels[page - 1] or None) if page and page <= len(labels) else None
         if row["block"] == "annotation":
             label = row["page_label"]          # Zotero's own label of the annotated page
-        records.append({
-            "chunk_id": row["id"], "doc_id": row["doc_id"], "path": row["path"], "file": Path(row["path"]).name,
-            "title": row["title"], "authors": json.loads(row["authors"] or "[]"), "year": row["year"],
-            "journal": row["journal"], "doi": row["doi"], "kind": row["kind"], "section": row["section"],
-            "page": page, "page_end": page_end, "page_label": label, "char_start": char_start, "char_end": char_end,
-            "score": hit.score if math.isfinite(hit.score) else 0.0, "snippet": snippet,
-        })
+        records.append(HitRecord(
+            chunk_id=row["id"], doc_id=row["doc_id"], path=row["path"], file=Path(row["path"]).name,
+            title=row["title"], authors=json.loads(row["authors"] or "[]"), year=row["year"],
+            journal=row["journal"], doi=row["doi"], kind=row["kind"], section=row["section"],
+            page=page, page_end=page_end, page_label=label, char_start=char_start, char_end=char_end,
+            score=hit.score if math.isfinite(hit.score) else 0.0, snippet=snippet,
+        ))
         ocr_pages = _ocr_pages(row["page_coverage"])
         if ocr_pages and page is not None and any(p in ocr_pages for p in range(page, (page_end or page) + 1)):
             records[-1]["ocr"] = True           # the passage's text was read from a picture of its page
