@@ -4,14 +4,16 @@
 PY ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 NPM ?= npm
 
-.PHONY: help build test-static test-quick test lint regen ci
+.PHONY: help build test-static test-quick test lint lint-js regen ci
 
 help:
 	@echo "make build        kb_engine.py, the one file users get, from the package kb_rag/"
 	@echo "make test-static  the static tests (tables, docs, layering, contract, twins): pytest alone, seconds"
 	@echo "make test-quick   every test not marked slow (a few minutes)"
 	@echo "make test         the whole suite, the README's test command (CI runs it)"
-	@echo "make lint         kb_engine.py is the package's build, ruff (pyflakes, import order, line length), mypy"
+	@echo "make lint         kb_engine.py is the package's build, ruff (pyflakes, import order, line length), mypy,"
+	@echo "                  and make lint-js when npm is installed"
+	@echo "make lint-js      ESLint over the DSH plugin's JavaScript (npm run lint in plugin/, after npm ci if needed)"
 	@echo "make regen        rewrite every generated file from the code, then review the diff"
 	@echo "make ci           .ci/run: a fresh virtual environment, make lint, the whole suite"
 
@@ -31,6 +33,12 @@ lint:
 	$(PY) scripts/build_engine.py --check
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	@if command -v $(NPM) >/dev/null 2>&1; then $(MAKE) --no-print-directory lint-js; \
+	else echo "npm not found: the plugin's JavaScript is not linted (make lint-js)"; fi
+
+# `npm ls` fails when a pinned development dependency is missing or at another version: then install the lock file.
+lint-js:
+	cd plugin && { $(NPM) ls --depth=0 >/dev/null 2>&1 || $(NPM) ci --no-audit --no-fund; } && $(NPM) run lint
 
 # Generated files: PROTOCOL.md's request tables, README's environment table, DESIGN.md's contents,
 # host-contract.json (KB_UPDATE_DOCS=1 over the static tests); the rendering cases' expected Markdown and views;

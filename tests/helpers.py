@@ -463,12 +463,23 @@ def assert_generated(path: Path, wanted: str, what: str) -> None:
 PLUGIN = ROOT / "plugin"
 
 
+def plugin_modules_current() -> bool:
+    """Whether plugin/node_modules holds every development dependency at the version plugin/package.json pins."""
+    wanted = json.loads((PLUGIN / "package.json").read_text(encoding="utf-8"))["devDependencies"]
+    for name, version in wanted.items():
+        manifest = PLUGIN / "node_modules" / name / "package.json"
+        if not manifest.is_file() or json.loads(manifest.read_text(encoding="utf-8")).get("version") != version:
+            return False
+    return True
+
+
 def ensure_plugin_modules() -> str:
-    """npm, after `npm ci` in plugin/ when its Node modules are not installed yet; skips without Node.js/npm."""
+    """npm, after `npm ci` in plugin/ when its Node modules are missing or older than package.json's pins (a
+    checkout from before a dependency was added or bumped); skips without Node.js/npm."""
     npm = shutil.which("npm")
     if shutil.which("node") is None or npm is None:
         pytest.skip("Node.js/npm not installed")
-    if not (PLUGIN / "node_modules" / "@deepseek-ai").is_dir():
+    if not plugin_modules_current():
         installed = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PLUGIN, capture_output=True,
                                    text=True, timeout=600)
         assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]

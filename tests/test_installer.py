@@ -359,7 +359,7 @@ def test_packed_bundle_contents(bundle):
                      "package/scripts/install.ps1", "package/install.mjs", "package/README.md",
                      "package/LICENSE"):
         assert required in names
-    assert not any("/test/" in n or "node_modules" in n or "/e2e/" in n for n in names), names
+    assert not any("/test/" in n or "node_modules" in n or "/e2e/" in n or "eslint" in n for n in names), names
     assert not set(manifest.get("scripts", {})) & LIFECYCLE
     assert manifest["bin"] == {"dsh-kb-rag-install": "install.mjs"}
     assert manifest["dsh"]["bundle"]["patch"] == "./cordis.patch.yml"

@@ -5,7 +5,6 @@
 // module loader; the factory receives `require` (react and the other shared modules) when the UI first needs
 // it. The cards are built from block.meta, the presentationMeta the host computed (see src/render.js); a call
 // still running, an error, or a result without that meta falls back to the host's Markdown text.
-/* global window */
 ;(function register(root) {
   function factory(require) {
     const React = require('react')

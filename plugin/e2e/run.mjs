@@ -149,7 +149,7 @@ function startMock() {
     req.on('data', (c) => chunks.push(c))
     req.on('end', () => {
       const raw = Buffer.concat(chunks).toString('utf8')
-      let body = null
+      let body
       try { body = raw ? JSON.parse(raw) : null } catch { body = { unparsed: raw.slice(0, 2000) } }
       const entry = { method: req.method, url: req.url, body, reply: null }
       requests.push(entry)

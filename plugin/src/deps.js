@@ -91,7 +91,8 @@ function requirementOf(item) {
 /**
  * Probe `python` for every module the engine `engine` (the path of kb_engine.py) requires.
  * @returns {Promise<{ok: boolean, python: string, version: number[]|null, executable: string|null,
- *   missing: object[], optionalMissing: object[], problem: string|null}>}
+ *   missing: object[], optionalMissing: object[], problem: string|null, output?: string}>} `output`, what went
+ *   wrong in words, comes with `problem: 'probe_failed'`
  */
 export async function probe(python, { engine, signal, env } = {}) {
   const base = { python, version: null, executable: null, missing: [], optionalMissing: [], problem: null }

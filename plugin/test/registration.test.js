@@ -190,6 +190,21 @@ test('package.json: private ESM dev package without install scripts, peer @deeps
     assert.ok(pkg.devDependencies[dep], `${dep} must be a dev dependency for the tests`)
     assert.equal(pkg.dependencies?.[dep], undefined, `${dep} must not be bundled`)
   }
+  for (const [dep, version] of Object.entries(pkg.devDependencies)) {
+    assert.match(version, /^\d+\.\d+\.\d+(-[\w.]+)?$/, `${dep} must be pinned to an exact version`)
+  }
+})
+
+test('package.json: `npm run lint` is ESLint, a development tool the package never ships', () => {
+  const pkg = JSON.parse(readFileSync(path.join(PLUGIN_DIR, 'package.json'), 'utf8'))
+  assert.match(pkg.scripts.lint, /^eslint /)
+  assert.ok(existsSync(path.join(PLUGIN_DIR, 'eslint.config.js')))
+  for (const dep of ['eslint', '@eslint/js', 'globals']) {
+    assert.ok(pkg.devDependencies[dep], `${dep} must be a dev dependency`)
+    assert.equal(pkg.dependencies?.[dep], undefined, `${dep} must not be a runtime dependency`)
+    assert.equal(pkg.peerDependencies?.[dep], undefined, `${dep} must not be asked of the host`)
+  }
+  assert.deepEqual(pkg.files.filter((entry) => /eslint|test|e2e/.test(entry)), [], 'files lists no lint or test paths')
 })
 
 test('no console output', () => {
