@@ -453,6 +453,8 @@ def _is_strings(value) -> bool:
 FIELD_TYPES = {
     "boolean": (lambda value: isinstance(value, bool), "true or false"),
     "integer": (_is_integer, "an integer"),
+    "number": (lambda value: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+               "a number"),
     "string": (lambda value: isinstance(value, str), "a string"),
     "object": (lambda value: isinstance(value, dict), "an object"),
     "array of integers": (lambda value: isinstance(value, list) and all(map(_is_integer, value)), "a list of integers"),

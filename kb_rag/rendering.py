@@ -1,6 +1,6 @@
 """Rendering: the Markdown a model reads and the view a host card draws, fitted to a budget.
 
-May import: config, records.
+May import: config, notices, records.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .config import Field, KBError, _is_integer, _opt_int
+from .notices import stale_notice
 from .records import CitationRecord, HitRecord
 
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
@@ -248,6 +249,7 @@ def _full_view(command: str, answer: dict) -> dict:
         "query": plain_line(answer.get("query")), "mode": answer.get("mode"), "depth": answer.get("depth"),
         "score_kind": answer.get("score_kind"), "reranker": _shown_line(answer.get("reranker")),
         "cached": answer.get("cached") is True, "notes": [plain_line(n) for n in notes],
+        "notices": [plain_line(n.get("text")) for n in _listed(answer.get("notices")) if isinstance(n, dict)],
         "lang_note": _shown_line(answer.get("lang_note")),
         # an answer's hits are hit records; read defensively all the same (a host may pass on any engine's answer)
         "total": len(hits), "sources": [_source_view(cast(HitRecord, hit), i) for i, hit in enumerate(hits, 1)],
@@ -350,8 +352,9 @@ def _related_line(r: dict) -> str:
 
 def sources_markdown(view: dict) -> str:
     """The Markdown a model reads for a search or rag view: header, notes, numbered sources, related work,
-    guidance. A host adds its own lines right after the first (the header)."""
+    guidance. A host adds its own lines right after the first (the header), before the library's notices."""
     out = [_sources_header(view)]
+    out += [f"_Library: {md_text(notice)}_" for notice in view["notices"]]
     out += [f"_Note: {md_text(note)}_" for note in view["notes"]]
     if view["lang_note"]:
         out.append(f"_Language: {md_text(view['lang_note'])}_")
@@ -568,6 +571,7 @@ def render_stats(answer: dict) -> str:
                       "Add papers with kb_ingest (files or folders) or kb_zotero.")
     by_status = _counts(answer.get("by_status"))
     stale = answer.get("stale_docs")
+    notice = stale_notice(stale) if isinstance(stale, int) and not isinstance(stale, bool) else None
     return _lines(
         "**Knowledge base**",
         _bullet("documents", f"{answer.get('indexed_docs') or 0} indexed of {answer.get('docs') or 0} recorded"
@@ -581,8 +585,7 @@ def render_stats(answer: dict) -> str:
         _bullet("models", _counts(answer.get("models"))),
         _bullet("stale documents", stale),
         _bullet("library", md_code(answer["kb_root"]) if answer.get("kb_root") else None),
-        f"{stale} document(s) were indexed by an older parser: kb_ingest with metadata_only: true refreshes their "
-        "metadata, rebuild: true re-parses them." if isinstance(stale, int) and stale > 0 else None)
+        md_text(notice) if notice else None)
 
 
 def _dedup_group(group: dict) -> str:

@@ -586,6 +586,11 @@ class Library:
             return None
         return self.get_meta("embed_passage_prompt") or ""
 
+    def count_stale_docs(self, revision: int) -> int:
+        """Indexed documents read by a parser older than ``revision``."""
+        return self.conn.execute("SELECT COUNT(*) FROM docs WHERE status = 'indexed' AND indexed_with < ?",
+                                 (revision,)).fetchone()[0]
+
     def count_missing_vectors(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
                                  "WHERE v.chunk_id IS NULL").fetchone()[0]

@@ -10,7 +10,9 @@ is generated at start and printed on standard error. stdio needs no token.
 
 Each tool returns the engine's Markdown (kb_engine.py renders it, the same text the DSH plugin shows) as its text
 content and the engine's answer as structured content; bad arguments and engine errors come back as tool errors
-(`isError: true`) and the server keeps running.
+(`isError: true`) and the server keeps running. A search or rag answer carries the engine's notices about the
+library as the plugin's do: documents indexed by an older parser (on the server's first search) and what the watched
+folders changed since its last search.
 
     python mcp-server/server.py                      # stdio
     python mcp-server/server.py --http --port 8765   # http://127.0.0.1:8765/mcp, token printed on stderr
@@ -28,6 +30,7 @@ import os
 import re
 import secrets
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -93,11 +96,30 @@ def strict_schema(tool: dict) -> dict:
     return {**tool["input_schema"], "additionalProperties": False}
 
 
+RETRIEVAL_TOOLS = ("kb_search", "kb_rag")
+
+
 class KBServer:
     """The tool logic, independent of the transport."""
 
     def __init__(self, engine: EngineClient):
         self.engine = engine
+        # What the engine is asked to say about the library beside a search: the DSH plugin asks per session; this
+        # server (one client over stdio) asks per process: the stale-documents notice on its first search, and what
+        # the watched folders changed since its last one.
+        self.stale_asked = False
+        self.last_search: float | None = None
+
+    def notice_fields(self) -> dict:
+        """The request fields that ask for this search's notices (and note the search)."""
+        asked: dict = {}
+        if not self.stale_asked:
+            self.stale_asked = True
+            asked["stale_notice"] = True
+        if self.last_search is not None:
+            asked["notices_since"] = self.last_search
+        self.last_search = time.time()
+        return asked
 
     async def call(self, name: str, args: dict, progress) -> tuple[str, dict, list[dict]]:
         tool = SERVED_BY_NAME.get(name)
@@ -116,6 +138,8 @@ class KBServer:
         # the engine renders the answer (the same Markdown every host shows) and words the library choice as
         # this server's user made it
         payload.update(render="markdown", kb_root_from=self.engine.kb_root_from)
+        if name in RETRIEVAL_TOOLS:
+            payload.update(self.notice_fields())
         value = await self._engine(tool["command"], payload, progress)
         value.pop("view", None)             # a card's data: an MCP client reads the Markdown and the answer
         return value.pop("markdown"), value, take_pictures(value)

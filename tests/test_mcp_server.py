@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -268,6 +269,27 @@ def test_ingest_search_rag_stats(tmp_path, quick_papers):
     assert "**Knowledge base**" in text_of(r["stats"])
     assert "groups" in r["dedup"].structured_content
     assert "jobs" in r["status"].structured_content
+
+
+def test_the_engines_notices_reach_an_mcp_client_once(tmp_path, quick_papers):
+    """The engine words the stale-documents notice; the server asks for it on its first search only (the MCP
+    users never saw the notices the DSH plugin showed)."""
+    kb_root = tmp_path / "kb"
+
+    async def body(session):
+        await call(session, "kb_ingest", {"paths": [str(quick_papers)]})
+        with sqlite3.connect(kb_root / "kb.sqlite") as con:     # as an older parser would have left them
+            con.execute("UPDATE docs SET indexed_with = indexed_with - 1")
+        con.close()
+        first = await call(session, "kb_search", {"query": "graphene nucleation copper"})
+        second = await call(session, "kb_rag", {"query": "graphene nucleation copper"})
+        return first, second
+
+    first, second = run_session(kb_root, body)
+    lines = text_of(first).split("\n")
+    assert lines[1].startswith("_Library: 5 document(s) were indexed by an older parser"), lines[:3]
+    assert [n["kind"] for n in first.structured_content["notices"]] == ["stale_documents"]
+    assert "older parser" not in text_of(second) and second.structured_content["notices"] == []
 
 
 def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path, quick_papers):

@@ -2,8 +2,8 @@
 dedup, delete, ...).
 
 May import: answers.pictures, answers.search, config, crossref, fetch, ingest.files, ingest.pipeline, jobs,
-models.importer, models.registry, models.runtime, reading.chunking, reading.metadata, reading.ocr, rendering,
-storage, text.
+models.importer, models.registry, models.runtime, notices, reading.chunking, reading.metadata, reading.ocr,
+rendering, storage, text.
 """
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ from ..models.runtime import (
     model_prompts,
     offline_mode,
 )
+from ..notices import NOTICE_FIELDS
 from ..reading.chunking import page_coverage_note
 from ..reading.metadata import _COLLABORATION, venue_is_proceedings
 from ..reading.ocr import OCR_FIELD, ocr_mode
@@ -343,6 +344,7 @@ SEARCH_FIELDS = (
           cli=(Flag(("--section",), "only passages of this section (methods, results, ...)", into="filters.section"),
                Flag(("--year",), "a year or a range such as 2015-2020", into="filters.year"),
                Flag(("--author",), "only documents with this author", into="filters.authors"))),
+    *NOTICE_FIELDS,
     KB_ROOT_FIELD,
 )
 # rag takes search's fields with its own defaults
@@ -436,8 +438,7 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
                               "GROUP BY lang").fetchall())
     chunks = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
     vectors = conn.execute("SELECT COUNT(*) FROM vecs").fetchone()[0]
-    stale = conn.execute("SELECT COUNT(*) FROM docs WHERE status = 'indexed' AND indexed_with < ?",
-                         (PARSER_REVISION,)).fetchone()[0]
+    stale = lib.count_stale_docs(PARSER_REVISION)
     size = sum(p.stat().st_size for p in (lib.db_path, Path(f"{lib.db_path}-wal")) if p.exists())
     embed_model, embed_dim = lib.vector_model()
     refusal = lib.vector_refusal()

@@ -1,7 +1,8 @@
 """Command table: the command table, the host contract, ``Engine``.
 
 May import: answers.search, commands.core, commands.show, commands.sync, commands.zotero, config, fetch,
-ingest.files, ingest.pipeline, jobs, live, models.registry, reading.ocr, rendering, storage, zotero.importer.
+ingest.files, ingest.pipeline, jobs, live, models.registry, notices, reading.ocr, rendering, storage,
+zotero.importer.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ from ..ingest.pipeline import VectorBackfill, VectorFeeder
 from ..jobs import JobStore, async_threshold, spawn_job
 from ..live import Watcher, with_sources
 from ..models.registry import Models
+from ..notices import with_notices
 from ..reading.ocr import OCR_MODES
 from ..rendering import HOST_FIELDS, HOST_RENDER_BUDGET, MIN_RENDER_BUDGET, RENDERERS, render_budget, rendered
 from ..storage import DiskFull, Library, is_disk_full
@@ -483,10 +485,11 @@ COMMAND_TABLE = (
             opens_library=False, fields=STATUS_FIELDS,
             cli_flags=(Flag(("--follow",), "wait until the job (default: the running one) ends, with a progress bar "
                                            "on a terminal", SWITCH),)),
-    Command("search", "find passages", lambda c: cmd_search(c.lib, c.payload, c.models, c.state),
+    Command("search", "find passages", lambda c: with_notices(cmd_search(c.lib, c.payload, c.models, c.state),
+                                                                c.lib, c.payload),
             fields=SEARCH_FIELDS, cli_flags=(SHOW_FLAG,)),
     Command("rag", "evidence, answering guidance and related work",
-            lambda c: cmd_rag(c.lib, c.payload, c.models, c.state), fields=RAG_FIELDS,
+            lambda c: with_notices(cmd_rag(c.lib, c.payload, c.models, c.state), c.lib, c.payload), fields=RAG_FIELDS,
             cli_flags=(SHOW_FLAG,)),
     Command("show", "draw a hit's passage highlighted on its PDF page (PNG)",
             lambda c: cmd_show(c.lib, c.payload, c.state), fields=SHOW_FIELDS),

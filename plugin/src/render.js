@@ -1,7 +1,8 @@
 // This host's own lines in a result. The engine renders every answer (kb_rag/rendering.py; the
 // Markdown a model reads and, for kb_search / kb_rag, the view a card draws), the same text the MCP server shows;
-// the plugin adds only what it alone knows: the session's answering scope and its library notices, placed after
-// the result's first line, and kb_scope's answer. Everything here is pure (no I/O, no clock), as DSH requires of
+// the plugin adds only what it alone knows: the session's answering scope, placed after the result's first line
+// (the library's notices, which the plugin asks for once per session or since its last search, come in the engine's
+// Markdown and view), and kb_scope's answer. Everything here is pure (no I/O, no clock), as DSH requires of
 // presenters.
 
 import { CONTRACT } from './contract.js'
@@ -17,18 +18,15 @@ const SCOPE_LINES = {
 }
 const STRICT_LINE = 'strict: use nothing but the library, and say so when it does not answer'
 
-/** Text that Markdown would otherwise read as markup, escaped (the session's notices are plain text). */
+/** Text that Markdown would otherwise read as markup, escaped (a scope the plugin does not know is plain text). */
 export function escapeMd(text) {
   return String(text ?? '').replace(/\s+/g, ' ').trim().replace(/[\\`*_[\]<]/g, '\\$&')
 }
 
-/** The lines this host adds to a kb_search / kb_rag result: the session's scope, then its library notices. */
+/** The line this host adds to a kb_search / kb_rag result: the session's scope. */
 export function sessionLines(session) {
-  if (!session || typeof session !== 'object') return []
-  const out = []
-  if (session.scope) out.push(`_Scope: ${SCOPE_LINES[session.scope] ?? escapeMd(session.scope)}${session.strict ? `; ${STRICT_LINE}` : ''}._`)
-  for (const notice of Array.isArray(session.notices) ? session.notices : []) out.push(`_Library: ${escapeMd(notice)}_`)
-  return out
+  if (!session || typeof session !== 'object' || !session.scope) return []
+  return [`_Scope: ${SCOPE_LINES[session.scope] ?? escapeMd(session.scope)}${session.strict ? `; ${STRICT_LINE}` : ''}._`]
 }
 
 /** The characters left to the engine's Markdown once the host's lines are in. */
@@ -51,14 +49,15 @@ export function renderResult(value) {
   return withHostLines(value.markdown, sessionLines(value.session))
 }
 
-/** presentationMeta of a kb_search / kb_rag value: the engine's view with the session's scope and notices. */
+/** presentationMeta of a kb_search / kb_rag value: the engine's view (its notices included) with the session's scope. */
 export function cardView(value) {
   const session = value?.session ?? {}
+  const view = value?.view ?? { kind: 'kb-sources', sources: [] }
   return {
-    ...(value?.view ?? { kind: 'kb-sources', sources: [] }),
+    ...view,
     scope: session.scope ?? null,
     strict: session.strict ?? null,
-    notices: Array.isArray(session.notices) ? session.notices : [],
+    notices: Array.isArray(view.notices) ? view.notices : [],
   }
 }
 

@@ -38,25 +38,6 @@ function picturesFor(tool, value, wanted) {
   return hits.map((h) => h?.picture).filter((p) => typeof p?.data === 'string').slice(0, wanted)
 }
 
-const SYNC_COUNTS = ['added', 'updated', 'moved', 'removed']
-
-/**
- * The notice for what the library's watched folders (and Zotero libraries) changed since `since` (Unix seconds),
- * from a `status` answer: the `sync` jobs that ended since then. null when there are none or nothing changed.
- */
-export function syncNotice(status, since) {
-  if (!Array.isArray(status?.sources) || !status.sources.length) return null
-  const counts = Object.fromEntries(SYNC_COUNTS.map((key) => [key, 0]))
-  for (const job of Array.isArray(status.jobs) ? status.jobs : []) {
-    if (job?.command !== 'sync' || job.state !== 'done' || !(job.finished > since)) continue
-    for (const key of SYNC_COUNTS) counts[key] += Number(job.result?.totals?.[key]) || 0
-  }
-  const parts = SYNC_COUNTS.filter((key) => counts[key] > 0)
-    .map((key, i) => (i === 0 ? `${counts[key]} ${counts[key] === 1 ? 'paper' : 'papers'} ${key}` : `${counts[key]} ${key}`))
-  if (!parts.length) return null
-  return `Since the last search, the watched folders changed the library: ${parts.join(', ')}. These results include them.`
-}
-
 /**
  * @param {object} kb
  * @param {(exec: object, command: string, payload: object) => Promise<object>} kb.call  run an engine command
@@ -68,32 +49,18 @@ export function syncNotice(status, since) {
  *   (`modelImages: 'auto'`); null keeps them on the cards
  */
 export function createTools(kb) {
+  /**
+   * The session's scope, and what it asks the engine to say about the library beside this answer: the
+   * stale-documents notice on the session's first search, what the watched folders changed since its last one.
+   * The engine words the notices (the same words the MCP server shows); this host only asks and shows.
+   */
   async function sessionInfo(exec, key) {
     const state = await kb.scope.ensure(key, exec)
-    const notices = []
-    if (kb.scope.firstStaleMention(key)) {
-      try {
-        const stats = await kb.call(exec, 'stats', {})
-        if (stats.stale_docs > 0) {
-          notices.push(`${stats.stale_docs} document(s) were indexed by an older parser, so their pages, citations or metadata may be incomplete. ` +
-            'Tell the user once; kb_ingest with metadata_only: true refreshes metadata quickly, rebuild: true re-parses them.')
-        }
-      } catch (error) {
-        if (exec.signal?.aborted) throw error
-        kb.log.debug('stale check failed: %s', error.message)
-      }
-    }
+    const notices = {}
+    if (kb.scope.firstStaleMention(key)) notices.stale_notice = true
     const since = kb.scope.sinceLastRetrieval(key, Date.now() / 1000)
-    if (since !== null) {
-      try {
-        const synced = syncNotice(await kb.call(exec, 'status', {}), since)
-        if (synced) notices.push(synced)
-      } catch (error) {
-        if (exec.signal?.aborted) throw error
-        kb.log.debug('sync check failed: %s', error.message)
-      }
-    }
-    return { scope: state.scope, strict: state.strict, scope_source: state.source, notices }
+    if (since !== null) notices.notices_since = since
+    return { session: { scope: state.scope, strict: state.strict, scope_source: state.source }, notices }
   }
 
   async function runScope(args, exec) {
@@ -106,10 +73,11 @@ export function createTools(kb) {
 
   async function runRetrieval(tool, payload, exec) {
     await kb.ready(exec) // a missing dependency is reported before the user is asked anything
-    const session = await sessionInfo(exec, sessionKey(exec, kb.workspace(exec)))
+    const { session, notices } = await sessionInfo(exec, sessionKey(exec, kb.workspace(exec)))
     const budget = engineBudget(sessionLines(session)) // the session's lines share the result's budget
     const pictures = Math.max(payload.pictures ?? 0, CARD_PICTURES)
-    return { ...(await kb.call(exec, tool.command, { ...payload, pictures, render: 'markdown', render_budget: budget })), session }
+    const request = { ...payload, ...notices, pictures, render: 'markdown', render_budget: budget }
+    return { ...(await kb.call(exec, tool.command, request)), session }
   }
 
   /** The answer's pictures saved as DSH image attachments when the model reads images; [] otherwise. */

@@ -27,19 +27,21 @@ function ragValue(n = 3) {
   }
 }
 
-const SESSION = { scope: 'kb', strict: true, notices: ['2 document(s) were indexed by an older parser', 'a *second* notice'] }
+const SESSION = { scope: 'kb', strict: true }
+const NOTICES = [{ kind: 'stale_documents', text: '2 document(s) were indexed by an older parser' },
+  { kind: 'synced', text: 'a *second* notice' }]
 
 test('the session lines go after the engine\'s first line; the rest is the engine\'s text unchanged', () => {
-  const engine = engineRendered('rag', ragValue(1))
+  const engine = engineRendered('rag', { ...ragValue(1), notices: NOTICES })
   const md = renderResult({ ...engine, session: SESSION })
   const lines = md.split('\n')
   const own = engine.markdown.split('\n')
   assert.match(lines[0], /^\*\*Knowledge base: 1 evidence passage\*\* for "graphene nucleation"/)
   assert.equal(lines[0], own[0])
   assert.equal(lines[1], '_Scope: library only: answer from these passages and cite them; strict: use nothing but the library, and say so when it does not answer._')
-  assert.equal(lines[2], '_Library: 2 document(s) were indexed by an older parser_')
+  assert.equal(lines[2], '_Library: 2 document(s) were indexed by an older parser_')   // the engine's notices
   assert.equal(lines[3], '_Library: a \\*second\\* notice_')
-  assert.deepEqual(lines.slice(4), own.slice(1))
+  assert.deepEqual(lines.slice(2), own.slice(1))
   assert.match(md, /_Note: not reranked \(test\)_\n_Language: the query is Chinese/)
   assert.equal(renderResult(engine), engine.markdown, 'without a session nothing is added')
   assert.equal(withHostLines('one line', ['added']), 'one line\nadded')
@@ -59,8 +61,8 @@ test('the session lines share the budget: the whole result stays inside it', () 
   assert.ok(engineBudget(Array(400).fill('x'.repeat(100))) >= 500, 'never below the contract\'s least budget')
 })
 
-test('the card shows the engine\'s view with the session\'s scope and notices', () => {
-  const engine = engineRendered('rag', ragValue(2))
+test('the card shows the engine\'s view, its notices included, with the session\'s scope', () => {
+  const engine = engineRendered('rag', { ...ragValue(2), notices: NOTICES })
   const view = cardView({ ...engine, session: SESSION })
   assert.equal(view.kind, 'kb-sources')
   assert.equal(view.tool, 'kb_rag')
@@ -69,7 +71,7 @@ test('the card shows the engine\'s view with the session\'s scope and notices', 
   assert.equal(view.sources[0].location, 'pp.4–5 (1187)')
   assert.equal(view.scope, 'kb')
   assert.equal(view.strict, true)
-  assert.deepEqual(view.notices, SESSION.notices)
+  assert.deepEqual(view.notices, NOTICES.map((n) => n.text))
   assert.deepEqual(JSON.parse(JSON.stringify(view)), view, 'view is not lossless JSON')
   assert.deepEqual(cardView({}), { kind: 'kb-sources', sources: [], scope: null, strict: null, notices: [] })
 })

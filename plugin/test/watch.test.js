@@ -1,11 +1,10 @@
 // Watched folders through the plugin: kb_watch adds a folder in the workspace (relative paths are the workspace's),
-// the resident engine syncs a paper copied into it, and the next retrieval says so in the session's notices.
+// the resident engine syncs a paper copied into it, and the next retrieval carries the engine's notice saying so.
 
 import assert from 'node:assert/strict'
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync } from 'node:fs'
 import path from 'node:path'
 import { after, before, test } from 'node:test'
-import { syncNotice } from '../src/tools.js'
 import { alive, cleanup, enginePids, samplePapers, startHost, tempDir, textOf, waitFor } from '../testlib/helpers.js'
 
 let cwd, staging
@@ -42,7 +41,7 @@ test('a paper copied into a watched folder is found, and the next search says th
 
     const first = await host.call('kb_search', { query: 'graphene nucleation' }, { cwd })
     assert.equal(first.isError, false, textOf(first))
-    assert.deepEqual(first.value.session.notices, [])
+    assert.deepEqual(first.value.notices ?? [], [])
 
     copyFileSync(path.join(staging, 'graphene_cvd_copper.pdf'), path.join(cwd, 'inbox', 'graphene_cvd_copper.pdf'))
     let synced = null
@@ -56,28 +55,14 @@ test('a paper copied into a watched folder is found, and the next search says th
     const next = await host.call('kb_search', { query: 'graphene nucleation' }, { cwd })
     assert.equal(next.isError, false, textOf(next))
     assert.ok(next.value.results.some((hit) => hit.file === 'graphene_cvd_copper.pdf'))
-    assert.deepEqual(next.value.session.notices,
+    assert.deepEqual(next.value.notices.map((notice) => notice.text),
       ['Since the last search, the watched folders changed the library: 1 paper added. These results include them.'])
     assert.match(textOf(next), /_Library: Since the last search, the watched folders changed the library: 1 paper added/)
     const again = await host.call('kb_search', { query: 'graphene nucleation' }, { cwd })
-    assert.deepEqual(again.value.session.notices, [])       // said once
+    assert.deepEqual(again.value.notices, [])       // said once
   } finally {
     await host.dispose()
   }
-})
-
-test('the sync notice counts only sync jobs that ended after the last retrieval, and only with watched sources', () => {
-  const job = (finished, totals, extra = {}) => ({ command: 'sync', state: 'done', finished, result: { totals }, ...extra })
-  const status = {
-    sources: [{ path: '/p', state: 'watching' }],
-    jobs: [job(90, { added: 5 }), job(110, { added: 2, removed: 1 }), job(120, { added: 1, updated: 1, moved: 0 }),
-      job(130, { added: 9 }, { state: 'failed' }), { command: 'ingest', state: 'done', finished: 140, result: { totals: { added: 7 } } }],
-  }
-  assert.equal(syncNotice(status, 100),
-    'Since the last search, the watched folders changed the library: 3 papers added, 1 updated, 1 removed. These results include them.')
-  assert.equal(syncNotice(status, 125), null)
-  assert.equal(syncNotice({ ...status, sources: [] }, 0), null)
-  assert.equal(syncNotice({ jobs: 'odd', sources: [{}] }, 0), null)
 })
 
 /** The sync jobs of a library that ended, read from its jobs folder (no engine asked). */
