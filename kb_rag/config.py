@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -462,6 +462,40 @@ FIELD_TYPES = {
     "array of strings, or one string": (lambda value: isinstance(value, str) or _is_strings(value),
                                         "a string or a list of strings"),
 }
+
+
+# A request rule is checked once, from one record: the engine refuses a request that breaks it (before any library
+# is opened), and the host tool of its command carries the same record among its checks, so the DSH plugin and the
+# MCP server refuse the same arguments with the same words before calling (host-contract.json; their own readings
+# of each rule are tested against the shared conformance cases).
+# The whitespace JavaScript's String.prototype.trim removes: a host and the engine agree on what a blank value is.
+TRIMMED = ("\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+           "\u2028\u2029\u202f\u205f\u3000\ufeff")
+
+
+def given(value) -> bool:
+    """Whether a request really gives a value: not absent, false, blank, or a list of nothing but blanks."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, str):
+        return bool(value.strip(TRIMMED))
+    if isinstance(value, list):
+        return any(map(given, value))
+    return True
+
+
+# Each rule, by name: true when the request keeps it.
+REQUEST_RULES: dict[str, Callable[[dict, dict], bool]] = {
+    "exclusive": lambda payload, rule: not all(given(payload.get(f)) for f in rule["fields"]),
+    "any_of": lambda payload, rule: any(given(payload.get(f)) for f in rule["fields"]),
+}
+
+
+def check_rules(rules: Iterable[dict], payload: dict) -> None:
+    """Refuse (bad_request, in the rule's own words) a request that breaks one of ``rules``."""
+    for rule in rules:
+        if not REQUEST_RULES[rule["rule"]](payload, rule):
+            raise KBError(rule.get("code", "bad_request"), rule["message"])
 
 
 def check_field_types(fields: Iterable[Field], payload: dict) -> None:

@@ -234,7 +234,7 @@ def test_the_human_command_line_is_made_from_the_command_table(kb_engine):
 
 
 WRONG_VALUE = {"boolean": "yes", "integer": "ten", "string": 5, "object": [1], "array of integers": ["a"],
-               "list of strings": [1], "array of strings, or one string": 5}
+               "list of strings": [1], "array of strings, or one string": 5, "number": "soon"}
 
 
 @pytest.mark.internals

@@ -44,6 +44,7 @@ from ..config import (
     _opt_bool,
     _opt_int,
     _opt_str,
+    check_rules,
     empty_library_note,
     library_choice,
 )
@@ -122,13 +123,21 @@ INGEST_FIELDS = (
 )
 
 
+# Checked by the engine before it opens the library, and by both hosts before they call it (kb_ingest's checks).
+INGEST_RULES = (
+    {"rule": "exclusive", "fields": ["metadata_only", "rebuild"],
+     "message": "metadata_only and rebuild cannot be combined: choose one"},
+    {"rule": "any_of", "fields": ["paths", "metadata_only", "rebuild"],
+     "message": "paths is required: give at least one file or folder to ingest"},
+)
+
+
 def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
                own_process: bool = False, defer: Callable[[VectorFeeder], None] | None = None) -> dict:
     """Index files; with ``defer`` (serve) the answer comes once the text is committed and ``defer`` takes the
     feeder whose vectors are still being encoded."""
     metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
-    if metadata_only and rebuild:
-        raise KBError("bad_request", "metadata_only and rebuild exclude each other")
+    check_rules(INGEST_RULES, payload)          # the dispatcher checked them already; a caller of this may not have
     paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
     ocr_mode(_opt_str(payload, "ocr"))           # a bad value is refused before anything is read
     verify = _opt_bool(payload, "verify_metadata")

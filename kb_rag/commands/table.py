@@ -24,6 +24,7 @@ from ..commands.core import (
     DOCS_FIELDS,
     FETCH_FIELDS,
     INGEST_FIELDS,
+    INGEST_RULES,
     MODELS_FIELDS,
     RAG_FIELDS,
     SEARCH_FIELDS,
@@ -63,6 +64,7 @@ from ..config import (
     __version__,
     _opt_bool,
     check_field_types,
+    check_rules,
     library_choice,
     scrub_surrogates,
 )
@@ -271,10 +273,7 @@ HOST_TOOLS = (
          "verify_metadata": _flag("Also check the title, authors, year and DOI of each document at Crossref "
                                   "(sends only its DOI, or its title when it has none). Off by default: use it "
                                   "only when the user asks for it")},
-        checks=({"rule": "exclusive", "fields": ["metadata_only", "rebuild"],
-                 "message": "metadata_only and rebuild cannot be combined: choose one"},
-                {"rule": "any_of", "fields": ["paths", "metadata_only", "rebuild"],
-                 "message": "paths is required: give at least one file or folder to ingest"}),
+        checks=INGEST_RULES,
         path_fields=("paths",), idempotent=True, timeout_minutes=30),
     HostTool(
         "kb_zotero", "zotero", "Import the Zotero library",
@@ -426,6 +425,7 @@ class Command:
     writes: Callable[[dict], bool] = _never         # whether this request changes the library
     opens_library: bool = True                      # False: answered without the library (status, models, reload)
     check: Callable[[dict], object] | None = None   # refuses a bad request before any library is created
+    rules: tuple[dict, ...] = ()                    # request rules (config.check_rules), its host tool's checks too
     exclusive: bool = False                         # refused while a background job writes to the library
     background: BackgroundWork | None = None        # may become a detached job (through the JSON protocols)
     resets_index: bool = False                      # the in-memory vector index is rebuilt afterwards
@@ -459,9 +459,10 @@ COMMAND_TABLE = (
     Command("ingest", "index files or folders",
             lambda c: cmd_ingest(c.written, c.payload, c.progress, c.models, c.engine.own_process,
                                  c.engine.backfill_for(c.root)),
-            writes=_always, exclusive=True,
+            writes=_always, exclusive=True, rules=INGEST_RULES,
             background=BackgroundWork(ingest_pending, "files", "files need work: ingesting"), fields=INGEST_FIELDS,
-            needs_one_of=("paths", "metadata_only", "rebuild"), reports_progress=True),
+            needs_one_of=next(tuple(r["fields"]) for r in INGEST_RULES if r["rule"] == "any_of"),
+            reports_progress=True),
     Command("fetch", "download a paper by DOI, arXiv id or URL, and ingest it",
             lambda c: cmd_fetch(c.written, c.payload, c.progress, c.models, c.engine.own_process),
             writes=_always, check=fetch_identifier, exclusive=True, fields=FETCH_FIELDS),
@@ -625,8 +626,9 @@ class Engine:
     def _library_command(self, spec: Command, payload: dict, progress) -> dict:
         root = _kb_root(payload)
         needs_write = spec.writes(payload)
+        check_rules(spec.rules, payload)    # a refused request creates no library
         if spec.check is not None:
-            spec.check(payload)             # a refused request creates no library
+            spec.check(payload)
         if not needs_write:
             return self._run_command(spec, payload, progress, root, False)
         with self.write_lock:               # the watcher starts no sync job meanwhile

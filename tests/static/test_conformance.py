@@ -99,3 +99,28 @@ def test_the_serve_client(case, tmp_path):
     for step, got in zip(case["steps"], results):
         _meets(step, got)
     assert starts == case["starts"]
+
+
+@pytest.mark.internals
+def test_the_engine_keeps_the_request_rules_its_host_tools_check(kb_engine):
+    """A rule the engine declares on a command (`rules`) is one record: its host tool checks it with the same words,
+    and the engine refuses a request that breaks it just as the hosts refuse the arguments (issue 51: the
+    metadata_only/rebuild exclusion was worded twice)."""
+    ruled = {c.name: c.rules for c in kb_engine.COMMAND_TABLE if c.rules}
+    assert ruled, "no command declares request rules"
+    checked = 0
+    for case in CASES["payload"]:
+        rules = ruled.get(TOOLS[case["tool"]]["command"])
+        if not rules:
+            continue
+        assert all(rule in TOOLS[case["tool"]]["checks"] for rule in rules), case["tool"]
+        request = case.get("payload", case["args"])
+        broken = case.get("failed") in {rule["message"] for rule in rules}
+        try:
+            kb_engine.check_rules(rules, request)
+        except kb_engine.KBError as exc:
+            assert broken and exc.message == case["failed"], (case, exc.message)
+        else:
+            assert not broken, case
+        checked += 1
+    assert checked > 10
