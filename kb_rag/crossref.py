@@ -196,7 +196,7 @@ def _crossref_get(check: MetadataCheck, url: str) -> tuple[str, object]:
 def _cached_lookup(lib: Library, key: str):
     """A stored answer still to be trusted: ("found", record) | ("not_found", None), or None to ask again. A
     record that fails today's checks (stored by an older engine) and an old "no record" are asked again."""
-    row = lib.conn.execute("SELECT found, record, fetched_at FROM metadata_lookups WHERE key = ?", (key,)).fetchone()
+    row = lib.metadata_lookup(key)
     if row is None:
         return None
     if not row["found"]:
@@ -227,9 +227,8 @@ def _lookup(lib: Library, check: MetadataCheck, key: str, url: str, pick: Callab
     except MalformedAnswer as exc:
         return "failed", f"Crossref's answer is not a work record: {exc}"
     with lib.transaction():
-        lib.conn.execute("INSERT OR REPLACE INTO metadata_lookups(key, found, record, fetched_at) VALUES (?, ?, ?, ?)",
-                         (key, record is not None, json.dumps(record, ensure_ascii=False) if record else None,
-                          time.time()))
+        lib.store_metadata_lookup(key, record is not None, json.dumps(record, ensure_ascii=False) if record else None,
+                                  time.time())
     return ("found", record) if record else ("not_found", None)
 
 
@@ -297,11 +296,7 @@ def _apply_record(lib: Library, row: sqlite3.Row, record: dict) -> list[str]:
         if record.get(key):
             sources[key] = "crossref"
     with lib.transaction():
-        lib.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
-                         "first_author_key = ?, metadata_source = ? WHERE id = ?",
-                         (meta.title, json.dumps(meta.authors, ensure_ascii=False), meta.year, meta.journal, meta.doi,
-                          title_key(meta.title), surname_key(meta.authors[0]) if meta.authors else None,
-                          json.dumps(sources), row["id"]))
+        lib.set_doc_metadata(row["id"], meta.title, meta.authors, meta.year, meta.journal, meta.doi, sources)
         if "title" in changed:
             lib.reindex_headings(row["id"], meta.title)
         lib.invalidate_cache()
@@ -312,8 +307,8 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
     """Check the metadata of these documents against Crossref (see above); a summary for the ingest reply. Each
     document gets its own outcome: nothing a service sends can fail the ingest, whose files are committed."""
     check = metadata_check()
-    rows = [lib.conn.execute("SELECT * FROM docs WHERE id = ?", (doc_id,)).fetchone() for doc_id in doc_ids]
-    rows = [r for r in rows if r is not None and r["status"] == "indexed" and not r["zotero_key"]]
+    found = [lib.doc_by_id(doc_id) for doc_id in doc_ids]
+    rows = [r for r in found if r is not None and r["status"] == "indexed" and not r["zotero_key"]]
     results = []
     for done, row in enumerate(rows, start=1):
         if progress:

@@ -245,8 +245,7 @@ def zotero_signature(scan: FolderScan) -> list:
 def stored_under(lib: Library, root: str) -> dict[str, tuple[int, int]]:
     """The library's documents under a folder: stored path -> (size, mtime_ns), whatever their status."""
     prefix = root.rstrip(os.sep) + os.sep
-    rows = lib.conn.execute("SELECT path, size, mtime_ns FROM docs WHERE substr(path, 1, ?) = ?",
-                            (len(prefix), prefix)).fetchall()
+    rows = lib.stored_files_under(prefix)
     return {row["path"]: (row["size"], row["mtime_ns"]) for row in rows}
 
 

@@ -1,6 +1,9 @@
-"""Storage: schema, migrations, connections (WAL, one txn per file).
+"""Storage: schema, migrations, connections (WAL, one txn per file), and every statement on the library's tables.
 
-May import: config, reading.chunking, text.
+The statements the rest of the engine runs are methods of ``Library``: here, and in ``storage_queries.py``, whose
+``LibraryQueries`` it inherits. No other module executes SQL on the library's connection.
+
+May import: config, reading.chunking, storage_queries, text.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from .config import BUSY_TIMEOUT_MS, DB_FILENAME, SCHEMA_VERSION, KBError, _short_error, now_iso
 from .reading.chunking import Chunk
+from .storage_queries import LibraryQueries
 from .text import _strip_diacritics, analyzed_string, cjk_ratio
 
 # What the library records (in ``meta``) about the model that made its vectors; dropped with the vectors.
@@ -322,8 +326,9 @@ def sqlite_has_fts5() -> bool:
         return False
 
 
-class Library:
-    """One knowledge base: the SQLite file under ``root`` and its connection."""
+class Library(LibraryQueries):
+    """One knowledge base: the SQLite file under ``root`` and its connection, with the statements run on it (the
+    reads and writes of the other modules are inherited from ``LibraryQueries``)."""
 
     def __init__(self, root: Path, conn: sqlite3.Connection, writable: bool):
         self.root = root
@@ -551,6 +556,36 @@ class Library:
         self.delete_chunks(doc_id)
         self.conn.execute("DELETE FROM docs WHERE id = ?", (doc_id,))
 
+    def move_doc(self, doc_id: int, path: str, size: int, mtime_ns: int) -> None:
+        """Point a document at a new file path (inside the caller's transaction); its passages stay."""
+        self.conn.execute("UPDATE docs SET path = ?, path_bytes = ?, size = ?, mtime_ns = ? WHERE id = ?",
+                          (path_key(path), path_bytes(path), size, mtime_ns, doc_id))
+
+    def set_doc_metadata(self, doc_id: int, title: str | None, authors: list[str], year: int | None,
+                         journal: str | None, doi: str | None, sources: dict) -> None:
+        """Write a document's title, authors, year, journal and DOI with their match keys, and where each field
+        came from (``sources``: field -> extracted | crossref), inside the caller's transaction."""
+        self.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
+                          "first_author_key = ?, metadata_source = ? WHERE id = ?",
+                          (title, json.dumps(authors, ensure_ascii=False), year, journal, doi, title_key(title),
+                           surname_key(authors[0]) if authors else None, json.dumps(sources), doc_id))
+
+    def clear(self) -> dict[str, int]:
+        """Delete every document, passage, vector and cached answer in one transaction, then give the space back
+        (VACUUM); the documents and passages there were."""
+        counts = {"docs": self.count_docs(), "chunks": self.count_chunks()}
+        with self.transaction():
+            if self.has_fts5:
+                self.conn.execute("DELETE FROM chunks_fts")
+            else:
+                self.conn.execute("DELETE FROM chunk_terms")
+            self.forget_vectors()
+            self.conn.execute("DELETE FROM chunks")
+            self.conn.execute("DELETE FROM docs")
+            self.conn.execute("DELETE FROM cache")
+        self.conn.execute("VACUUM")
+        return counts
+
     def invalidate_cache(self) -> None:
         self.conn.execute("DELETE FROM cache")
 
@@ -585,11 +620,6 @@ class Library:
         if self.vector_model()[0] is None:
             return None
         return self.get_meta("embed_passage_prompt") or ""
-
-    def count_stale_docs(self, revision: int) -> int:
-        """Indexed documents read by a parser older than ``revision``."""
-        return self.conn.execute("SELECT COUNT(*) FROM docs WHERE status = 'indexed' AND indexed_with < ?",
-                                 (revision,)).fetchone()[0]
 
     def count_missing_vectors(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "

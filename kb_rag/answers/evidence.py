@@ -661,8 +661,7 @@ class BoxPlacer:
         return opened
 
     def _open(self, doc_id: int) -> IndexedPdf:
-        row = self.lib.conn.execute("SELECT path, size, mtime_ns, sha256, page_coverage FROM docs WHERE id = ?",
-                                    (doc_id,)).fetchone()
+        row = self.lib.doc_file_stamp(doc_id)
         if row is None:
             raise KBError("not_found", "no document has this doc_id")
         stamp = verified_stamp(row, self.cache.files)

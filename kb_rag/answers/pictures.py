@@ -220,8 +220,7 @@ def with_evidence(lib: Library, hits: list[HitRecord], cache: PageCache | None =
     with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
     as inline PNG (see ``hit_picture``), or ``picture_note``."""
     chunk_ids = [h["chunk_id"] for h in hits if h.get("kind") == "pdf"]
-    rows = {row["id"]: row for row in lib.conn.execute(
-        f"SELECT id, text, page_map FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)}
+    rows = lib.chunk_page_maps(chunk_ids)
     placer = BoxPlacer(lib, cache)
     out: list[HitRecord] = []
     drawn = 0

@@ -406,7 +406,7 @@ def vector_coverage(lib: Library, state: LibraryState, models: Models) -> dict:
     """Which model's vectors a search used and how many passages have one (counted once per library change)."""
     generation = lib.generation()
     if state.coverage is None or state.coverage[0] != generation:
-        total = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        total = lib.count_chunks()
         state.coverage = (generation, total, lib.count_missing_vectors(),
                           (lib.vector_refusal() or {}).get("reason"))
     _, total, missing, refused = state.coverage
@@ -460,8 +460,7 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
         response["reranker"] = models.rerank_name if kind == "rerank" else models.rerank_fallback_name
     if not response["results"]:
         notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
-    langs = dict(lib.conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
-                                  "GROUP BY lang").fetchall())
+    langs = lib.indexed_languages()
     lang_note = language_note(renderings, langs, vectors_used=query_vec is not None,
                               keyword_strength=keyword_strength)
     if lang_note:
@@ -513,9 +512,7 @@ def related_work(lib: Library, models: Models, state: LibraryState, query_vec, e
             continue
         candidates.append((float(to_evidence[i]), float(to_query[i]), doc_id))
     candidates.sort(reverse=True)
-    rows = {r["id"]: r for r in lib.conn.execute(
-        f"SELECT id, title, authors, year, doi, path FROM docs WHERE id IN ({', '.join('?' * len(candidates))})",
-        [c[2] for c in candidates])} if candidates else {}
+    rows = lib.doc_summaries([c[2] for c in candidates])
     related = []
     for topic, _relevance, doc_id in candidates:
         row = rows[doc_id]

@@ -288,10 +288,8 @@ def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | No
         path_key = response["files"][0]["path"]
         if doi:
             with lib.transaction():
-                lib.conn.execute("UPDATE docs SET doi = ? WHERE path = ? AND (doi IS NULL OR doi = '')",
-                                 (doi, path_key))
-        row = lib.conn.execute("SELECT doi FROM docs WHERE path = ?", (path_key,)).fetchone()
-        stored = row["doi"] if row is not None else None
+                lib.fill_missing_doi(path_key, doi)
+        stored = lib.stored_doi(path_key)
     response["fetched"] = {"identifier": identifier, "kind": kind, "source": source, "url": pdf.url,
                            "path": path_key or str(path), "bytes": len(pdf.body), "doi": stored or doi}
     return response
@@ -427,9 +425,7 @@ def cmd_docs(lib: Library | None, payload: dict) -> dict:
     status = _opt_str(payload, "status")
     if lib is None:
         return {"docs": [], "total": 0, "limit": limit, "offset": offset}
-    where, params = ("WHERE status = ?", [status]) if status else ("", [])
-    total = lib.conn.execute(f"SELECT COUNT(*) FROM docs {where}", params).fetchone()[0]
-    rows = lib.conn.execute(f"SELECT * FROM docs {where} ORDER BY id LIMIT ? OFFSET ?", params + [limit, offset])
+    total, rows = lib.docs_page(status, limit, offset)
     return {"docs": [_doc_record(r) for r in rows], "total": total, "limit": limit, "offset": offset}
 
 
@@ -440,28 +436,23 @@ def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
         return {"kb_root": str(kb_root), "exists": False, "docs": 0, "chunks": 0, "vectors": 0, "vectors_missing": 0,
                 "by_status": {}, "schema_version": None, "models": configured, "device": models.device_report(),
                 "note": EMPTY_LIBRARY_NOTE}
-    conn = lib.conn
-    by_status = dict(conn.execute("SELECT status, COUNT(*) FROM docs GROUP BY status").fetchall())
-    kinds = dict(conn.execute("SELECT kind, COUNT(*) FROM docs WHERE status = 'indexed' GROUP BY kind").fetchall())
-    langs = dict(conn.execute("SELECT lang, COUNT(*) FROM docs WHERE status = 'indexed' AND lang IS NOT NULL "
-                              "GROUP BY lang").fetchall())
-    chunks = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-    vectors = conn.execute("SELECT COUNT(*) FROM vecs").fetchone()[0]
-    stale = lib.count_stale_docs(PARSER_REVISION)
+    counts = lib.library_counts(PARSER_REVISION)
+    by_status, langs = counts["by_status"], counts["langs"]
     size = sum(p.stat().st_size for p in (lib.db_path, Path(f"{lib.db_path}-wal")) if p.exists())
     embed_model, embed_dim = lib.vector_model()
     refusal = lib.vector_refusal()
     return {
         "kb_root": str(lib.root), "db_path": str(lib.db_path), "exists": True,
         "docs": sum(by_status.values()), "indexed_docs": by_status.get("indexed", 0), "by_status": by_status,
-        "by_kind": kinds, "languages": langs, "dominant_language": max(langs, key=langs.__getitem__) if langs else None,
-        "chunks": chunks, "vectors": vectors, "vectors_missing": lib.count_missing_vectors(),
+        "by_kind": counts["kinds"], "languages": langs,
+        "dominant_language": max(langs, key=langs.__getitem__) if langs else None,
+        "chunks": counts["chunks"], "vectors": counts["vectors"], "vectors_missing": lib.count_missing_vectors(),
         **({"vectors_refused": refusal} if refusal else {}),
         "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
         **vector_space_report(lib, models),
         "device": models.device_report(),
-        "schema_version": conn.execute("PRAGMA user_version").fetchone()[0], "parser_revision": PARSER_REVISION,
-        "stale_docs": stale, "keyword_index": "fts5" if lib.has_fts5 else "python-bm25", "db_bytes": size,
+        "schema_version": lib.schema_version(), "parser_revision": PARSER_REVISION,
+        "stale_docs": counts["stale"], "keyword_index": "fts5" if lib.has_fts5 else "python-bm25", "db_bytes": size,
         "page_coverage": library_page_coverage(lib),
     }
 
@@ -499,9 +490,7 @@ def library_page_coverage(lib: Library) -> dict:
     totals: dict[str, Any] = {"text_pages": 0, "pages_with_chunks": 0, "without_chunks": reasons, "ocr_pages": 0,
                               "ocr_docs": 0}
     lost_docs = []
-    rows = lib.conn.execute("SELECT id, path, page_coverage FROM docs WHERE status = 'indexed' "
-                            "AND page_coverage IS NOT NULL ORDER BY id")
-    for doc_id, path, raw in rows:
+    for doc_id, path, raw in lib.indexed_page_coverage():
         coverage = json.loads(raw)
         totals["text_pages"] += coverage["text_pages"]
         totals["pages_with_chunks"] += coverage["pages_with_chunks"]
@@ -536,8 +525,8 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
     apply = _opt_bool(payload, "apply")
     if lib is None:
         return {"groups": [], "removed": 0, "applied": apply, "recorded_duplicates": 0}
-    indexed = lib.conn.execute("SELECT * FROM docs WHERE status = 'indexed' ORDER BY id").fetchall()
-    recorded = lib.conn.execute("SELECT COUNT(*) FROM docs WHERE status = 'duplicate'").fetchone()[0]
+    indexed = lib.indexed_docs()
+    recorded = lib.count_recorded_duplicates()
     groups: dict[tuple, list] = {}
     for key_name, key_of in (("same_doi", lambda r: r["doi"]),
                              ("same_title", lambda r: (_normalised_title(r["title"]), r["year"])
@@ -563,10 +552,8 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
                 for member in members:
                     if member["id"] != keep["id"] and member["status"] == "indexed":
                         lib.delete_chunks(member["id"])
-                        lib.conn.execute(
-                            "UPDATE docs SET status = 'duplicate', reason = ?, error = ?, duplicate_of = ?, "
-                            "chunk_count = 0 WHERE id = ?",
-                            (reason, f"removed by dedup: same work as {keep['path']}", keep["id"], member["id"]))
+                        lib.mark_duplicate(member["id"], reason, f"removed by dedup: same work as {keep['path']}",
+                                           keep["id"])
                         removed += 1
                 lib.invalidate_cache()
     # Identical files never get indexed twice; they are only counted here.
@@ -585,20 +572,7 @@ CLEAR_FIELDS = (
 def cmd_clear(lib: Library, payload: dict) -> dict:
     if payload.get("confirm") is not True:
         raise KBError("confirm_required", CONFIRM_CLEAR)
-    conn = lib.conn
-    counts = {"docs": conn.execute("SELECT COUNT(*) FROM docs").fetchone()[0],
-              "chunks": conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]}
-    with lib.transaction():
-        if lib.has_fts5:
-            conn.execute("DELETE FROM chunks_fts")
-        else:
-            conn.execute("DELETE FROM chunk_terms")
-        lib.forget_vectors()
-        conn.execute("DELETE FROM chunks")
-        conn.execute("DELETE FROM docs")
-        conn.execute("DELETE FROM cache")
-    conn.execute("VACUUM")
-    return {"cleared": counts, "kb_root": str(lib.root)}
+    return {"cleared": lib.clear(), "kb_root": str(lib.root)}
 
 
 CITE_FORMATS = ("bibtex", "csl-json")
@@ -689,9 +663,7 @@ def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryS
                                  "mode": payload.get("mode", "hybrid"), "filters": payload.get("filters"),
                                  "snippet": 0}, models, state)[0]
         doc_ids = list(dict.fromkeys(r["doc_id"] for r in found["results"]))[:_opt_int(payload, "top_k", 10, 1, 200)]
-    rows = {r["id"]: r for r in lib.conn.execute(
-        f"SELECT * FROM docs WHERE status = 'indexed' AND id IN ({', '.join('?' * len(doc_ids))})", doc_ids)} \
-        if doc_ids else {}
+    rows = lib.indexed_docs_by_id(doc_ids)
     taken: set[str] = set()
     entries, blocks = [], []
     for doc_id in doc_ids:
@@ -758,13 +730,12 @@ def cmd_delete(lib: Library, payload: dict) -> dict:
     not_found = []
     for raw in paths:
         path = os.path.abspath(os.path.expanduser(raw))
-        rows = lib.conn.execute("SELECT id, path FROM docs WHERE path = ? OR substr(path, 1, ?) = ?",
-                                (path, len(path) + 1, path.rstrip(os.sep) + os.sep)).fetchall()
+        rows = lib.docs_at_or_under(path)
         if not rows:
             not_found.append(raw)
         targets.update((r[0], r[1]) for r in rows)
     for doc_id in doc_ids:
-        row = lib.conn.execute("SELECT id, path FROM docs WHERE id = ?", (doc_id,)).fetchone()
+        row = lib.doc_path_by_id(doc_id)
         if row is None:
             not_found.append(doc_id)
         else:
@@ -772,7 +743,7 @@ def cmd_delete(lib: Library, payload: dict) -> dict:
     chunks = 0
     with lib.transaction():
         for doc_id in targets:
-            chunks += lib.conn.execute("SELECT COUNT(*) FROM chunks WHERE doc_id = ?", (doc_id,)).fetchone()[0]
+            chunks += lib.count_chunks_of_doc(doc_id)
             lib.delete_doc(doc_id)     # recorded copies of it (duplicate_of -> NULL) get indexed by the next ingest
         lib.invalidate_cache()
     return {"deleted": [{"doc_id": i, "path": p} for i, p in targets.items()], "chunks_deleted": chunks,

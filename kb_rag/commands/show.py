@@ -120,8 +120,7 @@ def _show_request(payload: dict) -> dict:
 
 
 def _show_document(lib: Library, doc_id: int, known: dict) -> sqlite3.Row:
-    row = lib.conn.execute("SELECT id, path, kind, title, pages, size, mtime_ns, sha256 FROM docs WHERE id = ?",
-                           (doc_id,)).fetchone()
+    row = lib.doc_to_show(doc_id)
     if row is None:
         raise KBError("not_found", f"no document has doc_id {doc_id} (see `docs`)")
     if row["kind"] != "pdf":
@@ -136,7 +135,7 @@ def _show_document(lib: Library, doc_id: int, known: dict) -> sqlite3.Row:
 
 def _passage_boxes(lib: Library, placer: BoxPlacer, request: dict) -> dict:
     """The boxes of the requested passage (the chunk that holds it, placed as a hit's snippet), or a note."""
-    for row in lib.conn.execute("SELECT text, page_map FROM chunks WHERE doc_id = ? ORDER BY id", (request["doc_id"],)):
+    for row in lib.doc_passages(request["doc_id"]):
         page_map = json.loads(row["page_map"])
         pieces = snippet_pieces(row["text"], page_map, request)
         if pieces:
@@ -152,8 +151,7 @@ def _figure_boxes(lib: Library, placer: BoxPlacer, pdf: IndexedPdf,
     wanted = request["figure"].strip()
     head = _FIGURE_MENTION.match(wanted)
     label = figure_label(head.group(1), head.group(2)) if head else None
-    rows = lib.conn.execute("SELECT text, page FROM chunks WHERE doc_id = ? AND block = 'caption' ORDER BY id",
-                            (request["doc_id"],)).fetchall()
+    rows = lib.doc_captions(request["doc_id"])
     # a label may come back in another chapter: the caption on the asked page first (a hit's captions carry it)
     for row in sorted(rows, key=lambda r: r["page"] != request.get("page")):
         found = _FIGURE_MENTION.match(row["text"].lstrip())

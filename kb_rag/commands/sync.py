@@ -336,8 +336,7 @@ def zotero_sync_rows(lib: Library, catalog: ZoteroCatalog, known: dict[str, list
     if touched is None:
         return catalog.rows
     # one read of the library's files instead of a query per attachment (a Zotero library has thousands)
-    held = {r["path"]: r for r in lib.conn.execute("SELECT path, size, mtime_ns, status, duplicate_of, sha256 "
-                                                   "FROM docs")}
+    held = {r["path"]: r for r in lib.held_files()}
     return [row for row in catalog.rows if list(now[row["key"]]) != known.get(row["key"]) or row["itemID"] in touched
             or catalog.owner(row) in touched
             or ((file := files[row["key"]]) is not None and zotero_file_needs_work(lib, file, held=held)[0])]
@@ -373,8 +372,7 @@ def _remove_departed(lib: Library, known: dict[str, list], now: dict[str, tuple]
     removed = []
     for key in sorted(set(known) - set(now)):
         # its document: the one carrying its key, or the copy recorded at its file (a duplicate has no key)
-        rows = lib.conn.execute("SELECT id, path FROM docs WHERE zotero_attachment_key = ? OR (path = ? AND "
-                                "zotero_attachment_key IS NULL)", (key, known[key][0] or "")).fetchall()
+        rows = lib.docs_of_attachment(key, known[key][0] or "")
         for row in rows:
             if row["path"] in files_now:
                 continue            # the same file is still another live attachment's

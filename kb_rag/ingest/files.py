@@ -49,7 +49,7 @@ from ..reading.citations import document_references, link_chunk_citations
 from ..reading.metadata import METADATA_FIELDS, DocMeta, extract_metadata
 from ..reading.ocr import ReadOptions
 from ..reading.readers import extract_file
-from ..storage import Library, fs_path, path_bytes, path_key, sha256_of_file, surname_key, title_key
+from ..storage import Library, fs_path, path_key, sha256_of_file, surname_key, title_key
 
 
 @dataclass
@@ -289,8 +289,7 @@ def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | 
         return _file_entry(path, STATUS_ERROR, started, reason="unreadable", error=_short_error(exc))
     if kept is not None and kept["sha256"] == sha:
         with lib.transaction():
-            lib.conn.execute("UPDATE docs SET size = ?, mtime_ns = ? WHERE id = ?",
-                             (stat.st_size, stat.st_mtime_ns, kept["id"]))
+            lib.set_doc_stat(kept["id"], stat.st_size, stat.st_mtime_ns)
         if kept["status"] == "duplicate" and _original_is_gone(lib, kept):
             return _take_over_original(lib, path, stat, kept, started)
         return _stored_outcome(kept, started)
@@ -317,8 +316,7 @@ def _original_row(lib: Library, row: sqlite3.Row) -> sqlite3.Row | None:
     """The indexed document a recorded duplicate stands for (None once it was deleted)."""
     if row["duplicate_of"] is None:
         return None
-    return lib.conn.execute("SELECT path, path_bytes, status, sha256 FROM docs WHERE id = ?",
-                            (row["duplicate_of"],)).fetchone()
+    return lib.original_file(row["duplicate_of"])
 
 
 def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
@@ -329,16 +327,16 @@ def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
 
 def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, started: float) -> dict:
     """A recorded duplicate whose original file was deleted inherits the original's chunks."""
-    original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+    original = lib.doc_by_id(row["duplicate_of"])
     with lib.transaction():
-        lib.conn.execute("DELETE FROM docs WHERE id = ?", (row["id"],))
+        lib.delete_doc_record(row["id"])
+        assert original is not None, "the original was there a moment ago (_original_is_gone)"
         return _move_document(lib, original, path, stat, started)
 
 
 def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: float) -> dict:
     """Point an indexed document at its new path (inside the caller's transaction); its chunks stay."""
-    lib.conn.execute("UPDATE docs SET path = ?, path_bytes = ?, size = ?, mtime_ns = ? WHERE id = ?",
-                     (path_key(path), path_bytes(path), stat.st_size, stat.st_mtime_ns, doc["id"]))
+    lib.move_doc(doc["id"], path, stat.st_size, stat.st_mtime_ns)
     lib.invalidate_cache()
     entry = _file_entry(path, STATUS_MOVED, started, doc["chunk_count"], doc["title"], reason="moved")
     entry["moved_from"] = doc["path"]
@@ -489,8 +487,7 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
 
 def _docs_under(lib: Library, paths: list[str] | None, statuses: tuple[str, ...]) -> list[sqlite3.Row]:
     """Library documents with these statuses, all of them or those at/under the given paths."""
-    marks = ", ".join("?" * len(statuses))
-    rows = lib.conn.execute(f"SELECT * FROM docs WHERE status IN ({marks}) ORDER BY id", statuses).fetchall()
+    rows = lib.docs_with_statuses(statuses)
     if not paths:
         return rows
     prefixes = [path_key(os.path.abspath(os.path.expanduser(p))) for p in paths]

@@ -6,7 +6,6 @@ reading.ocr, reading.readers, storage.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sqlite3
 import sys
@@ -44,7 +43,7 @@ from ..models.runtime import PASSAGE_FORMAT, Embedder, ModelUnavailable, Unusabl
 from ..reading.metadata import METADATA_FIELDS, extract_metadata
 from ..reading.ocr import OCR_CACHE_FILENAME, ReadOptions, ocr_mode
 from ..reading.readers import extract_file
-from ..storage import DiskFull, Library, fs_path, is_disk_full, surname_key, title_key
+from ..storage import DiskFull, Library, fs_path, is_disk_full
 
 VECTOR_BATCH = 128           # chunks per encoding call: large enough for throughput, small enough to stream
 
@@ -422,12 +421,8 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
                 continue
             meta = read.meta
             with lib.transaction():
-                lib.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, "
-                                 "title_key = ?, first_author_key = ?, metadata_source = ? WHERE id = ?",
-                                 (meta.title, json.dumps(meta.authors, ensure_ascii=False), meta.year, meta.journal,
-                                  meta.doi, title_key(meta.title),
-                                  surname_key(meta.authors[0]) if meta.authors else None,
-                                  json.dumps(dict.fromkeys(METADATA_FIELDS, "extracted")), row["id"]))
+                lib.set_doc_metadata(row["id"], meta.title, meta.authors, meta.year, meta.journal, meta.doi,
+                                     dict.fromkeys(METADATA_FIELDS, "extracted"))
                 lib.reindex_headings(row["id"], meta.title)
             entries.append(_file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title,
                                        "metadata"))

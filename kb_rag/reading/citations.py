@@ -140,18 +140,14 @@ def _title_words_in(title: str | None, text: str) -> bool:
 def in_library(lib: Library, doi: str | None, title: str | None, first_author: str | None, year: int | None,
                exclude_doc: int, raw: str = "") -> dict | None:
     """The library document a cited work is, by DOI, then normalised title, then first author + year."""
-    conn = lib.conn
     rows = []
     if doi:
-        rows = conn.execute("SELECT id, title, doi, path FROM docs WHERE doi = ? AND status = 'indexed' AND id != ?",
-                            (doi.lower(), exclude_doc)).fetchall()
+        rows = lib.indexed_docs_by_doi(doi.lower(), exclude_doc)
     key = title_key(title)
     if not rows and key:
-        rows = conn.execute("SELECT id, title, doi, path FROM docs WHERE title_key = ? AND status = 'indexed' "
-                            "AND id != ?", (key, exclude_doc)).fetchall()
+        rows = lib.indexed_docs_by_title_key(key, exclude_doc)
     if not rows and first_author and year:
-        rows = conn.execute("SELECT id, title, doi, path FROM docs WHERE first_author_key = ? AND year = ? "
-                            "AND status = 'indexed' AND id != ?", (first_author, year, exclude_doc)).fetchall()
+        rows = lib.indexed_docs_by_author_year(first_author, year, exclude_doc)
         # a reference that prints a title must agree with the document's title (APS-style ones print none)
         rows = [r for r in rows if not title or _title_words_in(r["title"], raw)]
         rows = rows if len(rows) == 1 else []
@@ -183,8 +179,7 @@ def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[Ca
     if not wanted:
         return []
     captions: dict[str, sqlite3.Row] = {}
-    for row in lib.conn.execute("SELECT id, text, page FROM chunks WHERE doc_id = ? AND block = 'caption' AND id != ?",
-                                (doc_id, chunk_id)):
+    for row in lib.other_captions(doc_id, chunk_id):
         head = _FIGURE_MENTION.match(row["text"].lstrip())
         if head:
             captions.setdefault(figure_label(head.group(1), head.group(2)), row)
@@ -194,9 +189,7 @@ def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[Ca
 
 def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[CitationRecord], int]:
     """The works a passage cites, with their library match; at most CITATIONS_PER_HIT, plus how many more."""
-    rows = lib.conn.execute(
-        "SELECT cc.marker, r.num, r.raw, r.doi, r.title, r.first_author, r.year FROM chunk_cites cc "
-        "JOIN refs r ON r.id = cc.ref_id WHERE cc.chunk_id = ? ORDER BY r.num", (chunk_id,)).fetchall()
+    rows = lib.chunk_citations(chunk_id)
     citations = []
     for row in rows[:CITATIONS_PER_HIT]:
         citations.append(CitationRecord(marker=row["marker"], ref=row["num"], text=row["raw"][:300], doi=row["doi"],

@@ -254,9 +254,7 @@ def query_idfs(lib: Library, terms: list[str]) -> dict[str, float]:
     total, counts = lib.term_counts(terms)
     if len(script_groups(terms)) == 1:
         return {t: _idf(total, counts.get(t, 0)) for t in terms}
-    marks = ", ".join("?" * len(CJK_LANGS))
-    population = lib.conn.execute(f"SELECT COALESCE(SUM(chunk_count), 0) FROM docs WHERE status = 'indexed' "
-                                  f"AND lang IN ({marks})", CJK_LANGS).fetchone()[0]
+    population = lib.indexed_chunks_in_languages(CJK_LANGS)
     population = max([population, *(counts.get(t, 0) for t in terms if term_weight(t) != 1.0)])
     return {t: _idf(total if term_weight(t) == 1.0 else population, counts.get(t, 0)) for t in terms}
 
@@ -266,12 +264,7 @@ def _scores_among(lib: Library, terms: list[str], chunk_ids: list[int]) -> list[
     among = " AND c.id IN (SELECT value FROM json_each(?))"
     if not lib.has_fts5:
         return _python_bm25(lib, terms, among, [json.dumps(chunk_ids)], len(chunk_ids))
-    match = " OR ".join(f'"{t}"' for t in terms)
-    # `+rowid`: offered to FTS5 as a rowid constraint, the list made SQLite run the whole MATCH once per id
-    rows = lib.conn.execute("SELECT rowid, -bm25(chunks_fts, ?, ?) FROM chunks_fts WHERE chunks_fts MATCH ? "
-                            "AND +rowid IN (SELECT value FROM json_each(?))",
-                            [*FTS_COLUMN_WEIGHTS, match, json.dumps(chunk_ids)]).fetchall()
-    return [(row[0], float(row[1])) for row in rows]
+    return lib.fts_scores_among(" OR ".join(f'"{t}"' for t in terms), chunk_ids)
 
 
 MAX_SECTION_WEIGHT = max(1.0, *SECTION_WEIGHTS.values())
@@ -279,9 +272,7 @@ MAX_SECTION_WEIGHT = max(1.0, *SECTION_WEIGHTS.values())
 
 def _fts_top(lib: Library, match: str, limit: int) -> list[tuple[int, float]]:
     """The keyword ranking read from the FTS index alone, without touching the chunk rows."""
-    rows = lib.conn.execute("SELECT rowid, -bm25(chunks_fts, ?, ?) AS s FROM chunks_fts WHERE chunks_fts MATCH ? "
-                            "ORDER BY s DESC, rowid LIMIT ?", [*FTS_COLUMN_WEIGHTS, match, limit]).fetchall()
-    return [(row[0], float(row[1])) for row in rows]
+    return lib.fts_top(match, limit)
 
 
 COMMON_TERM_SHARE = 0.1      # a query word found in more chunks than this is "common" (see _fts_split_top)
@@ -319,17 +310,12 @@ def _fts_split_top(lib: Library, terms: list[str], limit: int) -> list[tuple[int
 
 def _fts_join(lib: Library, match: str, limit: int, where: str, params: list) -> list[tuple[int, float]]:
     """Every match joined with its chunk and document (for filters), ranked in SQL."""
-    sql = ("WITH hits AS (SELECT rowid AS id, bm25(chunks_fts, ?, ?) AS s FROM chunks_fts "
-           "WHERE chunks_fts MATCH ?) "
-           "SELECT c.id, -hits.s AS score FROM hits JOIN chunks c ON c.id = hits.id "
-           f"JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where} ORDER BY score DESC, c.id LIMIT ?")
-    rows = lib.conn.execute(sql, [*FTS_COLUMN_WEIGHTS, match, *params, limit]).fetchall()
-    return [(row[0], float(row[1])) for row in rows]
+    return lib.fts_filtered_top(match, where, params, limit)
 
 
 def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit: int) -> list[tuple[int, float]]:
     """BM25 over the stored term strings, for a sqlite3 without FTS5 (slow on big libraries)."""
-    stats = lib.conn.execute("SELECT body, heading FROM chunk_terms").fetchall()
+    stats = lib.term_strings()
     n_docs = len(stats) or 1
     avg_len = [sum(len(r[i].split()) for r in stats) / n_docs or 1.0 for i in (0, 1)]
     doc_freq = {t: 0 for t in terms}
@@ -337,8 +323,7 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
         present = set(body.split()) | set(heading.split())
         for t in terms:
             doc_freq[t] += t in present
-    rows = lib.conn.execute("SELECT c.id, t.body, t.heading FROM chunk_terms t JOIN chunks c ON "
-                            f"c.id = t.chunk_id JOIN docs d ON d.id = c.doc_id WHERE 1 = 1{where}", params).fetchall()
+    rows = lib.filtered_term_strings(where, params)
     scored = []
     for chunk_id, body, heading in rows:
         score = 0.0
@@ -371,16 +356,9 @@ SPECIFIC_POOL = 100           # keyword candidates that may be re-ordered
 
 def long_documents_of(lib: Library, chunk_ids: list[int]) -> tuple[dict[int, int], set[int]]:
     """(chunk id -> document id, the documents with at least SPECIFIC_MIN_CHUNKS passages) for the given chunks."""
-    ids = list(dict.fromkeys(chunk_ids))
-    doc_of: dict[int, int] = {}
-    for start in range(0, len(ids), 900):
-        batch = ids[start:start + 900]
-        doc_of.update(lib.conn.execute(f"SELECT id, doc_id FROM chunks WHERE id IN ({', '.join('?' * len(batch))})",
-                                       batch))
+    doc_of = lib.docs_of_chunks(list(dict.fromkeys(chunk_ids)))
     docs = sorted(set(doc_of.values()))
-    long_docs = {d for d, n in lib.conn.execute(
-        f"SELECT doc_id, COUNT(*) FROM chunks WHERE doc_id IN ({', '.join('?' * len(docs))}) GROUP BY doc_id",
-        docs) if n >= SPECIFIC_MIN_CHUNKS} if docs else set()
+    long_docs = {d for d, n in lib.doc_chunk_counts(docs) if n >= SPECIFIC_MIN_CHUNKS} if docs else set()
     return doc_of, long_docs
 
 
@@ -429,12 +407,11 @@ def reorder_within_documents(lib: Library, ranked: list[tuple[int, float]],
 
 def _specific_scores(lib: Library, doc_id: int, terms: list[str], members: set[int]) -> dict[int, float]:
     """BM25 of ``members`` (passages of one document) with each word weighted by its specificity there."""
-    ids = {row[0] for row in lib.conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,))}
+    ids = lib.chunk_ids_of_doc(doc_id)
     lo, hi = min(ids), max(ids)
     scores: dict[int, float] = {}
     for term in terms:
-        rows = lib.conn.execute("SELECT rowid, -bm25(chunks_fts, ?, ?) FROM chunks_fts WHERE chunks_fts MATCH ? "
-                                "AND rowid BETWEEN ? AND ?", [*FTS_COLUMN_WEIGHTS, f'"{term}"', lo, hi]).fetchall()
+        rows = lib.fts_scores_between(f'"{term}"', lo, hi)
         holding = [(rowid, share) for rowid, share in rows if rowid in ids]
         specificity = math.log((len(ids) + 1) / (len(holding) + 0.5)) / math.log(len(ids) + 1)
         weight = (TOPIC_WORD_SHARE + (1 - TOPIC_WORD_SHARE) * specificity) * term_weight(term)
@@ -460,13 +437,9 @@ def document_directions(lib: Library, doc_ids: list[int]) -> dict:
     """doc id -> the unit mean of its stored passage vectors (documents without vectors are absent)."""
     import numpy as np
     sums: dict[int, Any] = {}
-    for start in range(0, len(doc_ids), 900):
-        batch = doc_ids[start:start + 900]
-        for doc_id, blob in lib.conn.execute(
-                "SELECT c.doc_id, v.vec FROM vecs v JOIN chunks c ON c.id = v.chunk_id "
-                f"WHERE c.doc_id IN ({', '.join('?' * len(batch))})", batch):
-            vector = np.frombuffer(blob, dtype=np.float32)
-            sums[doc_id] = sums[doc_id] + vector if doc_id in sums else vector.copy()
+    for doc_id, blob in lib.doc_vectors(doc_ids):
+        vector = np.frombuffer(blob, dtype=np.float32)
+        sums[doc_id] = sums[doc_id] + vector if doc_id in sums else vector.copy()
     directions = {}
     for doc_id, total in sums.items():
         norm = float(np.linalg.norm(total))
@@ -477,13 +450,7 @@ def document_directions(lib: Library, doc_ids: list[int]) -> dict:
 
 def stored_vectors(lib: Library, chunk_ids: list[int]) -> dict:
     import numpy as np
-    out = {}
-    for start in range(0, len(chunk_ids), 900):
-        batch = chunk_ids[start:start + 900]
-        for chunk_id, blob in lib.conn.execute(
-                f"SELECT chunk_id, vec FROM vecs WHERE chunk_id IN ({', '.join('?' * len(batch))})", batch):
-            out[chunk_id] = np.frombuffer(blob, dtype=np.float32)
-    return out
+    return {chunk_id: np.frombuffer(blob, dtype=np.float32) for chunk_id, blob in lib.chunk_vectors(chunk_ids)}
 
 
 def document_aware_vector_order(lib: Library, state: LibraryState, embedder: Embedder, query_vec,

@@ -59,11 +59,7 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
         return []
     idf = term_idf(lib, terms)
     ids = [h.chunk_id for h in hits]
-    rows = {row["id"]: row for row in lib.conn.execute(
-        "SELECT c.id, c.doc_id, c.section, c.block, c.text, c.page, c.page_end, c.page_label, c.page_map, "
-        "d.path, d.title, d.authors, d.year, d.journal, d.doi, d.kind, d.page_labels, d.zotero_key, "
-        "d.zotero_attachment_key, d.zotero_group, d.page_coverage FROM chunks c JOIN docs d ON d.id = c.doc_id "
-        f"WHERE c.id IN ({', '.join('?' for _ in ids)})", ids)}
+    rows = lib.hit_rows(ids)
     records: list[HitRecord] = []
     for hit in hits:
         row = rows.get(hit.chunk_id)
@@ -137,10 +133,10 @@ class VectorIndex:
     @classmethod
     def load(cls, lib: Library, dim: int, model: str) -> VectorIndex:
         import numpy as np
-        chunks = lib.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        chunks = lib.count_chunks()
         index = cls(dim, model, compact=chunks >= compact_index_min())
         index.generation = lib.generation()
-        cursor = lib.conn.execute("SELECT chunk_id, vec FROM vecs")
+        cursor = lib.all_vectors()
         while True:
             rows = cursor.fetchmany(20_000)
             if not rows:
@@ -188,19 +184,11 @@ def filtered_chunk_ids(lib: Library, filters: dict | None) -> list[int] | None:
     where, params = filter_sql(filters)
     if not where:
         return None
-    rows = with_filter_functions(lib).conn.execute(f"SELECT c.id FROM chunks c JOIN docs d ON d.id = c.doc_id "
-                                                   f"WHERE 1 = 1{where}", params)
-    return [r[0] for r in rows]
+    return with_filter_functions(lib).chunk_ids_where(where, params)
 
 
 def chunk_weights(lib: Library, ids: Iterable[int]) -> dict[int, float]:
-    ids = list(ids)
-    weights: dict[int, float] = {}
-    for start in range(0, len(ids), 900):
-        batch = ids[start:start + 900]
-        weights.update(lib.conn.execute(f"SELECT id, weight FROM chunks WHERE id IN ({', '.join('?' * len(batch))})",
-                                        batch).fetchall())
-    return weights
+    return lib.chunk_weights(list(ids))
 
 
 # Section weights are a prior, not a verdict. A weight moves a chunk's score by at most SECTION_PRIOR_STRENGTH
@@ -298,13 +286,13 @@ def keep_dominance(lifted: list[tuple[int, float]], by_evidence: list[int], kw: 
 def chunk_texts(lib: Library, ids: list[int]) -> dict[int, str]:
     if not ids:
         return {}
-    return dict(lib.conn.execute(f"SELECT id, text FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids))
+    return lib.chunk_texts(ids)
 
 
 def doc_centroids(lib: Library, dim: int):
     """(doc ids, unit centroid matrix) of every document with vectors."""
     import numpy as np
-    directions = document_directions(lib, [row[0] for row in lib.conn.execute("SELECT id FROM docs ORDER BY id")])
+    directions = document_directions(lib, lib.doc_ids())
     ids = sorted(directions)
     if not ids:
         return [], np.zeros((0, dim), dtype=np.float32)

@@ -80,7 +80,7 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, for
         lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), zotero.title)
         lib.invalidate_cache()
     entry.update(title=zotero.title, annotations=len(attachment.annotations),
-                 chunks=lib.conn.execute("SELECT chunk_count FROM docs WHERE id = ?", (row["id"],)).fetchone()[0])
+                 chunks=lib.recorded_chunk_count(row["id"]))
     if result["status"] == STATUS_SKIPPED:
         entry.update(status=STATUS_UPDATED, reason="zotero_metadata")
     return entry
@@ -90,7 +90,7 @@ def _zotero_target_row(lib: Library, row: sqlite3.Row | None, attachment: Zotero
     """The document that receives an attachment's Zotero data: its own row, or for a recorded duplicate the
     indexed copy of the same file under another path, unless another Zotero attachment already owns that copy."""
     if row is not None and row["status"] == "duplicate" and row["duplicate_of"] is not None:
-        original = lib.conn.execute("SELECT * FROM docs WHERE id = ?", (row["duplicate_of"],)).fetchone()
+        original = lib.doc_by_id(row["duplicate_of"])
         if original is not None and original["zotero_attachment_key"] in (None, attachment.attachment_key):
             return original
     return row
