@@ -354,8 +354,12 @@ def test_kb_engine_watch_in_the_foreground(tmp_path, sample_dir):
     listed = subprocess.run([sys.executable, str(ENGINE), "watch", "--kb-root", str(kb), "--list", "--json"],
                             capture_output=True, text=True, env=env, timeout=60)
     assert json.loads(listed.stdout)["sources"][0]["state"] == "not_watched"
+    # Started as a terminal starts a foreground command: with Ctrl-C's signal at its default. A test run launched
+    # in the background of a non-interactive shell ignores SIGINT, its children inherit that, and a child that
+    # ignores SIGINT never sees the Ctrl-C this test sends (what made it hang in the loaded runs of issue 50).
     proc = subprocess.Popen([sys.executable, str(ENGINE), "watch", "--kb-root", str(kb)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.readline()
         assert first.startswith(f"watching 1 folder(s) of {kb}") and "Ctrl-C stops" in first, first
@@ -365,9 +369,7 @@ def test_kb_engine_watch_in_the_foreground(tmp_path, sample_dir):
         assert found_in(kb, "oxygen exposure hydrogen anneal nucleation density", "graphene_cvd_copper.pdf")
     finally:
         proc.send_signal(signal.SIGINT)
-        # The exit is the event waited for; the bound only keeps a hung process from hanging the suite (on a
-        # loaded 2-core machine this exit once took longer than 20 s).
-        assert proc.wait(timeout=300) == 0
+        assert proc.wait(timeout=120) == 0      # the exit is the event; the bound only keeps a hang from the suite
 
 
 def found_in(kb_root: Path, query: str, name: str) -> bool:
