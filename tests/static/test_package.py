@@ -54,7 +54,8 @@ def test_the_package_keeps_the_rules_of_the_one_file_and_the_file_is_its_build()
 
 def test_every_module_says_what_it_holds_and_imports_only_what_it_may():
     problems = []
-    for module in _modules().values():
+    modules = _modules()
+    for module in modules.values():
         if not module.docstring.strip():
             problems.append(f"{module.shown}: no docstring saying what it holds")
             continue
@@ -65,7 +66,7 @@ def test_every_module_says_what_it_holds_and_imports_only_what_it_may():
             problems.append(f"{module.shown}: its docstring does not say what it may import ('May import: ...')")
             continue
         imported = {target for target, _names, _line in module.package_imports}
-        unknown = sorted(set(declared) - set(_modules()))
+        unknown = sorted(set(declared) - set(modules))
         if unknown:
             problems.append(f"{module.shown}: may import modules that do not exist: {unknown}")
         beyond = sorted(imported - set(declared))
