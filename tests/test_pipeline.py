@@ -316,6 +316,34 @@ def test_identical_new_files_in_one_ingest(tmp_path, monkeypatch, no_vectors, re
     assert_db_ok(tmp_path / "kb")
 
 
+def test_a_duplicate_whose_original_vanishes_mid_take_over_is_read_afresh(tmp_path, monkeypatch, no_vectors):
+    """A recorded duplicate takes over its deleted original's passages; when another engine removes that original
+    between the check and the take-over, the copy is read afresh (it used to fail on the missing row)."""
+    papers = tmp_path / "papers"
+    original = sp.make_hyphenated_paper(papers, "a_battery.pdf")
+    copy = papers / "b_battery_copy.pdf"
+    shutil.copyfile(original, copy)
+    first = _ingest(monkeypatch, tmp_path / "kb", [papers], workers=0)
+    assert [f["status"] for f in first["files"]] == ["added", "duplicate"]
+    original.unlink()
+    real_check = kb_engine._original_is_gone
+
+    def gone_and_then_removed(lib, row):
+        gone = real_check(lib, row)
+        with lib.transaction():         # what another engine's removal of the original does meanwhile
+            lib.delete_doc(row["duplicate_of"])
+        return gone
+
+    monkeypatch.setattr(kb_engine, "_original_is_gone", gone_and_then_removed)
+    second = _ingest(monkeypatch, tmp_path / "kb", [copy], workers=0)
+    (entry,) = second["files"]
+    assert entry["status"] == "added" and entry["chunks"] == first["files"][0]["chunks"] > 0, entry
+    dump = library_dump(tmp_path / "kb")
+    assert set(dump["docs"]) == {str(copy)} and dump["docs"][str(copy)]["status"] == "indexed"
+    assert len(dump["chunks"][str(copy)]) == entry["chunks"]
+    assert_db_ok(tmp_path / "kb")
+
+
 # ---------------------------------------------------------------------------
 # a file that kills its worker
 

@@ -281,7 +281,7 @@ def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | 
         kept = None                                                 # an orphaned duplicate record: read afresh
     if kept is not None and kept["size"] == stat.st_size and kept["mtime_ns"] == stat.st_mtime_ns:
         if kept["status"] == "duplicate" and _original_is_gone(lib, kept):
-            return _take_over_original(lib, path, stat, kept, started)
+            return _take_over_original(lib, path, stat, kept, kind, started)
         return _stored_outcome(kept, started)
     try:
         sha = sha256_of_file(path)
@@ -291,7 +291,7 @@ def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | 
         with lib.transaction():
             lib.set_doc_stat(kept["id"], stat.st_size, stat.st_mtime_ns)
         if kept["status"] == "duplicate" and _original_is_gone(lib, kept):
-            return _take_over_original(lib, path, stat, kept, started)
+            return _take_over_original(lib, path, stat, kept, kind, started)
         return _stored_outcome(kept, started)
     twin = _indexed_twin(lib, path, sha)
     if twin is not None:
@@ -325,13 +325,16 @@ def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
             and path_state(fs_path(original))[0] == "gone")     # not merely out of reach (a locked folder)
 
 
-def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, started: float) -> dict:
+def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, kind: str,
+                        started: float) -> dict | PendingFile:
     """A recorded duplicate whose original file was deleted inherits the original's chunks."""
-    original = lib.doc_by_id(row["duplicate_of"])
     with lib.transaction():
-        lib.delete_doc_record(row["id"])
-        assert original is not None, "the original was there a moment ago (_original_is_gone)"
-        return _move_document(lib, original, path, stat, started)
+        original = lib.doc_by_id(row["duplicate_of"])     # read inside the transaction: another engine may
+        lib.delete_doc_record(row["id"])                   # have removed the original since it was checked
+        if original is not None:
+            return _move_document(lib, original, path, stat, started)
+    # The original went with its chunks in between: nothing is left to inherit, so the file is read afresh.
+    return PendingFile(path, stat, row["sha256"], kind, started)
 
 
 def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: float) -> dict:
