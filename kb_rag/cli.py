@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .answers.pictures import serve_pages
 from .commands.core import _kb_root
@@ -44,7 +44,7 @@ from .live import OUT_OF_REACH, UNREADABLE_SHOWN, WATCH_EVENTS_NOTE, Watcher
 from .models.importer import offline_model_remedy
 from .models.runtime import DEFAULT_EMBED_MODEL
 from .protocol import error_reply, run_one_shot, serve
-from .records import CitationRecord, HitRecord
+from .records import CitationRecord, DocsResponse, FetchAnswer, HitRecord, IngestResponse, SearchResponse
 from .rendering import _ocr_progress, format_duration, plain_line, visible_json, visible_text
 
 
@@ -214,7 +214,7 @@ def _say_reach(views: dict[str, dict], said: dict[str, tuple]) -> dict[str, tupl
     return now
 
 
-def _print_ingest(response: dict) -> None:
+def _print_ingest(response: IngestResponse) -> None:
     for entry in response["files"]:
         if entry["status"] in (STATUS_ADDED, STATUS_UPDATED, STATUS_MOVED):
             detail = f"{entry['chunks']} chunks"
@@ -226,11 +226,12 @@ def _print_ingest(response: dict) -> None:
         print(f"note: {response['note']}")
     vectors = f", {totals.get('vectors_written', 0)} vectors written" + (
         f", {totals['vectors_missing']} passages without one" if totals.get("vectors_missing") else "")
-    print(", ".join(f"{totals[s]} {s}" for s in INGEST_STATUSES if totals[s]) + f"  ({totals['files']} files, "
+    counts = cast(dict[str, int], totals)
+    print(", ".join(f"{counts[s]} {s}" for s in INGEST_STATUSES if counts[s]) + f"  ({totals['files']} files, "
           f"{totals['chunks_written']} chunks written{vectors}, {response['ms']} ms)")
 
 
-def _print_search(response: dict) -> None:
+def _print_search(response: SearchResponse) -> None:
     vectors = response.get("vectors")
     if vectors:
         print(f"{response['mode']} search: {'keyword + ' if response['mode'] == 'hybrid' else ''}vectors by "
@@ -241,7 +242,7 @@ def _print_search(response: dict) -> None:
     for key in ("note", "lang_note"):
         if response.get(key):
             print(f"{key.replace('_', ' ')}: {response[key]}")
-    hits: list[CliHit] = response["results"]
+    hits = cast(list[CliHit], response["results"])
     for rank, hit in enumerate(hits, start=1):
         where = [hit["section"] or None,
                  (f"p.{hit['page']}" + (f"-{hit['page_end']}" if hit["page_end"] != hit["page"] else ""))
@@ -276,7 +277,7 @@ def _print_citations(citations: list[CitationRecord]) -> None:
 
 
 def _print_rag(response: dict) -> None:
-    _print_search({**response, "results": response["evidence"]})
+    _print_search(cast(SearchResponse, {**response, "results": response["evidence"]}))
     print(f"guidance: {response['guidance']}")
     if response["related"]:
         print("related work:")
@@ -429,7 +430,7 @@ def _print_show(response: dict) -> None:
         print(f"p.{image['page']}  {image['width']}x{image['height']} px at {image['dpi']} dpi  {where}")
 
 
-def _print_fetch(response: dict) -> None:
+def _print_fetch(response: FetchAnswer) -> None:
     got = response["fetched"]
     print(f"fetched {got['identifier']} ({got['source']}, {got['bytes']} bytes) -> {got['path']}")
     _print_ingest(response)
@@ -448,7 +449,7 @@ def _print_zotero(response: dict) -> None:
     print(", ".join(f"{v} {k}" for k, v in response["totals"].items() if v) + f"  ({response['ms']} ms)")
 
 
-def _print_docs(response: dict) -> None:
+def _print_docs(response: DocsResponse) -> None:
     for doc in response["docs"]:
         print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
     print(f"{response['total']} documents")
@@ -470,9 +471,11 @@ def _print_models(response: dict) -> None:
 
 
 # How the human command line prints each command's response (others: one `key: value` line per field).
-CLI_PRINTERS = {"ingest": _print_ingest, "fetch": _print_fetch, "search": _print_search, "rag": _print_rag,
-                "cite": _print_cite, "zotero": _print_zotero, "docs": _print_docs, "contract": _print_contract,
-                "models": _print_models, "show": _print_show}
+# Each printer reads its command's answer as its record (records.py) where there is one.
+CLI_PRINTERS: dict[str, Callable[[Any], None]] = {
+    "ingest": _print_ingest, "fetch": _print_fetch, "search": _print_search, "rag": _print_rag, "cite": _print_cite,
+    "zotero": _print_zotero, "docs": _print_docs, "contract": _print_contract, "models": _print_models,
+    "show": _print_show}
 
 
 def cli_wording(text: str, command: Command) -> str:

@@ -1,6 +1,6 @@
 """Jobs: background ingest: detached process, state files, cancellation.
 
-May import: config, storage.
+May import: config, records, storage.
 """
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from .config import STATUS_ERROR, KBError
+from .records import JobRecord
 from .storage import _write_atomically
 
 # A bulk ingest runs as a detached process so that no host-side timeout can cut
@@ -159,14 +161,12 @@ def spawn_job(kb_root: Path, job_id: str) -> int:
     return process.pid
 
 
-def job_view(job: dict) -> dict:
-    """The job as the status command shows it."""
-    view = {k: job.get(k) for k in ("job_id", "command", "state", "done", "total", "pending", "current", "phase",
-                                     "phase_done", "phase_total", "ocr", "errors", "result", "reason", "created",
-                                     "updated", "finished", "text_done")}
+def job_view(job: dict) -> JobRecord:
+    """The job as the status command shows it (the job file holds more: the payload, the process id)."""
+    view = {key: job.get(key) for key in JobRecord.__annotations__}       # the record's fields, in its order
     view["errors"] = (job.get("errors") or [])[:50]
     view["searchable"] = bool(job.get("text_done")) or job.get("state") == "done"
-    return view
+    return cast(JobRecord, view)
 
 
 # Phases whose events count the items a command goes through (files, Zotero attachments, documents); the

@@ -6,7 +6,9 @@ May import: config, jobs, storage.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .config import PARSER_REVISION, Field, _opt_bool
 from .jobs import JobStore
@@ -50,7 +52,7 @@ def sync_notice(jobs: list[dict], since: float) -> str | None:
             "include them.")
 
 
-def with_notices(answer: dict, lib: Library | None, payload: dict) -> dict:
+def with_notices(answer: Mapping[str, Any], lib: Library | None, payload: dict) -> Mapping[str, Any]:
     """A search or rag answer with the ``notices`` its host asked for (after the query cache: they are of now)."""
     since = payload.get("notices_since")          # a finite number when given (check_field_types)
     stale = _opt_bool(payload, "stale_notice")

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from .config import Field, KBError, _is_integer, _opt_int
 from .notices import stale_notice
-from .records import CitationRecord, HitRecord
+from .records import CitationRecord, FileEntry, HitRecord
 
 # What a model reads for an answer, made once for every host. A request with `render: "markdown"` gets, beside its
 # data, `markdown` (short, escaped, fitted into `render_budget` characters) and, for search and rag, `view`: the
@@ -399,12 +399,12 @@ def _verification_line(check) -> str | None:
             + (f" _{md_text(check['note'])}_" if check.get("note") else ""))
 
 
-def _file_outcome(entry: dict) -> str:
+def _file_outcome(entry: FileEntry) -> str:
     return (str(entry.get("status")) + (f" ({entry['reason']})" if entry.get("reason") else "")
             + (f" — {md_text(cut_text(entry['error'], 160))}" if entry.get("error") else ""))
 
 
-def _not_indexed(entry: dict) -> bool:
+def _not_indexed(entry: FileEntry) -> bool:
     return entry.get("status") == "error" or (entry.get("status") == "skipped"
                                               and (entry.get("reason") != "unchanged" or bool(entry.get("error"))))
 
@@ -412,7 +412,7 @@ def _not_indexed(entry: dict) -> bool:
 def render_ingest(answer: dict) -> str:
     if answer.get("job_id"):
         return _job_started(answer, "Ingest")
-    files = [f for f in _listed(answer.get("files")) if isinstance(f, dict)]
+    files = [cast(FileEntry, f) for f in _listed(answer.get("files")) if isinstance(f, dict)]
     problems = [f for f in files if _not_indexed(f)]
     return _lines(
         f"**{'Metadata refreshed' if answer.get('metadata_only') else 'Ingest finished'}** ({len(files)} file(s)): "
@@ -428,7 +428,7 @@ FETCH_SOURCES = {"arxiv": "arXiv", "publisher": "the publisher", "unpaywall": "a
                  "direct": "the URL"}
 
 
-def _fetch_outcome(entry: dict) -> str | None:
+def _fetch_outcome(entry: FileEntry) -> str | None:
     """What the fetched file's ingest means for the model's next step."""
     status = entry.get("status")
     if not status:
@@ -443,7 +443,7 @@ def _fetch_outcome(entry: dict) -> str | None:
 
 def render_fetch(answer: dict) -> str:
     got = _mapping(answer.get("fetched"))
-    files = [f for f in _listed(answer.get("files")) if isinstance(f, dict)]
+    files = [cast(FileEntry, f) for f in _listed(answer.get("files")) if isinstance(f, dict)]
     entry = next((f for f in files if f.get("path") == got.get("path")), files[0] if files else None)
     size = f" ({max(1, round(got['bytes'] / 1024))} KiB)" if _finite(got.get("bytes")) is not None else ""
     url = re.sub(r"[<>\s]", lambda m: f"%{ord(m.group(0)):02X}", str(got["url"])) if got.get("url") else None

@@ -1,7 +1,7 @@
 """Search: search and rag requests: query cache, both halves, fusion, rerank, snippets, related.
 
 May import: answers.evidence, answers.pictures, config, models.importer, models.registry, models.runtime,
-retrieval.candidates, retrieval.fusion, storage, text.
+records, retrieval.candidates, retrieval.fusion, storage, text.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from ..config import (
 from ..models.importer import offline_model_remedy
 from ..models.registry import Models
 from ..models.runtime import MAX_UNKNOWN_TOKEN_SHARE, BiEncoderReranker, Embedder, ModelUnavailable, local_model_path
+from ..records import SearchResponse
 from ..retrieval.candidates import (
     BM25_K1,
     chunks_in_long_documents,
@@ -101,14 +102,14 @@ class LibraryState:
             known.update({doc_id: found.get(doc_id) for doc_id in missing})
         return {doc_id: known[doc_id] for doc_id in doc_ids if known[doc_id] is not None}
 
-    def cached(self, key: str, generation: int) -> dict | None:
+    def cached(self, key: str, generation: int) -> SearchResponse | None:
         entry = self.query_cache.get(key)
         if entry is None or entry[0] != generation:
             return None
         self.query_cache.move_to_end(key)
         return json.loads(entry[1])
 
-    def remember(self, key: str, generation: int, response: dict) -> None:
+    def remember(self, key: str, generation: int, response: SearchResponse) -> None:
         self.query_cache[key] = (generation, json.dumps(response))
         self.query_cache.move_to_end(key)
         while len(self.query_cache) > QUERY_CACHE_SIZE:
@@ -416,13 +417,20 @@ def vector_coverage(lib: Library, state: LibraryState, models: Models) -> dict:
             "missing": missing, **({"refused": refused} if refused and missing else {})}
 
 
+def _reranker_of(models: Models, score_kind: str, depth: str) -> str | None:
+    """The model whose scores a deep answer carries: the cross-encoder, or the bi-encoder it fell back to."""
+    if depth != "deep":
+        return None
+    return {"rerank": models.rerank_name, "bi-encoder": models.rerank_fallback_name}.get(score_kind)
+
+
 def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState,
-               rag: bool = False) -> tuple[dict, object]:
+               rag: bool = False) -> tuple[SearchResponse, object]:
     request = _search_request(payload, rag)
     if (request["boxes"] or request["pictures"]) and lib is not None:
         PAGE_PROCESS.warm()
-    response = {"query": request["query"], "mode": request["mode"], "depth": request["depth"], "results": [],
-                "count": 0, "cached": False}
+    response = SearchResponse(query=request["query"], mode=request["mode"], depth=request["depth"], results=[],
+                              count=0, cached=False)
     if request["queries"]:
         response["queries"] = request["queries"]
     renderings = [request["query"], *request["queries"]]
@@ -456,8 +464,9 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
                                       with_citations=request["depth"] == "deep")
     response["count"] = len(response["results"])
     response["score_kind"] = kind
-    if request["depth"] == "deep" and kind in ("rerank", "bi-encoder"):
-        response["reranker"] = models.rerank_name if kind == "rerank" else models.rerank_fallback_name
+    reranker = _reranker_of(models, kind, request["depth"])
+    if reranker:
+        response["reranker"] = reranker
     if not response["results"]:
         notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
     langs = lib.indexed_languages()
@@ -473,13 +482,16 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
     return _with_evidence_if_asked(lib, state, request, response), query_vec
 
 
-def _with_evidence_if_asked(lib: Library, state: LibraryState, request: dict, response: dict) -> dict:
+def _with_evidence_if_asked(lib: Library, state: LibraryState, request: dict,
+                            response: SearchResponse) -> SearchResponse:
     """The response with snippet boxes and pictures when the request asks for them (a copy: the cached answer
     stays bare)."""
     if not (request["boxes"] or request["pictures"]) or not response["results"]:
         return response
-    return {**response, "results": with_evidence(lib, response["results"], state.pages, boxes=request["boxes"],
-                                                 pictures=request["pictures"])}
+    shown = response.copy()
+    shown["results"] = with_evidence(lib, response["results"], state.pages, boxes=request["boxes"],
+                                     pictures=request["pictures"])
+    return shown
 
 
 def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:

@@ -3,7 +3,7 @@ dedup, delete, ...).
 
 May import: answers.pictures, answers.search, config, crossref, fetch, ingest.files, ingest.pipeline, jobs,
 models.importer, models.registry, models.runtime, notices, reading.chunking, reading.metadata, reading.ocr,
-rendering, storage, text.
+records, rendering, storage, text.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..answers.pictures import PICTURE_WIDTH_PX
 from ..answers.search import (
@@ -31,7 +31,6 @@ from ..answers.search import (
 )
 from ..config import (
     EMPTY_LIBRARY_NOTE,
-    INGEST_STATUSES,
     KB_ROOT_FIELD,
     PARSER_REVISION,
     STATUS_ADDED,
@@ -56,6 +55,7 @@ from ..ingest.files import (
     _ingest_paths,
     collect_files,
     embed_missing_chunks,
+    ingest_totals,
     vectors_not_computed,
     walk_entries,
 )
@@ -76,6 +76,7 @@ from ..notices import NOTICE_FIELDS
 from ..reading.chunking import page_coverage_note
 from ..reading.metadata import _COLLABORATION, venue_is_proceedings
 from ..reading.ocr import OCR_FIELD, ocr_mode
+from ..records import DocRecord, DocsResponse, FetchAnswer, FileEntry, IngestResponse, SearchResponse
 from ..rendering import visible_json, visible_text
 from ..storage import Library, fs_path, split_person_name, surname_key
 from ..text import cjk_ratio, clean_field, text_language
@@ -133,7 +134,7 @@ INGEST_RULES = (
 
 
 def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-               own_process: bool = False, defer: Callable[[VectorFeeder], None] | None = None) -> dict:
+               own_process: bool = False, defer: Callable[[VectorFeeder], None] | None = None) -> IngestResponse:
     """Index files; with ``defer`` (serve) the answer comes once the text is committed and ``defer`` takes the
     feeder whose vectors are still being encoded."""
     metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
@@ -153,7 +154,7 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     else:
         files = list(collect_files(paths or [], lib.root, findings))
     feeder = VectorFeeder(lib, models)
-    entries = walk_entries(lib, findings)
+    entries: list[FileEntry] = walk_entries(lib, findings)
     entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process),
                             ocr=_opt_str(payload, "ocr"))
     deferred = (defer is not None and not _opt_bool(payload, "wait_for_vectors") and feeder.thread is not None
@@ -162,12 +163,7 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
         feeder.store_ready(lib)             # what is encoded already; the rest is stored after the answer
     else:
         feeder.finish(lib, progress)
-    totals = {status: 0 for status in INGEST_STATUSES}
-    for entry in entries:
-        totals[entry["status"]] += 1
-    totals["files"] = len(entries)
-    totals["chunks"] = sum(e["chunks"] for e in entries)
-    totals["chunks_written"] = sum(e["chunks"] for e in entries if e["status"] in (STATUS_ADDED, STATUS_UPDATED))
+    totals = ingest_totals(entries)
     if deferred:
         missing = lib.count_missing_vectors()
         vectors: dict[str, Any] = {"vectors_written": 0, "vectors_missing": missing,
@@ -180,7 +176,7 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
         vectors = embed_missing_chunks(lib, models, progress)
     totals["vectors_written"] = feeder.written + vectors["vectors_written"]
     totals["vectors_missing"] = vectors["vectors_missing"]
-    response = {"files": entries, "totals": totals, "kb_root": str(lib.root)}
+    response = IngestResponse(files=entries, totals=totals, kb_root=str(lib.root))
     if deferred:
         response["vectors_pending"] = vectors["vectors_missing"]
         assert defer is not None
@@ -192,7 +188,7 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
     return response
 
 
-def _refreshed_ids(lib: Library, response: dict) -> list[int]:
+def _refreshed_ids(lib: Library, response: IngestResponse) -> list[int]:
     """Ids of the documents this ingest wrote (added, updated, moved, or metadata refreshed)."""
     ids = []
     for entry in response["files"]:
@@ -276,12 +272,12 @@ FETCH_FIELDS = (
 
 
 def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-              own_process: bool = False) -> dict:
+              own_process: bool = False) -> FetchAnswer:
     identifier, kind, value = fetch_identifier(payload)
     dest = _fetch_dest(payload, lib.root)
     pdf, source = resolve_pdf(kind, value, fetch_settings())
     path = save_fetched(dest, fetch_file_name(kind, value, pdf.url, pdf.body), pdf.body)
-    response = cmd_ingest(lib, {"paths": [str(path)]}, progress, models, own_process)
+    response = cast(FetchAnswer, cmd_ingest(lib, {"paths": [str(path)]}, progress, models, own_process))
     doi = value if kind == "doi" else f"10.48550/arxiv.{value.lower()}" if kind == "arxiv" else None
     stored = path_key = None
     if response["files"]:
@@ -359,7 +355,7 @@ RAG_DEFAULTS = {"top_k": f"`{RAG_TOP_K}`", "snippet": f"`{RAG_SNIPPET_CHARS}`", 
 RAG_FIELDS = tuple(replace(f, default=RAG_DEFAULTS.get(f.name, f.default)) for f in SEARCH_FIELDS)
 
 
-def cmd_search(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
+def cmd_search(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> SearchResponse:
     return run_search(lib, payload, models, state)[0]
 
 
@@ -374,7 +370,8 @@ GUIDANCE = {
 
 
 def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
-    response, query_vec = run_search(lib, payload, models, state, rag=True)
+    found, query_vec = run_search(lib, payload, models, state, rag=True)
+    response: dict[str, Any] = dict(found)        # the search response, its results renamed evidence
     evidence = response.pop("results")
     if query_vec is None and evidence and lib is not None and response.get("score_kind") != "bm25":
         try:   # a cached answer: the query vector is cheap to recompute for related work
@@ -396,7 +393,7 @@ def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibrarySt
 
 # -- docs, stats, dedup, clear ------------------------------------------------
 
-def _doc_record(row: sqlite3.Row) -> dict:
+def _doc_record(row: sqlite3.Row) -> DocRecord:
     return {"doc_id": row["id"], "path": row["path"], "file": Path(row["path"]).name, "kind": row["kind"],
             "status": row["status"], "reason": row["reason"], "error": row["error"], "title": row["title"],
             "authors": json.loads(row["authors"] or "[]"), "year": row["year"], "journal": row["journal"],
@@ -419,7 +416,7 @@ DOCS_FIELDS = (
 )
 
 
-def cmd_docs(lib: Library | None, payload: dict) -> dict:
+def cmd_docs(lib: Library | None, payload: dict) -> DocsResponse:
     limit = _opt_int(payload, "limit", 100, 1, 100_000)
     offset = _opt_int(payload, "offset", 0, 0, 10**9)
     status = _opt_str(payload, "status")

@@ -9,7 +9,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,7 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
             progress({**event, "done": offset + int(event.get("done") or 0), "total": total}
                      if event.get("phase") == "files" else event)
 
-    entries: list[dict] = []
+    entries: list[Mapping[str, Any]] = []       # ingest's file entries, the Zotero import's items
     notes, errors = [], []
     by_ocr: dict[str | None, list[str]] = {}       # each file read with its folder's OCR setting
     for path in ingest:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -421,7 +421,7 @@ class Command:
     """One engine command: everything the dispatcher, the job rules and the human CLI's overview know of it."""
     name: str
     help: str                                       # the line `kb-engine --help` shows
-    run: Callable[[CommandCall], dict]
+    run: Callable[[CommandCall], Mapping[str, Any]]     # a typed record (records.py) or a plain dict
     writes: Callable[[dict], bool] = _never         # whether this request changes the library
     opens_library: bool = True                      # False: answered without the library (status, models, reload)
     check: Callable[[dict], object] | None = None   # refuses a bad request before any library is created
@@ -616,7 +616,7 @@ class Engine:
         if spec.opens_library:
             response = self._library_command(spec, payload, progress)
         else:
-            response = spec.run(CommandCall(self, payload, _kb_root(payload), progress=progress))
+            response = dict(spec.run(CommandCall(self, payload, _kb_root(payload), progress=progress)))
         response["engine"] = __version__
         response["ms"] = int((time.perf_counter() - started) * 1000)
         if budget is not None:
@@ -653,7 +653,7 @@ class Engine:
             if job is not None:
                 return job
         try:
-            response = spec.run(CommandCall(self, payload, root, lib, progress))
+            response = dict(spec.run(CommandCall(self, payload, root, lib, progress)))
         finally:
             if lib is not None and lib.writable:
                 self._sync_index(lib, state, generation_before, reset=spec.resets_index)

@@ -1,7 +1,7 @@
 """Zotero command: the zotero command's request fields and handler, a Zotero library's attachments read through the
 ingest pipeline.
 
-May import: commands.core, config, ingest.files, ingest.pipeline, models.registry, reading.ocr, storage,
+May import: commands.core, config, ingest.files, ingest.pipeline, models.registry, reading.ocr, records, storage,
 zotero.importer.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ..ingest.files import embed_missing_chunks, vectors_not_computed
 from ..ingest.pipeline import VectorFeeder, ingest_files, ingest_workers, ocr_pages_only
 from ..models.registry import Models
 from ..reading.ocr import OCR_FIELD
+from ..records import FileEntry
 from ..storage import Library
 from ..zotero.importer import _zotero_candidate, read_zotero_request, zotero_overlay
 
@@ -72,7 +73,7 @@ def cmd_zotero(lib: Library | None, payload: dict, progress: Callable[[dict], No
         target = written_library(lib)
         feeder = VectorFeeder(target, models)
 
-        def lay_over(position: int, result: dict) -> dict:
+        def lay_over(position: int, result: FileEntry) -> FileEntry:
             index = with_files[position]
             entries[index] = zotero_overlay(target, attachments[index], result, force)
             report(index)

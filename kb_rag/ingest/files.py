@@ -1,7 +1,7 @@
 """Ingest: file walk, triage, one transaction per file, metadata refresh.
 
 May import: answers.search, config, models.importer, models.registry, models.runtime, reading.chunking,
-reading.citations, reading.metadata, reading.ocr, reading.readers, storage.
+reading.citations, reading.metadata, reading.ocr, reading.readers, records, storage.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ from ..reading.citations import document_references, link_chunk_citations
 from ..reading.metadata import METADATA_FIELDS, DocMeta, extract_metadata
 from ..reading.ocr import ReadOptions
 from ..reading.readers import extract_file
+from ..records import FileEntry, IngestTotals
 from ..storage import Library, fs_path, path_key, sha256_of_file, surname_key, title_key
 
 
@@ -153,7 +154,7 @@ def _entry_state(full: str, folder: str, findings: WalkFindings) -> str:
         return "unknown"
 
 
-def walk_entries(lib: Library, findings: WalkFindings) -> list[dict]:
+def walk_entries(lib: Library, findings: WalkFindings) -> list[FileEntry]:
     """The entries of what a walk reports. A link out that the library holds from before this rule (or from
     when the link led elsewhere) is taken out of it, in one transaction."""
     started = time.perf_counter()
@@ -174,8 +175,8 @@ def walk_entries(lib: Library, findings: WalkFindings) -> list[dict]:
 
 
 def _file_entry(path: str, status: str, started: float, chunks: int = 0, title: str | None = None,
-                reason: str | None = None, error: str | None = None) -> dict:
-    entry = {"path": path_key(path), "status": status, "chunks": chunks, "title": title,
+                reason: str | None = None, error: str | None = None) -> FileEntry:
+    entry: FileEntry = {"path": path_key(path), "status": status, "chunks": chunks, "title": title,
              "ms": int((time.perf_counter() - started) * 1000)}
     if reason:
         entry["reason"] = reason
@@ -184,7 +185,7 @@ def _file_entry(path: str, status: str, started: float, chunks: int = 0, title: 
     return entry
 
 
-def _stored_outcome(row: sqlite3.Row, started: float) -> dict:
+def _stored_outcome(row: sqlite3.Row, started: float) -> FileEntry:
     """The entry for a file whose stored state is still current (nothing was read)."""
     if row["status"] == "indexed":
         return _file_entry(row["path"], STATUS_SKIPPED, started, row["chunk_count"], row["title"], "unchanged")
@@ -197,6 +198,17 @@ def _stored_outcome(row: sqlite3.Row, started: float) -> dict:
                          "reason": row["reason"]}
     return entry
 
+
+def ingest_totals(entries: list[FileEntry], written: bool = True) -> IngestTotals:
+    """An ingest's counts from its file entries, one per status in INGEST_STATUSES's order. ``written``: whether
+    the added and updated files' chunks were written now (a metadata refresh rewrites none)."""
+    def count(status: str) -> int:
+        return sum(e["status"] == status for e in entries)
+    return IngestTotals(added=count(STATUS_ADDED), updated=count(STATUS_UPDATED), skipped=count(STATUS_SKIPPED),
+                        duplicate=count(STATUS_DUPLICATE), moved=count(STATUS_MOVED), error=count(STATUS_ERROR),
+                        files=len(entries), chunks=sum(e["chunks"] for e in entries),
+                        chunks_written=sum(e["chunks"] for e in entries
+                                           if written and e["status"] in (STATUS_ADDED, STATUS_UPDATED)))
 
 @dataclass
 class PendingFile:
@@ -254,7 +266,7 @@ def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
                         ocr_timed_out=extracted.ocr_timed_out, notes=extracted.notes)
 
 
-def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> dict | PendingFile:
+def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> FileEntry | PendingFile:
     """The cheap checks (stat, hash, same content elsewhere): a finished entry, or the file's pending work."""
     started = time.perf_counter()
     kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
@@ -303,7 +315,7 @@ def _indexed_twin(lib: Library, path: str, sha: str) -> sqlite3.Row | None:
     return next((d for d in lib.docs_by_sha(sha) if d["path"] != path_key(path) and d["status"] == "indexed"), None)
 
 
-def store_prepared(lib: Library, pending: PendingFile, prepared: PreparedFile) -> dict:
+def store_prepared(lib: Library, pending: PendingFile, prepared: PreparedFile) -> FileEntry:
     """Commit a read file in one transaction (or record it as a twin of a file stored since it was checked)."""
     row = lib.doc_by_path(pending.path)
     twin = _indexed_twin(lib, pending.path, pending.sha)
@@ -326,7 +338,7 @@ def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
 
 
 def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, kind: str,
-                        started: float) -> dict | PendingFile:
+                        started: float) -> FileEntry | PendingFile:
     """A recorded duplicate whose original file was deleted inherits the original's chunks."""
     with lib.transaction():
         original = lib.doc_by_id(row["duplicate_of"])     # read inside the transaction: another engine may
@@ -337,7 +349,7 @@ def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, kind: s
     return PendingFile(path, stat, row["sha256"], kind, started)
 
 
-def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: float) -> dict:
+def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: float) -> FileEntry:
     """Point an indexed document at its new path (inside the caller's transaction); its chunks stay."""
     lib.move_doc(doc["id"], path, stat.st_size, stat.st_mtime_ns)
     lib.invalidate_cache()
@@ -346,7 +358,7 @@ def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: flo
     return entry
 
 
-def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, started: float) -> dict:
+def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, started: float) -> FileEntry:
     """Same content as an indexed document: a move when the old path is gone, else a duplicate."""
     with lib.transaction():
         if row is None and path_state(fs_path(twin))[0] == "gone":    # out of reach is not moved away
@@ -362,7 +374,7 @@ def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, 
                        f"same content as {twin['path']}")
 
 
-def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedFile) -> dict:
+def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedFile) -> FileEntry:
     path, stat, started = pending.path, pending.stat, pending.started
     base = {"kind": pending.kind, "sha256": pending.sha, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
             "indexed_with": PARSER_REVISION, "indexed_at": now_iso(), "duplicate_of": None}

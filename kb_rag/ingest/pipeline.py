@@ -1,7 +1,7 @@
 """Ingest pipeline: reader processes, the encoding thread, settled reads, the batch loop.
 
 May import: answers.search, config, ingest.files, jobs, models.registry, models.runtime, reading.metadata,
-reading.ocr, reading.readers, storage.
+reading.ocr, reading.readers, records, storage.
 """
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..answers.search import LibraryState, embeddings_disabled
 from ..config import (
-    INGEST_STATUSES,
     STATUS_ADDED,
     STATUS_ERROR,
     STATUS_UPDATED,
@@ -31,6 +30,7 @@ from ..ingest.files import (
     _docs_under,
     _file_entry,
     embed_missing_chunks,
+    ingest_totals,
     prepare_file,
     storable_vectors,
     store_prepared,
@@ -43,6 +43,7 @@ from ..models.runtime import PASSAGE_FORMAT, Embedder, ModelUnavailable, Unusabl
 from ..reading.metadata import METADATA_FIELDS, extract_metadata
 from ..reading.ocr import OCR_CACHE_FILENAME, ReadOptions, ocr_mode
 from ..reading.readers import extract_file
+from ..records import FileEntry, IngestResponse
 from ..storage import DiskFull, Library, fs_path, is_disk_full
 
 VECTOR_BATCH = 128           # chunks per encoding call: large enough for throughput, small enough to stream
@@ -390,11 +391,11 @@ def read_first_pages(path: str, options: ReadOptions | None = None) -> PreparedF
 
 
 def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None,
-                     workers: int = 0) -> dict:
+                     workers: int = 0) -> IngestResponse:
     """Re-read title, authors, year, journal and DOI of indexed documents (first pages only), in reader processes
     when there are any (each read under KB_READ_SECONDS); chunks, vectors and references stay as they are."""
     rows = [r for r in _docs_under(lib, paths, statuses=("indexed",)) if not r["zotero_key"]]   # Zotero's own win
-    entries = []
+    entries: list[FileEntry] = []
     reader = FileReader(workers, read=read_first_pages, options=ReadOptions(ocr="off"))
     try:
         handed: list[tuple[sqlite3.Row, PendingFile | None, ReadHandle | None]] = []
@@ -428,9 +429,8 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
                                        "metadata"))
     finally:
         reader.close()
-    totals = {status: sum(e["status"] == status for e in entries) for status in INGEST_STATUSES}
-    totals.update(files=len(entries), chunks=sum(e["chunks"] for e in entries), chunks_written=0)
-    return {"files": entries, "totals": totals, "kb_root": str(lib.root), "metadata_only": True}
+    return IngestResponse(files=entries, totals=ingest_totals(entries, written=False), kb_root=str(lib.root),
+                          metadata_only=True)
 
 
 class VectorFeeder:
@@ -612,7 +612,7 @@ def _unchanged_since(pending: PendingFile) -> bool:
 
 
 def read_settled(lib: Library, reader: FileReader, pending: PendingFile, prepared: PreparedFile,
-                 force: bool) -> dict | tuple[PendingFile, PreparedFile]:
+                 force: bool) -> FileEntry | tuple[PendingFile, PreparedFile]:
     """What was read, once the file is known not to have changed since it was checked: a file rewritten while it
     was read (or between its checksum and its reading) is checked and read again, up to READ_ATTEMPTS times, so
     that the text stored always belongs to the checksum and size stored. A file that never holds still gets an
@@ -638,7 +638,8 @@ def ocr_pages_only(progress: Callable[[dict], None] | None) -> Callable[[dict], 
 
 def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,  # noqa: C901
                  feeder: VectorFeeder | None, workers: int = 0,
-                 on_entry: Callable[[int, dict], dict] | None = None, ocr: str | None = None) -> list[dict]:
+                 on_entry: Callable[[int, FileEntry], FileEntry] | None = None,
+                 ocr: str | None = None) -> list[FileEntry]:
     """Ingest files, one transaction each, reading them in reader processes meanwhile; the entries come back in
     input order.
 
@@ -653,23 +654,24 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
     reader = FileReader(workers, options=options, progress=progress)
     lookahead = max(2, 2 * reader.workers)
     window: list[tuple[int, Any]] = []      # (index, a finished entry or [pending, handle]), in input order
-    entries: list[dict | None] = [None] * len(files)
+    entries: list[FileEntry | None] = [None] * len(files)
     stored = 0
     in_flight: list[str] = []      # the file being stored when something fails
 
     def commit(index: int, item: Any) -> None:
         nonlocal stored
+        entry: FileEntry
         if isinstance(item, dict):
-            entry = item
+            entry = cast(FileEntry, item)
         else:
             pending, handle = item
             in_flight[:] = [pending.path]
             settled = read_settled(lib, reader, pending, reader.result(pending, handle), force)
-            if isinstance(settled, dict):
-                entry = settled
-            else:
+            if isinstance(settled, tuple):
                 pending = settled[0]
                 entry = store_prepared(lib, *settled)
+            else:
+                entry = settled
             if feeder is not None and entry["status"] in (STATUS_ADDED, STATUS_UPDATED):
                 feeder.feed(embedding_inputs(lib.chunk_passages(path=pending.path), feeder.passage_format))
         if on_entry is not None:

@@ -1,7 +1,7 @@
 """Zotero import: Zotero's data laid over the documents read from its attachments, and which attachments need a
 read.
 
-May import: config, ingest.files, reading.metadata, storage, zotero.snapshot.
+May import: config, ingest.files, reading.metadata, records, storage, zotero.snapshot.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from ..config import STATUS_ADDED, STATUS_MOVED, STATUS_SKIPPED, STATUS_UPDATED, _opt_bool, _opt_int, _opt_str
 from ..ingest.files import _original_is_gone, _original_row
 from ..reading.metadata import METADATA_FIELDS, DocMeta
+from ..records import FileEntry
 from ..storage import Library, path_key, surname_key, title_key
 from ..zotero.snapshot import (
     ZoteroAttachment,
@@ -45,7 +46,7 @@ def _zotero_candidate(attachment: ZoteroAttachment) -> dict:
     return _zotero_entry(attachment, "candidate", annotations=len(attachment.annotations))
 
 
-def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: dict, force: bool) -> dict:
+def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: FileEntry, force: bool) -> dict:
     """Lay Zotero's metadata and annotations over the attachment's file, just ingested (``result``)."""
     entry = _zotero_entry(attachment, result["status"], reason=result.get("reason"), error=result.get("error"))
     entry["chunks"] = result["chunks"]
