@@ -488,6 +488,8 @@ def given(value) -> bool:
 REQUEST_RULES: dict[str, Callable[[dict, dict], bool]] = {
     "exclusive": lambda payload, rule: not all(given(payload.get(f)) for f in rule["fields"]),
     "any_of": lambda payload, rule: any(given(payload.get(f)) for f in rule["fields"]),
+    "needs": lambda payload, rule: not given(payload.get(rule["field"])) or given(payload.get(rule["needs"])),
+    "is_true": lambda payload, rule: payload.get(rule["field"]) is True,
 }
 
 

@@ -45,8 +45,8 @@ def written_cases() -> list[dict]:
     refuse = lambda tool, args, message: {"tool": tool, "args": args, "failed": message}  # noqa: E731
     build = lambda tool, args, payload: {"tool": tool, "args": args, "payload": payload}  # noqa: E731
     needs_paths = "paths is required: give at least one file or folder to ingest"
-    clear = ("nothing was cleared: kb_clear needs confirm: true, and only after the user explicitly asked to empty "
-             "the library")
+    clear = ("nothing was cleared: clear deletes every document of the library and needs `confirm: true`, given only "
+             "once the user has asked to empty the library")
     return [
         refuse("kb_search", {"query": "   "}, "query must be a non-empty string of search terms"),
         refuse("kb_search", {}, "query must be a non-empty string of search terms"),
@@ -68,7 +68,7 @@ def written_cases() -> list[dict]:
         refuse("kb_clear", {"confirm": "true"}, clear),
         build("kb_clear", {"confirm": True}, {"confirm": True}),
         refuse("kb_show", {"doc_id": 3},
-               "kb_show needs the hit's page (with char_start and char_end), or a figure label"),
+               "show needs the hit's page (with its char_start and char_end), or a figure label"),
         refuse("kb_show", {"doc_id": 3, "page": 2, "char_start": 5},
                "give char_end with char_start, both as the hit carries them"),
         refuse("kb_show", {"doc_id": 3, "page": 2, "char_end": 5},

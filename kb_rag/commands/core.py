@@ -230,7 +230,8 @@ STATUS_FIELDS = (
     Field("cancel", "boolean", "`false`",
           "with `job_id`: ask the job to stop; a job still `queued` stops before it does anything, a running one "
           "after the file (or attachment) in flight: each is written in its own transactions, so the library never "
-          "holds half of one, and running the same request again resumes where the job stopped",
+          "holds half of one, and running the same request again resumes where the job stopped. Without `job_id` "
+          "it is a `bad_request` (which job to stop?)",
           cli=(Flag(("--cancel",), "ask the job to stop", SWITCH),)),
 )
 
@@ -240,8 +241,14 @@ def with_background_vectors(response: dict, vectors: dict | None) -> dict:
     return {**response, "vectors": vectors} if vectors is not None else response
 
 
+# Checked by the engine before it answers, and by both hosts before they call it (kb_status's checks).
+STATUS_RULES = ({"rule": "needs", "field": "cancel", "needs": "job_id",
+                 "message": "cancel needs the job_id of the job to stop"},)
+
+
 def cmd_status(kb_root: Path, payload: dict) -> dict:
     """One job's state (``cancel: true`` asks it to stop), or every recent job of the library."""
+    check_rules(STATUS_RULES, payload)
     store = JobStore(kb_root)
     job_id = _opt_str(payload, "job_id")
     if not job_id:
@@ -557,7 +564,11 @@ def cmd_dedup(lib: Library | None, payload: dict) -> dict:
     return {"groups": report, "removed": removed, "applied": apply, "recorded_duplicates": recorded}
 
 
-CONFIRM_CLEAR = "clear deletes every document of the library; repeat the request with `confirm: true` to proceed"
+# Checked by the engine before it opens the library and again by the handler (it deletes everything), and by
+# both hosts before they call it (kb_clear's checks).
+CLEAR_RULES = ({"rule": "is_true", "field": "confirm", "code": "confirm_required",
+                "message": "nothing was cleared: clear deletes every document of the library and needs `confirm: "
+                           "true`, given only once the user has asked to empty the library"},)
 CLEAR_FIELDS = (
     Field("confirm", "boolean", "`false`",
           "must be `true`; otherwise the command fails with code `confirm_required` and nothing is deleted",
@@ -567,8 +578,7 @@ CLEAR_FIELDS = (
 
 
 def cmd_clear(lib: Library, payload: dict) -> dict:
-    if payload.get("confirm") is not True:
-        raise KBError("confirm_required", CONFIRM_CLEAR)
+    check_rules(CLEAR_RULES, payload)
     return {"cleared": lib.clear(), "kb_root": str(lib.root)}
 
 

@@ -46,6 +46,7 @@ from ..config import (
     _opt_int,
     _opt_str,
     _short_error,
+    check_rules,
 )
 from ..reading.citations import _FIGURE_MENTION, figure_label
 from ..storage import Library, _write_atomically
@@ -92,19 +93,28 @@ SHOW_FIELDS = (
 )
 
 
+# Checked by the engine before it opens the library, and by both hosts before they call it (kb_show's checks).
+SHOW_RULES = (
+    {"rule": "any_of", "fields": ["doc_id"], "message": "show needs `doc_id`: the document of the hit to draw"},
+    {"rule": "any_of", "fields": ["page", "figure"],
+     "message": "show needs the hit's page (with its char_start and char_end), or a figure label"},
+    {"rule": "needs", "field": "char_start", "needs": "char_end",
+     "message": "give char_end with char_start, both as the hit carries them"},
+    {"rule": "needs", "field": "char_end", "needs": "char_start",
+     "message": "give char_start with char_end, both as the hit carries them"},
+)
+
+
 def _show_request(payload: dict) -> dict:
     if not _is_integer(payload.get("doc_id")):
         raise KBError("bad_request", "show needs `doc_id`: the document of the hit to draw")
+    check_rules(SHOW_RULES, payload)
     request: dict[str, Any] = {
         "doc_id": _opt_int(payload, "doc_id", 0, 1, 2**63 - 1), "figure": _opt_str(payload, "figure"),
         "crop": _opt_bool(payload, "crop", True), "inline": _opt_bool(payload, "inline"),
         "dest": _opt_str(payload, "dest"),
         "dpi": None if payload.get("dpi") is None else _opt_int(payload, "dpi", 0, *SHOW_DPI_RANGE)}
-    has_start, has_end = payload.get("char_start") is not None, payload.get("char_end") is not None
-    if has_start != has_end:
-        raise KBError("bad_request", "give both `char_start` and `char_end` (as the hit carries them), or neither")
-    if request["figure"] is None and payload.get("page") is None:
-        raise KBError("bad_request", "show needs `page` (and the hit's `char_start`/`char_end`), or a `figure`")
+    has_start = payload.get("char_start") is not None
     for key in ("page", "page_end", "char_start", "char_end"):
         if payload.get(key) is not None:
             request[key] = _opt_int(payload, key, 0, 0 if key.startswith("char") else 1, 10**9)

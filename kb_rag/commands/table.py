@@ -18,7 +18,7 @@ from ..answers.search import MAX_RENDERINGS, RAG_TOP_K, SEARCH_DEPTHS, SEARCH_MO
 from ..commands.core import (
     CITE_FIELDS,
     CLEAR_FIELDS,
-    CONFIRM_CLEAR,
+    CLEAR_RULES,
     DEDUP_FIELDS,
     DELETE_FIELDS,
     DOCS_FIELDS,
@@ -29,6 +29,7 @@ from ..commands.core import (
     RAG_FIELDS,
     SEARCH_FIELDS,
     STATUS_FIELDS,
+    STATUS_RULES,
     _kb_root,
     _name_empty_library,
     cmd_cite,
@@ -47,7 +48,7 @@ from ..commands.core import (
     with_background_vectors,
     written_library,
 )
-from ..commands.show import SHOW_FIELDS, cmd_show
+from ..commands.show import SHOW_FIELDS, SHOW_RULES, cmd_show
 from ..commands.sync import SYNC_FIELDS, WATCH_FIELDS, cmd_sync, cmd_watch, sync_pending
 from ..commands.zotero import ZOTERO_FIELDS, cmd_zotero
 from ..config import (
@@ -121,11 +122,6 @@ def _always(payload: dict) -> bool:
 
 def _never(payload: dict) -> bool:
     return False
-
-
-def _require_confirm(payload: dict) -> None:
-    if payload.get("confirm") is not True:
-        raise KBError("confirm_required", CONFIRM_CLEAR)
 
 
 # -- The host contract -----------------------------------------------------------------------------------------
@@ -314,12 +310,7 @@ HOST_TOOLS = (
                            "instead of the passage"),
          "crop": _flag("false shows the whole page; by default the passage's column with some context")},
         required=("doc_id",),
-        checks=({"rule": "any_of", "fields": ["page", "figure"],
-                 "message": "kb_show needs the hit's page (with char_start and char_end), or a figure label"},
-                {"rule": "needs", "field": "char_start", "needs": "char_end",
-                 "message": "give char_end with char_start, both as the hit carries them"},
-                {"rule": "needs", "field": "char_end", "needs": "char_start",
-                 "message": "give char_start with char_end, both as the hit carries them"}),
+        checks=SHOW_RULES,
         read_only=True, idempotent=True, fixed=(("inline", True),)),
     HostTool(
         "kb_scope", None, "Session answering scope",
@@ -339,9 +330,7 @@ HOST_TOOLS = (
         "Remove every document from the knowledge base index (the files themselves are kept). Only when the user "
         "explicitly asks for it.",
         {"confirm": _flag("Must be true: the user asked to clear the library")}, required=("confirm",),
-        checks=({"rule": "is_true", "field": "confirm", "code": "confirm_required",
-                 "message": "nothing was cleared: kb_clear needs confirm: true, and only after the user explicitly "
-                            "asked to empty the library"},),
+        checks=CLEAR_RULES,
         destructive=True, idempotent=True),
     HostTool(
         "kb_stats", "stats", "Library statistics",
@@ -374,8 +363,7 @@ HOST_TOOLS = (
         "job_id for one job; cancel: true stops it.",
         {"job_id": _string("The job_id returned by kb_ingest or kb_zotero; leave out to list recent jobs"),
          "cancel": _flag("Ask the job to stop after the file in flight (needs job_id)")},
-        checks=({"rule": "needs", "field": "cancel", "needs": "job_id",
-                 "message": "cancel needs the job_id of the job to stop"},),
+        checks=STATUS_RULES,
         read_only=True, idempotent=True),
 )
 
@@ -483,7 +471,7 @@ COMMAND_TABLE = (
     Command("status", "background jobs of the library (started through the JSON protocols)",
             lambda c: with_background_vectors(with_sources(cmd_status(c.root, c.payload), c.root, c.engine.watcher),
                                               c.engine.background_vectors(c.root)),
-            opens_library=False, fields=STATUS_FIELDS,
+            opens_library=False, rules=STATUS_RULES, fields=STATUS_FIELDS,
             cli_flags=(Flag(("--follow",), "wait until the job (default: the running one) ends, with a progress bar "
                                            "on a terminal", SWITCH),)),
     Command("search", "find passages", lambda c: with_notices(cmd_search(c.lib, c.payload, c.models, c.state),
@@ -493,7 +481,7 @@ COMMAND_TABLE = (
             lambda c: with_notices(cmd_rag(c.lib, c.payload, c.models, c.state), c.lib, c.payload), fields=RAG_FIELDS,
             cli_flags=(SHOW_FLAG,)),
     Command("show", "draw a hit's passage highlighted on its PDF page (PNG)",
-            lambda c: cmd_show(c.lib, c.payload, c.state), fields=SHOW_FIELDS),
+            lambda c: cmd_show(c.lib, c.payload, c.state), rules=SHOW_RULES, fields=SHOW_FIELDS),
     Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state),
             fields=CITE_FIELDS, needs_one_of=("query", "doc_ids")),
     Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload),
@@ -509,7 +497,7 @@ COMMAND_TABLE = (
             lambda c: cmd_reembed(c.written, c.payload, c.models, c.progress), writes=_always, resets_index=True,
             exclusive=True, fields=(KB_ROOT_FIELD,), reports_progress=True),
     Command("clear", "delete everything in the library (needs --yes)", lambda c: cmd_clear(c.written, c.payload),
-            writes=_always, check=_require_confirm, resets_index=True, exclusive=True, fields=CLEAR_FIELDS),
+            writes=_always, rules=CLEAR_RULES, resets_index=True, exclusive=True, fields=CLEAR_FIELDS),
     Command("reload", "re-read the library from disk; drop_models also unloads the models (protocol only)",
             lambda c: c.engine._reload(c.payload), opens_library=False, fields=RELOAD_FIELDS,
             on_cli=False),
@@ -612,6 +600,7 @@ class Engine:
         if spec is None:
             raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
         check_field_types(spec.request_fields, payload)
+        check_rules(spec.rules, payload)    # a refused request creates no library
         budget = render_budget(payload) if spec.name in RENDERERS else None
         if spec.opens_library:
             response = self._library_command(spec, payload, progress)
@@ -626,7 +615,6 @@ class Engine:
     def _library_command(self, spec: Command, payload: dict, progress) -> dict:
         root = _kb_root(payload)
         needs_write = spec.writes(payload)
-        check_rules(spec.rules, payload)    # a refused request creates no library
         if spec.check is not None:
             spec.check(payload)
         if not needs_write:
