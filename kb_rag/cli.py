@@ -21,6 +21,7 @@ from .commands.sync import SYNC_COUNTS
 from .commands.table import COMMAND_TABLE, COMMANDS_BY_NAME, Command, Engine, host_contract_text
 from .config import (
     INGEST_STATUSES,
+    REQUEST_RULES,
     REQUIREMENTS,
     STATUS_ADDED,
     STATUS_ERROR,
@@ -393,11 +394,14 @@ def cli_payload(command: Command, args: argparse.Namespace) -> dict:
 
 
 def _missing_one_of(command: Command, payload: dict) -> str | None:
-    """The usage error of a request that names none of the fields it needs one of, or None."""
-    if not command.needs_one_of or any(payload.get(name) not in (None, False, [], "") for name in command.needs_one_of):
-        return None
-    shown = [flag.shown for flag, dest, _ in _command_flags(command) if dest in command.needs_one_of]
-    return f"{command.name} needs {' or '.join(shown)}"
+    """The usage error of a request that names none of the fields one of its rules needs one of (``any_of``), in
+    the flags that fill them, or None."""
+    for rule in command.rules:
+        if rule["rule"] == "any_of" and not REQUEST_RULES["any_of"](payload, rule):
+            shown = [flag.shown for flag, dest, _ in _command_flags(command) if dest in rule["fields"]]
+            if shown:       # else no flag fills them: the engine's own message says what is missing
+                return f"{command.name} needs {' or '.join(shown)}"
+    return None
 
 
 class CliHit(HitRecord, total=False):

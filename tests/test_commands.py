@@ -158,6 +158,28 @@ def test_clear_needs_confirm(engine, kb_engine, papers, kb_root):
     assert again["files"][0]["status"] == "added"
 
 
+@pytest.mark.parametrize("command, payload, code, message", [
+    ("status", {"cancel": True}, "bad_request", "cancel needs the job_id of the job to stop"),
+    ("show", {"doc_id": 1}, "bad_request", "show needs the hit's page (with its char_start and char_end), or a "
+                                           "figure label"),
+    ("show", {"doc_id": 1, "page": 1, "char_start": 0}, "bad_request",
+     "give char_end with char_start, both as the hit carries them"),
+    ("cite", {"doc_ids": []}, "bad_request", "cite needs a query or doc_ids"),
+    ("delete", {"paths": ["  "]}, "bad_request", "give paths or doc_ids to delete"),
+    ("clear", {"confirm": False}, "confirm_required", "nothing was cleared: clear deletes every document"),
+    ("ingest", {"metadata_only": True, "rebuild": True}, "bad_request", "metadata_only and rebuild cannot be"),
+])
+def test_a_request_that_breaks_its_commands_rules_is_refused_before_any_library(engine, kb_engine, tmp_path,
+                                                                               command, payload, code, message):
+    """Each command's rules (one record, its host tool's checks too) are checked by the dispatcher, for the
+    commands that open no library as well (status), and nothing is created."""
+    kb_root = tmp_path / "kb"
+    with pytest.raises(kb_engine.KBError) as info:
+        engine.execute(command, {"kb_root": str(kb_root), **payload})
+    assert err_code(info.value) == code and info.value.message.startswith(message), info.value.message
+    assert not kb_root.exists()
+
+
 def test_engine_keeps_libraries_apart(engine, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     _ingest(engine, a, sp.make_onecolumn_paper(tmp_path / "pa"))

@@ -650,6 +650,9 @@ CITE_FIELDS = (
 )
 
 
+CITE_RULES = ({"rule": "any_of", "fields": ["query", "doc_ids"], "message": "cite needs a query or doc_ids"},)
+
+
 def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
     """BibTeX or CSL-JSON for documents given by id, or for the documents a query finds."""
     fmt = _opt_str(payload, "format", "bibtex") or "bibtex"
@@ -657,8 +660,7 @@ def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryS
         raise KBError("bad_request", f"unknown format {fmt!r}; use bibtex or csl-json")
     doc_ids = payload.get("doc_ids")
     query = payload.get("query")
-    if doc_ids is None and not query:
-        raise KBError("bad_request", "give doc_ids or a query")
+    check_rules(CITE_RULES, payload)
     if doc_ids is not None and (not isinstance(doc_ids, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in doc_ids)):
         raise KBError("bad_request", "doc_ids must be a list of integers")
@@ -721,6 +723,9 @@ DELETE_FIELDS = (
 )
 
 
+DELETE_RULES = ({"rule": "any_of", "fields": ["paths", "doc_ids"], "message": "give paths or doc_ids to delete"},)
+
+
 def cmd_delete(lib: Library, payload: dict) -> dict:
     """Remove documents by path (a folder removes everything under it) or by doc_id."""
     paths = payload.get("paths", [])
@@ -731,8 +736,7 @@ def cmd_delete(lib: Library, payload: dict) -> dict:
         raise KBError("bad_request", "paths must be a list of file or folder paths")
     if not isinstance(doc_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in doc_ids):
         raise KBError("bad_request", "doc_ids must be a list of integers")
-    if not paths and not doc_ids:
-        raise KBError("bad_request", "give paths or doc_ids to delete")
+    check_rules(DELETE_RULES, payload)
     targets: dict[int, str] = {}
     not_found = []
     for raw in paths:

@@ -17,10 +17,12 @@ from typing import Any
 from ..answers.search import MAX_RENDERINGS, RAG_TOP_K, SEARCH_DEPTHS, SEARCH_MODES, LibraryState
 from ..commands.core import (
     CITE_FIELDS,
+    CITE_RULES,
     CLEAR_FIELDS,
     CLEAR_RULES,
     DEDUP_FIELDS,
     DELETE_FIELDS,
+    DELETE_RULES,
     DOCS_FIELDS,
     FETCH_FIELDS,
     INGEST_FIELDS,
@@ -418,7 +420,6 @@ class Command:
     background: BackgroundWork | None = None        # may become a detached job (through the JSON protocols)
     resets_index: bool = False                      # the in-memory vector index is rebuilt afterwards
     fields: tuple[Field, ...] = ()                  # its request's fields, as docs/PROTOCOL.md lists them
-    needs_one_of: tuple[str, ...] = ()              # a request names at least one of these (the CLI says so)
     on_cli: bool = True                             # False: through the JSON protocols only
     cli_flags: tuple[Flag, ...] = ()                # human command line arguments that are no request field
     reports_progress: bool = False                  # the human command line draws a progress bar for it
@@ -449,7 +450,6 @@ COMMAND_TABLE = (
                                  c.engine.backfill_for(c.root)),
             writes=_always, exclusive=True, rules=INGEST_RULES,
             background=BackgroundWork(ingest_pending, "files", "files need work: ingesting"), fields=INGEST_FIELDS,
-            needs_one_of=next(tuple(r["fields"]) for r in INGEST_RULES if r["rule"] == "any_of"),
             reports_progress=True),
     Command("fetch", "download a paper by DOI, arXiv id or URL, and ingest it",
             lambda c: cmd_fetch(c.written, c.payload, c.progress, c.models, c.engine.own_process),
@@ -483,7 +483,7 @@ COMMAND_TABLE = (
     Command("show", "draw a hit's passage highlighted on its PDF page (PNG)",
             lambda c: cmd_show(c.lib, c.payload, c.state), rules=SHOW_RULES, fields=SHOW_FIELDS),
     Command("cite", "BibTeX or CSL-JSON for documents", lambda c: cmd_cite(c.lib, c.payload, c.models, c.state),
-            fields=CITE_FIELDS, needs_one_of=("query", "doc_ids")),
+            fields=CITE_FIELDS, rules=CITE_RULES),
     Command("docs", "list the documents: id, status, chunks, title, file", lambda c: cmd_docs(c.lib, c.payload),
             fields=DOCS_FIELDS),
     Command("stats", "counts, models, schema, stale documents and page coverage of the library",
@@ -492,7 +492,7 @@ COMMAND_TABLE = (
             lambda c: cmd_dedup(c.lib, c.payload), writes=lambda payload: bool(payload.get("apply")),
             fields=DEDUP_FIELDS),
     Command("delete", "remove documents (files or folders) from the library",
-            lambda c: cmd_delete(c.written, c.payload), writes=_always, fields=DELETE_FIELDS),
+            lambda c: cmd_delete(c.written, c.payload), writes=_always, rules=DELETE_RULES, fields=DELETE_FIELDS),
     Command("reembed", "recompute every vector with the configured embedding model",
             lambda c: cmd_reembed(c.written, c.payload, c.models, c.progress), writes=_always, resets_index=True,
             exclusive=True, fields=(KB_ROOT_FIELD,), reports_progress=True),
