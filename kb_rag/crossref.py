@@ -2,6 +2,7 @@
 
 May import: config, fetch, reading.metadata, storage.
 """
+
 from __future__ import annotations
 
 import html
@@ -26,15 +27,15 @@ from .storage import Library, is_disk_full, surname_key, title_key
 # only when the returned title matches the extracted one closely and the first author's family name agrees.
 # Answers are kept in metadata_lookups, so a paper is asked about once; Zotero's own data always wins.
 
-CROSSREF_TITLE_MATCH = 0.92          # similarity of normalised titles for a title query to count as a match
+CROSSREF_TITLE_MATCH = 0.92  # similarity of normalised titles for a title query to count as a match
 CROSSREF_SELECT = "DOI,title,author,issued,published-print,published-online,container-title"
-METADATA_TIMEOUT_S = 10.0            # one lookup, its answer read to the end (KB_METADATA_TIMEOUT)
-METADATA_DEADLINE_S = 300.0          # every lookup of one request together (KB_METADATA_DEADLINE)
-METADATA_RECHECK_DAYS = 30           # "no record" is asked again after this long: works are registered late
+METADATA_TIMEOUT_S = 10.0  # one lookup, its answer read to the end (KB_METADATA_TIMEOUT)
+METADATA_DEADLINE_S = 300.0  # every lookup of one request together (KB_METADATA_DEADLINE)
+METADATA_RECHECK_DAYS = 30  # "no record" is asked again after this long: works are registered late
 # The longest values a record may hold. Nothing real comes near them; a longer value comes from a broken or
 # hostile service and is dropped, so that it is neither stored on a document nor sent back in every hit.
 RECORD_LIMITS = {"title": 1000, "journal": 500, "author": 300, "authors": 5000, "doi": 300}
-RECORD_FIRST_YEAR = 1000             # a record's year lies between this and next year
+RECORD_FIRST_YEAR = 1000  # a record's year lies between this and next year
 
 
 class MalformedAnswer(ValueError):
@@ -44,10 +45,11 @@ class MalformedAnswer(ValueError):
 @dataclass
 class MetadataCheck:
     """The settings of one verification run and what it found, per document."""
+
     base: str
-    settings: FetchSettings          # its deadline ends the whole run (KB_METADATA_DEADLINE)
-    offline: str = ""                # why no request is made (KB_OFFLINE, or the network failed this run)
-    ran_out: bool = False            # the run's deadline passed before every document was checked
+    settings: FetchSettings  # its deadline ends the whole run (KB_METADATA_DEADLINE)
+    offline: str = ""  # why no request is made (KB_OFFLINE, or the network failed this run)
+    ran_out: bool = False  # the run's deadline passed before every document was checked
 
     def request_settings(self) -> FetchSettings:
         """The settings of one request: its own deadline, KB_METADATA_TIMEOUT from now, within the run's."""
@@ -63,10 +65,18 @@ class MetadataCheck:
 def metadata_check() -> MetadataCheck:
     timeout = fetch_settings_number("KB_METADATA_TIMEOUT", METADATA_TIMEOUT_S)
     budget = fetch_settings_number("KB_METADATA_DEADLINE", METADATA_DEADLINE_S)
-    settings = FetchSettings(arxiv="", resolver="", unpaywall="", email=None, max_bytes=FETCH_PAGE_MAX_BYTES,
-                             timeout=timeout, deadline=time.monotonic() + budget,
-                             timeout_name="KB_METADATA_TIMEOUT", deadline_name="KB_METADATA_DEADLINE",
-                             size_name="the largest answer a metadata lookup reads")
+    settings = FetchSettings(
+        arxiv="",
+        resolver="",
+        unpaywall="",
+        email=None,
+        max_bytes=FETCH_PAGE_MAX_BYTES,
+        timeout=timeout,
+        deadline=time.monotonic() + budget,
+        timeout_name="KB_METADATA_TIMEOUT",
+        deadline_name="KB_METADATA_DEADLINE",
+        size_name="the largest answer a metadata lookup reads",
+    )
     check = MetadataCheck((os.environ.get("KB_CROSSREF_URL") or "https://api.crossref.org").rstrip("/"), settings)
     if os.environ.get("KB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
         check.offline = "KB_OFFLINE is set: metadata was not checked online"
@@ -77,6 +87,7 @@ def _similar_titles(a: str, b: str) -> float:
     """How alike two titles are, 0 to 1: the lower of their character similarity and the share of words they
     have in common, so a title differing in one telling word ("... rotating prism") stays apart."""
     import difflib
+
     words_a, words_b = (re.findall(r"\w+", unicodedata.normalize("NFKC", t or "").casefold()) for t in (a, b))
     if not words_a or not words_b:
         return 0.0
@@ -94,7 +105,7 @@ def _record_text(value, limit: int) -> str | None:
 
 
 def _record_year(value) -> int | None:
-    if type(value) is not int:       # bool is an int to Python, and true is no year
+    if type(value) is not int:  # bool is an int to Python, and true is no year
         return None
     return value if RECORD_FIRST_YEAR <= value <= time.gmtime().tm_year + 1 else None
 
@@ -112,10 +123,13 @@ def bounded_record(fields: dict) -> dict:
     listed = fields.get("authors")
     names = listed if isinstance(listed, list) else []
     authors = [name for name in (_record_text(n, RECORD_LIMITS["author"]) for n in names) if name]
-    return {"title": _record_text(fields.get("title"), RECORD_LIMITS["title"]),
-            "authors": authors[:RECORD_LIMITS["authors"]], "year": _record_year(fields.get("year")),
-            "journal": _record_text(fields.get("journal"), RECORD_LIMITS["journal"]),
-            "doi": _record_doi(fields.get("doi"))}
+    return {
+        "title": _record_text(fields.get("title"), RECORD_LIMITS["title"]),
+        "authors": authors[: RECORD_LIMITS["authors"]],
+        "year": _record_year(fields.get("year")),
+        "journal": _record_text(fields.get("journal"), RECORD_LIMITS["journal"]),
+        "doi": _record_doi(fields.get("doi")),
+    }
 
 
 def _first_string(message: dict, key: str):
@@ -148,7 +162,7 @@ def crossref_record(message) -> dict | None:
     if people is not None and not isinstance(people, list):
         raise MalformedAnswer("its author is not a list")
     authors = []
-    for person in (people or [])[:RECORD_LIMITS["authors"]]:
+    for person in (people or [])[: RECORD_LIMITS["authors"]]:
         if not isinstance(person, dict):
             continue
         parts = [person.get(k) for k in ("given", "family")]
@@ -162,8 +176,15 @@ def crossref_record(message) -> dict | None:
         title = html.unescape(re.sub(r"<[^>]+>", "", title))
     if isinstance(journal, str) and len(journal) <= 4 * RECORD_LIMITS["journal"]:
         journal = html.unescape(journal)
-    record = bounded_record({"title": title, "authors": authors, "year": _crossref_year(message),
-                             "journal": journal, "doi": message.get("DOI")})
+    record = bounded_record(
+        {
+            "title": title,
+            "authors": authors,
+            "year": _crossref_year(message),
+            "journal": journal,
+            "doi": message.get("DOI"),
+        }
+    )
     return record if record["title"] or record["doi"] else None
 
 
@@ -174,7 +195,7 @@ def _crossref_get(check: MetadataCheck, url: str) -> tuple[str, object]:
     except KBError as exc:
         if exc.code == "too_large":
             return "failed", f"Crossref's answer is larger than a record can be ({exc.message})"
-        if not check.time_left():        # the run's own deadline cut this lookup short: the service is not down
+        if not check.time_left():  # the run's own deadline cut this lookup short: the service is not down
             check.ran_out = True
             return "failed", f"the verification ran out of time during this lookup ({exc.message})"
         check.offline = f"Crossref could not be reached ({exc.message}); metadata was not checked online"
@@ -227,8 +248,9 @@ def _lookup(lib: Library, check: MetadataCheck, key: str, url: str, pick: Callab
     except MalformedAnswer as exc:
         return "failed", f"Crossref's answer is not a work record: {exc}"
     with lib.transaction():
-        lib.store_metadata_lookup(key, record is not None, json.dumps(record, ensure_ascii=False) if record else None,
-                                  time.time())
+        lib.store_metadata_lookup(
+            key, record is not None, json.dumps(record, ensure_ascii=False) if record else None, time.time()
+        )
     return ("found", record) if record else ("not_found", None)
 
 
@@ -246,16 +268,23 @@ def _doi_record(message) -> dict:
 
 def _check_one(lib: Library, check: MetadataCheck, row: sqlite3.Row) -> dict:
     from urllib.parse import quote, urlencode
+
     authors = json.loads(row["authors"] or "[]")
     if row["doi"]:
-        status, found = _lookup(lib, check, f"doi:{row['doi']}", f"{check.base}/works/{quote(row['doi'], safe='/')}",
-                                _doi_record)
+        status, found = _lookup(
+            lib, check, f"doi:{row['doi']}", f"{check.base}/works/{quote(row['doi'], safe='/')}", _doi_record
+        )
         if status != "found":
-            return {"outcome": status,
-                    "detail": found if status == "failed" else f"Crossref has no record of {row['doi']}"}
+            return {
+                "outcome": status,
+                "detail": found if status == "failed" else f"Crossref has no record of {row['doi']}",
+            }
         if _similar_titles(found["title"] or "", row["title"] or "") < 0.6 and not _same_first_author(authors, found):
-            return {"outcome": "no_match", "detail": f"Crossref's record of {row['doi']} is about another work "
-                                                     f"({found['title'] or 'untitled'!r}); kept what the paper prints"}
+            return {
+                "outcome": "no_match",
+                "detail": f"Crossref's record of {row['doi']} is about another work "
+                f"({found['title'] or 'untitled'!r}); kept what the paper prints",
+            }
     else:
         if not row["title"] or not authors:
             return {"outcome": "skipped", "detail": "no DOI, and no title and first author to ask about"}
@@ -269,28 +298,44 @@ def _check_one(lib: Library, check: MetadataCheck, row: sqlite3.Row) -> dict:
                 try:
                     record = crossref_record(item)
                 except MalformedAnswer:
-                    continue            # one broken item does not hide a good one
-                if record and _similar_titles(record["title"] or "", row["title"]) >= CROSSREF_TITLE_MATCH \
-                        and _same_first_author(authors, record):
+                    continue  # one broken item does not hide a good one
+                if (
+                    record
+                    and _similar_titles(record["title"] or "", row["title"]) >= CROSSREF_TITLE_MATCH
+                    and _same_first_author(authors, record)
+                ):
                     return record
             return None
-        status, found = _lookup(lib, check, f"title:{title_key(row['title']) or row['title']}",
-                                f"{check.base}/works?{query}", best)
+
+        status, found = _lookup(
+            lib, check, f"title:{title_key(row['title']) or row['title']}", f"{check.base}/works?{query}", best
+        )
         if status != "found":
-            return {"outcome": "no_match" if status == "not_found" else status,
-                    "detail": found if status == "failed" else "no Crossref record matches the title and first author"}
+            return {
+                "outcome": "no_match" if status == "not_found" else status,
+                "detail": found if status == "failed" else "no Crossref record matches the title and first author",
+            }
     return {"outcome": "verified", "record": found}
 
 
 def _apply_record(lib: Library, row: sqlite3.Row, record: dict) -> list[str]:
     """Write what Crossref knows over the extracted fields; returns the fields that changed."""
-    meta = DocMeta(title=record.get("title") or row["title"], authors=record.get("authors") or
-                   json.loads(row["authors"] or "[]"), year=record.get("year") or row["year"],
-                   journal=record.get("journal") or row["journal"], doi=record.get("doi") or row["doi"],
-                   lang=row["lang"] or "")
+    meta = DocMeta(
+        title=record.get("title") or row["title"],
+        authors=record.get("authors") or json.loads(row["authors"] or "[]"),
+        year=record.get("year") or row["year"],
+        journal=record.get("journal") or row["journal"],
+        doi=record.get("doi") or row["doi"],
+        lang=row["lang"] or "",
+    )
     sources = json.loads(row["metadata_source"] or "{}") or dict.fromkeys(METADATA_FIELDS, "extracted")
-    current = {"title": row["title"], "authors": json.loads(row["authors"] or "[]"), "year": row["year"],
-               "journal": row["journal"], "doi": row["doi"]}
+    current = {
+        "title": row["title"],
+        "authors": json.loads(row["authors"] or "[]"),
+        "year": row["year"],
+        "journal": row["journal"],
+        "doi": row["doi"],
+    }
     changed = [k for k in METADATA_FIELDS if getattr(meta, k) != current[k]]
     for key in METADATA_FIELDS:
         if record.get(key):
@@ -315,26 +360,35 @@ def verify_metadata(lib: Library, doc_ids: list[int], progress: Callable[[dict],
             progress({"phase": "verify_metadata", "done": done, "total": len(rows), "path": row["path"]})
         if not check.time_left() and not check.offline:
             check.ran_out = True
-            results.append({"path": row["path"], "outcome": "failed",
-                            "detail": "not checked: the verification ran out of time (KB_METADATA_DEADLINE)"})
+            results.append(
+                {
+                    "path": row["path"],
+                    "outcome": "failed",
+                    "detail": "not checked: the verification ran out of time (KB_METADATA_DEADLINE)",
+                }
+            )
             continue
         try:
             result = _check_one(lib, check, row)
             if result["outcome"] == "verified":
                 result["changed"] = _apply_record(lib, row, result.pop("record"))
-        except Exception as exc:         # whatever an answer does to the checks, it stays this document's outcome
+        except Exception as exc:  # whatever an answer does to the checks, it stays this document's outcome
             if is_disk_full(exc) or isinstance(exc, sqlite3.OperationalError):
-                raise                    # the library's own trouble (full, locked): the command reports it
+                raise  # the library's own trouble (full, locked): the command reports it
             result = {"outcome": "failed", "detail": f"could not be checked: {type(exc).__name__}: {_short_error(exc)}"}
         results.append({"path": row["path"], **result})
-    counts = {outcome: sum(r["outcome"] == outcome for r in results)
-              for outcome in ("verified", "no_match", "not_found", "skipped", "failed")}
+    counts = {
+        outcome: sum(r["outcome"] == outcome for r in results)
+        for outcome in ("verified", "no_match", "not_found", "skipped", "failed")
+    }
     summary = {"service": check.base, "checked": len(results), **counts, "documents": results}
     if check.offline:
         summary["note"] = check.offline
     elif check.ran_out:
-        summary["note"] = (f"the verification stopped after {check.settings.deadline_name} "
-                           f"({fetch_settings_number('KB_METADATA_DEADLINE', METADATA_DEADLINE_S):g} s); the documents "
-                           "it did not reach keep their extracted metadata: ingest {metadata_only, verify_metadata} "
-                           "checks them (answers already received are cached)")
+        summary["note"] = (
+            f"the verification stopped after {check.settings.deadline_name} "
+            f"({fetch_settings_number('KB_METADATA_DEADLINE', METADATA_DEADLINE_S):g} s); the documents "
+            "it did not reach keep their extracted metadata: ingest {metadata_only, verify_metadata} "
+            "checks them (answers already received are cached)"
+        )
     return summary

@@ -2,6 +2,7 @@
 
 May import: config, storage.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,7 @@ from .storage import _write_atomically
 FETCH_USER_AGENT = f"kb-rag/{__version__} (local literature knowledge base; paper fetch)"
 FETCH_MAX_REDIRECTS = 10
 FETCH_CHUNK_BYTES = 64 * 1024
-FETCH_PAGE_MAX_BYTES = 4 * 1024 * 1024     # a landing page or Unpaywall record is read up to this, not the PDF cap
+FETCH_PAGE_MAX_BYTES = 4 * 1024 * 1024  # a landing page or Unpaywall record is read up to this, not the PDF cap
 _FETCH_DOI = re.compile(r"^10\.\d{4,9}/\S+$")
 _FETCH_ARXIV_NEW = re.compile(r"^(\d{4}\.\d{4,5})(v\d+)?$")
 _FETCH_ARXIV_OLD = re.compile(r"^([a-z][a-z-]*(?:\.[a-z]{2})?/\d{7})(v\d+)?$", re.IGNORECASE)
@@ -40,7 +41,7 @@ class FetchSettings:
     email: str | None
     max_bytes: int
     timeout: float
-    deadline: float          # time.monotonic() past which no request starts or continues
+    deadline: float  # time.monotonic() past which no request starts or continues
     # the settings that set the limits above, named in the messages of the failures they cause
     timeout_name: str = "KB_FETCH_TIMEOUT"
     deadline_name: str = "KB_FETCH_DEADLINE"
@@ -66,17 +67,19 @@ def fetch_settings() -> FetchSettings:
         email=os.environ.get("KB_UNPAYWALL_EMAIL") or None,
         max_bytes=int(number("KB_FETCH_MAX_MB", 100.0) * 1024 * 1024),
         timeout=timeout,
-        deadline=time.monotonic() + number("KB_FETCH_DEADLINE", timeout * 4))
+        deadline=time.monotonic() + number("KB_FETCH_DEADLINE", timeout * 4),
+    )
 
 
 def parse_identifier(text: str) -> tuple[str, str]:
     """(kind, value): ("doi", "10.x/y") lower-cased, ("arxiv", "2301.05883" or "hep-th/9901001"), ("url", url)."""
     from urllib.parse import unquote
+
     value = (text or "").strip()
     lower = value.lower()
     for prefix in _FETCH_DOI_PREFIXES:
         if lower.startswith(prefix):
-            doi = unquote(value[len(prefix):].strip())
+            doi = unquote(value[len(prefix) :].strip())
             if _FETCH_DOI.match(doi):
                 return "doi", doi.lower()
             raise KBError("bad_request", f"not a DOI: {text!r} (expected 10.<registrant>/<suffix>)")
@@ -87,8 +90,9 @@ def parse_identifier(text: str) -> tuple[str, str]:
         if match:
             return "arxiv", match.group(0)
         if not arxiv_url:
-            raise KBError("bad_request",
-                          f"not an arXiv id: {text!r} (expected e.g. arXiv:2301.05883 or hep-th/9901001)")
+            raise KBError(
+                "bad_request", f"not an arXiv id: {text!r} (expected e.g. arXiv:2301.05883 or hep-th/9901001)"
+            )
     if _FETCH_DOI.match(value):
         return "doi", value.lower()
     match = _FETCH_ARXIV_NEW.match(value) or _FETCH_ARXIV_OLD.match(value)
@@ -96,8 +100,11 @@ def parse_identifier(text: str) -> tuple[str, str]:
         return "arxiv", match.group(0)
     if lower.startswith(("http://", "https://")) and len(value) > 8 and not any(c.isspace() for c in value):
         return "url", value
-    raise KBError("bad_request", f"identifier {text!r} is not a DOI (10.x/y, doi:..., https://doi.org/...), "
-                                 "an arXiv id (arXiv:2301.05883, hep-th/9901001) or an http(s) URL")
+    raise KBError(
+        "bad_request",
+        f"identifier {text!r} is not a DOI (10.x/y, doi:..., https://doi.org/...), "
+        "an arXiv id (arXiv:2301.05883, hep-th/9901001) or an http(s) URL",
+    )
 
 
 def _fetch_redirect_handler():
@@ -106,6 +113,7 @@ def _fetch_redirect_handler():
 
     class Redirects(urllib.request.HTTPRedirectHandler):
         """Follows http(s) redirects only, refuses loops and more than FETCH_MAX_REDIRECTS hops."""
+
         max_redirections = FETCH_MAX_REDIRECTS
 
         def http_error_302(self, req, fp, code, msg, headers):
@@ -114,8 +122,10 @@ def _fetch_redirect_handler():
                 target = urljoin(req.full_url, location)
                 if urlsplit(target).scheme.lower() not in ("http", "https"):
                     fp.close()
-                    raise KBError("fetch_failed", f"{req.full_url} redirects to {target}: refused, only http(s) "
-                                                  "redirects are followed")
+                    raise KBError(
+                        "fetch_failed",
+                        f"{req.full_url} redirects to {target}: refused, only http(s) redirects are followed",
+                    )
                 visited = getattr(req, "redirect_dict", {})
                 if target == req.full_url or target in visited:
                     fp.close()
@@ -132,7 +142,7 @@ def _fetch_redirect_handler():
 
 @dataclass
 class FetchResponse:
-    url: str                 # after redirects
+    url: str  # after redirects
     status: int
     content_type: str
     body: bytes
@@ -165,6 +175,7 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
     import urllib.error
     import urllib.request
     from urllib.parse import urlsplit
+
     cap = settings.max_bytes if max_bytes is None else min(max_bytes, settings.max_bytes)
     if urlsplit(url).scheme.lower() not in ("http", "https"):
         raise KBError("fetch_failed", f"refusing {url}: only http(s) URLs are fetched")
@@ -184,25 +195,29 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
             content_type = response.headers.get("Content-Type", "") if response.headers else ""
             length = response.headers.get("Content-Length") if response.headers else None
             if status < 400 and length and length.strip().isdigit() and int(length) > cap:
-                raise KBError("too_large", f"{final_url} announces {int(length)} bytes, over the limit of "
-                                           f"{cap} bytes ({settings.size_name})")
+                raise KBError(
+                    "too_large",
+                    f"{final_url} announces {int(length)} bytes, over the limit of {cap} bytes ({settings.size_name})",
+                )
             parts, total = [], 0
             # read1 returns what one receive brings, so a server that drips a byte at a time meets the deadline
             # check after every byte instead of filling a whole chunk first
             read_some = getattr(response, "read1", None) or response.read
             while True:
                 if time.monotonic() > settings.deadline:
-                    raise _fetch_failed(final_url, "the deadline passed while reading the body "
-                                                   f"({settings.deadline_name})")
+                    raise _fetch_failed(
+                        final_url, f"the deadline passed while reading the body ({settings.deadline_name})"
+                    )
                 chunk = read_some(FETCH_CHUNK_BYTES)
                 if not chunk:
                     break
                 total += len(chunk)
                 if total > cap:
-                    if status >= 400 or max_bytes is not None:      # an error page or landing page: enough of it
+                    if status >= 400 or max_bytes is not None:  # an error page or landing page: enough of it
                         break
-                    raise KBError("too_large", f"{final_url} sent more than {cap} bytes, the limit "
-                                               f"({settings.size_name})")
+                    raise KBError(
+                        "too_large", f"{final_url} sent more than {cap} bytes, the limit ({settings.size_name})"
+                    )
                 parts.append(chunk)
     except KBError:
         raise
@@ -220,11 +235,13 @@ def http_get(url: str, settings: FetchSettings, accept: str, max_bytes: int | No
 
 def http_client_errors():
     import http.client
+
     return http.client.HTTPException
 
 
 def _http_failure(response: FetchResponse) -> str:
     import http.client
+
     reason = http.client.responses.get(response.status, "")
     return f"HTTP {response.status}{' ' + reason if reason else ''} from {response.url}"
 
@@ -232,8 +249,10 @@ def _http_failure(response: FetchResponse) -> str:
 def _meta_content(page: str, name: str) -> str | None:
     """The content of the first <meta name=NAME content=...> (attributes in any order)."""
     for tag in re.finditer(r"<meta\b[^>]*>", page, re.IGNORECASE):
-        attrs = {m.group(1).lower(): html.unescape(m.group(3) if m.group(3) is not None else m.group(4) or "")
-                 for m in re.finditer(r"([a-zA-Z_:-]+)\s*=\s*(?:(['\"])(.*?)\2|([^\s>]+))", tag.group(0))}
+        attrs = {
+            m.group(1).lower(): html.unescape(m.group(3) if m.group(3) is not None else m.group(4) or "")
+            for m in re.finditer(r"([a-zA-Z_:-]+)\s*=\s*(?:(['\"])(.*?)\2|([^\s>]+))", tag.group(0))
+        }
         if (attrs.get("name") or attrs.get("property") or "").lower() == name and attrs.get("content", "").strip():
             return attrs["content"].strip()
     return None
@@ -242,6 +261,7 @@ def _meta_content(page: str, name: str) -> str | None:
 def _pdf_from_page(page: FetchResponse, settings: FetchSettings, accept: str) -> tuple[FetchResponse | None, str]:
     """Follow a landing page's citation_pdf_url; (the PDF or None, what happened)."""
     from urllib.parse import urljoin
+
     link = _meta_content(page.body.decode("utf-8", "replace"), "citation_pdf_url")
     if not link:
         return None, f"{page.describe()} without a citation_pdf_url"
@@ -255,11 +275,12 @@ def _pdf_from_page(page: FetchResponse, settings: FetchSettings, accept: str) ->
 
 def _unpaywall_pdf(doi: str, settings: FetchSettings, accept: str) -> tuple[FetchResponse | None, str]:
     from urllib.parse import quote
+
     if not settings.email:
         return None, "Unpaywall not asked (set KB_UNPAYWALL_EMAIL to look for an open-access copy)"
     url = f"{settings.unpaywall}/{quote(doi, safe='/')}?email={quote(settings.email)}"
     record = http_get(url, settings, "application/json", FETCH_PAGE_MAX_BYTES)
-    if record.status >= 400:        # named without the query, which holds the e-mail address
+    if record.status >= 400:  # named without the query, which holds the e-mail address
         return None, f"Unpaywall gave {_http_failure(record).split('?')[0]}"
     try:
         data = json.loads(record.body.decode("utf-8"))
@@ -268,8 +289,11 @@ def _unpaywall_pdf(doi: str, settings: FetchSettings, accept: str) -> tuple[Fetc
     locations = [data.get("best_oa_location")] + list(data.get("oa_locations") or []) if isinstance(data, dict) else []
     links = []
     for location in locations:
-        if isinstance(location, dict) and isinstance(location.get("url_for_pdf"), str) \
-                and location["url_for_pdf"] not in links:
+        if (
+            isinstance(location, dict)
+            and isinstance(location.get("url_for_pdf"), str)
+            and location["url_for_pdf"] not in links
+        ):
             links.append(location["url_for_pdf"])
     if not links:
         return None, "Unpaywall knows no open-access PDF"
@@ -285,6 +309,7 @@ def _unpaywall_pdf(doi: str, settings: FetchSettings, accept: str) -> tuple[Fetc
 def resolve_pdf(kind: str, value: str, settings: FetchSettings) -> tuple[FetchResponse, str]:
     """(the PDF response, source: arxiv | publisher | unpaywall | direct); not_pdf or fetch_failed otherwise."""
     from urllib.parse import quote
+
     accept = "application/pdf,text/html;q=0.8,*/*;q=0.5"
     if kind == "arxiv":
         first = http_get(f"{settings.arxiv}/pdf/{value}", settings, accept)
@@ -322,6 +347,7 @@ def resolve_pdf(kind: str, value: str, settings: FetchSettings) -> tuple[FetchRe
 def fetch_file_name(kind: str, value: str, final_url: str, body: bytes) -> str:
     """A safe file name: from the DOI or arXiv id, else from the URL's last path segment."""
     from urllib.parse import unquote, urlsplit
+
     if kind == "doi":
         stem = value
     elif kind == "arxiv":

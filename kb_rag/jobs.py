@@ -2,6 +2,7 @@
 
 May import: config, records, storage.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,7 +57,8 @@ def pid_alive(pid: int | None) -> bool:
         return False
     if sys.platform == "win32":
         import ctypes
-        handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)   # PROCESS_QUERY_LIMITED_INFORMATION
+
+        handle = ctypes.windll.kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
         if not handle:
             return False
         ctypes.windll.kernel32.CloseHandle(handle)
@@ -67,7 +69,7 @@ def pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    try:    # a finished child of this very process is a zombie until reaped
+    try:  # a finished child of this very process is a zombie until reaped
         finished, _ = os.waitpid(pid, os.WNOHANG)
         return finished == 0
     except ChildProcessError:
@@ -89,10 +91,26 @@ class JobStore:
         """A queued job that will run ``command`` with ``payload``: the runner needs nothing else."""
         self.folder.mkdir(parents=True, exist_ok=True)
         job_id = hashlib.sha1(f"{time.time_ns()}-{os.getpid()}-{command}".encode()).hexdigest()[:12]
-        job = {"job_id": job_id, "command": command, "payload": payload, "state": "queued", "done": 0,
-               "total": total, "pending": total if pending is None else pending, "current": None, "phase": None,
-               "phase_done": 0, "phase_total": 0, "errors": [], "result": None, "pid": None,
-               "created": time.time(), "updated": time.time(), "finished": None, "reason": None}
+        job = {
+            "job_id": job_id,
+            "command": command,
+            "payload": payload,
+            "state": "queued",
+            "done": 0,
+            "total": total,
+            "pending": total if pending is None else pending,
+            "current": None,
+            "phase": None,
+            "phase_done": 0,
+            "phase_total": 0,
+            "errors": [],
+            "result": None,
+            "pid": None,
+            "created": time.time(),
+            "updated": time.time(),
+            "finished": None,
+            "reason": None,
+        }
         self.write(job)
         return job
 
@@ -104,8 +122,9 @@ class JobStore:
 
     def write(self, job: dict) -> None:
         job["updated"] = time.time()
-        _write_atomically(self.path_of(job["job_id"]),
-                          json.dumps(job, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+        _write_atomically(
+            self.path_of(job["job_id"]), json.dumps(job, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        )
 
     def checked(self, job: dict) -> dict:
         """The job, marked failed when its process died without saying so."""
@@ -123,7 +142,7 @@ class JobStore:
         jobs = []
         for path in sorted(self.folder.glob("*.json")):
             if not re.fullmatch(r"[0-9a-f]{12}", path.stem):
-                continue            # the watcher's file (watcher.json) lives here too
+                continue  # the watcher's file (watcher.json) lives here too
             job = self.read(path.stem)
             if job is None:
                 continue
@@ -149,13 +168,20 @@ class JobStore:
 def spawn_job(kb_root: Path, job_id: str) -> int:
     """Start ``kb_engine.py job KB_ROOT JOB_ID`` detached from this process (it outlives a daemon restart)."""
     import subprocess
+
     log = open(kb_root / JOBS_DIRNAME / f"{job_id}.log", "ab")  # noqa: SIM115 (handed to the child, closed below)
-    options: dict = {"start_new_session": True} if os.name != "nt" else {
-        "creationflags": 0x00000008 | 0x00000200}      # DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
+    options: dict = (
+        {"start_new_session": True} if os.name != "nt" else {"creationflags": 0x00000008 | 0x00000200}
+    )  # DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
     try:
-        process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "job", str(kb_root), job_id],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                   close_fds=True, **options)
+        process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "job", str(kb_root), job_id],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            close_fds=True,
+            **options,
+        )
     finally:
         log.close()
     return process.pid
@@ -163,7 +189,7 @@ def spawn_job(kb_root: Path, job_id: str) -> int:
 
 def job_view(job: dict) -> JobRecord:
     """The job as the status command shows it (the job file holds more: the payload, the process id)."""
-    view = {key: job.get(key) for key in JobRecord.__annotations__}       # the record's fields, in its order
+    view = {key: job.get(key) for key in JobRecord.__annotations__}  # the record's fields, in its order
     view["errors"] = (job.get("errors") or [])[:50]
     view["searchable"] = bool(job.get("text_done")) or job.get("state") == "done"
     return cast(JobRecord, view)
@@ -182,8 +208,11 @@ def fold_progress(state: dict, event: dict) -> dict:
     not a phase: it sets ``ocr``, ``{"path", "done", "total"}`` in pages, until that file is counted."""
     phase = event.get("phase")
     if phase == "ocr":
-        state["ocr"] = {"path": event.get("path"), "done": int(event.get("done") or 0),
-                        "total": int(event.get("total") or 0)}
+        state["ocr"] = {
+            "path": event.get("path"),
+            "done": int(event.get("done") or 0),
+            "total": int(event.get("total") or 0),
+        }
         return state
     if phase != state.get("phase"):
         state["phase_done"] = 0

@@ -3,6 +3,7 @@ watcher.
 
 May import: config, ingest.files, jobs, storage.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,26 +34,45 @@ from .storage import Library, _write_atomically, path_key
 
 SOURCES_META_KEY = "watch_sources"
 WATCH_SETTINGS = {
-    "KB_WATCH_SETTLE_S": 2.0,     # a file's size and mtime stand still this long before it is synced
-    "KB_WATCH_GRACE_S": 30.0,     # a vanished file's document waits this long before it is removed
-    "KB_WATCH_SCAN_S": 2.0,       # the shortest time between two scans of a folder without file events
-    "KB_WATCH_RESCAN_S": 60.0,    # with file events: a full scan this often anyway (events can be lost)
+    "KB_WATCH_SETTLE_S": 2.0,  # a file's size and mtime stand still this long before it is synced
+    "KB_WATCH_GRACE_S": 30.0,  # a vanished file's document waits this long before it is removed
+    "KB_WATCH_SCAN_S": 2.0,  # the shortest time between two scans of a folder without file events
+    "KB_WATCH_RESCAN_S": 60.0,  # with file events: a full scan this often anyway (events can be lost)
     "KB_ZOTERO_FULL_S": 21600.0,  # a Zotero source's sync reads every attachment this often, only changes between
     "KB_WATCH_MAX_FILES": 5000.0,  # watching a folder of more files than this needs `confirm: true`
 }
 # Folders never watched, whatever the request confirms: the root of a file system, the home folder itself and the
 # system's own trees (a watch there takes in the system's documentation, or every file a user has, and scans it
 # every few seconds). Compared by real path; another platform's entries are not absolute here and are passed over.
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
-                "/System", "/Library", "/private/etc", "C:\\Windows", "C:\\Program Files", "C:\\Program Files (x86)",
-                "C:\\ProgramData")
-WATCH_SCAN_SHARE = 0.02     # scanning takes at most this share of a core: a large folder is scanned less often
-WATCH_DEBOUNCE_S = 0.5      # after a file event, the scan waits this long for the rest of the burst
-WATCHER_FILE = "watcher.json"       # in the jobs folder: the process keeping the sources in step, and their states
-WATCHER_BEAT_S = 10.0               # how often that file is rewritten while nothing changes
-WATCH_LIST_S = 5.0                  # how often an idle watcher reads the source list (another process may change it)
-WATCH_EVENTS_NOTE = ("file events are off (they need the optional watchdog module: pip install 'kb-rag[watch]'; "
-                     "KB_WATCH_EVENTS=0 turns them off); folders are scanned every few seconds instead")
+SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/System",
+    "/Library",
+    "/private/etc",
+    "C:\\Windows",
+    "C:\\Program Files",
+    "C:\\Program Files (x86)",
+    "C:\\ProgramData",
+)
+WATCH_SCAN_SHARE = 0.02  # scanning takes at most this share of a core: a large folder is scanned less often
+WATCH_DEBOUNCE_S = 0.5  # after a file event, the scan waits this long for the rest of the burst
+WATCHER_FILE = "watcher.json"  # in the jobs folder: the process keeping the sources in step, and their states
+WATCHER_BEAT_S = 10.0  # how often that file is rewritten while nothing changes
+WATCH_LIST_S = 5.0  # how often an idle watcher reads the source list (another process may change it)
+WATCH_EVENTS_NOTE = (
+    "file events are off (they need the optional watchdog module: pip install 'kb-rag[watch]'; "
+    "KB_WATCH_EVENTS=0 turns them off); folders are scanned every few seconds instead"
+)
 
 
 def watch_setting(name: str) -> float:
@@ -66,14 +86,18 @@ def watch_setting(name: str) -> float:
 
 # -- the sources a library keeps ---------------------------------------------------------------------------------
 
+
 def read_sources(lib: Library) -> list[dict]:
     """The library's watched sources: [{"path", "kind", "added", "last_sync", "last_changes"}]."""
     try:
         sources = json.loads(lib.get_meta(SOURCES_META_KEY) or "[]")
     except ValueError:
         return []
-    return [s for s in sources if isinstance(s, dict) and isinstance(s.get("path"), str)] \
-        if isinstance(sources, list) else []
+    return (
+        [s for s in sources if isinstance(s, dict) and isinstance(s.get("path"), str)]
+        if isinstance(sources, list)
+        else []
+    )
 
 
 def write_sources(lib: Library, sources: list[dict]) -> None:
@@ -98,8 +122,9 @@ def system_folder(path: str) -> str | None:
         return "the root of a file system"
     if real == os.path.normcase(os.path.realpath(os.path.expanduser("~"))):
         return "the home folder itself"
-    tree = next((t for t in SYSTEM_TREES if os.path.isabs(t) and _inside(real, os.path.normcase(os.path.realpath(t)))),
-                None)
+    tree = next(
+        (t for t in SYSTEM_TREES if os.path.isabs(t) and _inside(real, os.path.normcase(os.path.realpath(t)))), None
+    )
     return f"a system folder ({tree})" if tree is not None else None
 
 
@@ -114,20 +139,23 @@ def watched_source(raw: str, kb_root: Path) -> dict:
     if not os.path.isdir(path):
         what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
         raise KBError("bad_request", f"{path} {what}: watch takes folders (ingest takes single files)")
-    if _inside(os.path.realpath(path), os.path.realpath(kb_root)):     # by whatever path or link it is reached
+    if _inside(os.path.realpath(path), os.path.realpath(kb_root)):  # by whatever path or link it is reached
         raise KBError("bad_request", f"{path} is inside the library folder {kb_root}")
     base = {"path": path, "added": now_iso(), "last_sync": None, "last_changes": None}
-    if os.path.isfile(os.path.join(path, "zotero.sqlite")):     # only its database is read
+    if os.path.isfile(os.path.join(path, "zotero.sqlite")):  # only its database is read
         return {**base, "kind": "zotero", "db": os.path.join(path, "zotero.sqlite")}
     system = system_folder(path)
     if system is not None:
-        raise KBError("bad_request", f"{path} is {system}, which is never watched: watch the folder that holds your "
-                                     "papers instead")
+        raise KBError(
+            "bad_request",
+            f"{path} is {system}, which is never watched: watch the folder that holds your papers instead",
+        )
     return {**base, "kind": "folder", "mount": os.path.ismount(path)}
 
 
-def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_root: Path,
-                   options: dict | None = None) -> tuple[list, list, list]:
+def change_sources(
+    sources: list[dict], add: list[str], remove: list[str], kb_root: Path, options: dict | None = None
+) -> tuple[list, list, list]:
     """(sources after the request, paths added, paths removed). A folder inside a watched one is already
     watched; a folder around watched ones takes their place (a Zotero library is a source of its own, wherever
     it lies). Removing keeps the documents. ``options`` (ocr; base_dir for a Zotero source) go with each source
@@ -147,8 +175,9 @@ def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_ro
         path = source["path"]
         folders = [s for s in sources if s.get("kind", "folder") == "folder"]
         if any(s["path"] == path for s in sources) or (
-                source["kind"] == "folder" and any(_inside(path, s["path"]) for s in folders)):
-            continue        # already watched, as itself or as part of a watched folder
+            source["kind"] == "folder" and any(_inside(path, s["path"]) for s in folders)
+        ):
+            continue  # already watched, as itself or as part of a watched folder
         if source["kind"] == "folder":
             sources = [s for s in sources if s.get("kind", "folder") != "folder" or not _inside(s["path"], path)]
         kept = {k: v for k, v in (options or {}).items() if v and (k != "base_dir" or source["kind"] == "zotero")}
@@ -159,9 +188,9 @@ def change_sources(sources: list[dict], add: list[str], remove: list[str], kb_ro
 
 # -- comparing a folder with the library -------------------------------------------------------------------------
 
-OUT_OF_REACH = ("offline", "unreadable")       # the states of a source nothing of which can be known now
+OUT_OF_REACH = ("offline", "unreadable")  # the states of a source nothing of which can be known now
 UNREADABLE_KEPT = "nothing of it is removed, and it is synced again once it can be read"
-UNREADABLE_SHOWN = 20       # places a source's view lists that could not be read (its reason counts them all)
+UNREADABLE_SHOWN = 20  # places a source's view lists that could not be read (its reason counts them all)
 
 
 @dataclass
@@ -169,6 +198,7 @@ class FolderScan:
     """One look at a watched folder: its files as (size, mtime_ns); or, in ``offline``, why nothing of it can be
     known now, with the state that gives the source (``state``: offline or unreadable). ``unreadable``: the
     places below it that could not be looked into, (path, message): what the library holds under them stays."""
+
     files: dict[str, tuple[int, int]]
     offline: str | None = None
     seconds: float = 0.0
@@ -190,7 +220,7 @@ def out_of_reach(root: str, mount: bool = False) -> tuple[str, str] | None:
     try:
         with os.scandir(root) as entries:
             next(entries, None)
-        os.stat(os.path.join(root, os.curdir))      # a folder that can be listed but not searched
+        os.stat(os.path.join(root, os.curdir))  # a folder that can be listed but not searched
     except OSError as exc:
         return "unreadable", f"the folder cannot be read ({exc.strerror or _short_error(exc)}): {UNREADABLE_KEPT}"
     return None
@@ -212,12 +242,12 @@ def scan_folder(root: str, kb_root: Path, mount: bool = False) -> FolderScan:
         try:
             st = os.stat(path)
         except OSError as exc:
-            if exc.errno not in ABSENT_ERRNOS:      # out of reach since the walk listed it; gone: the next scan sees
+            if exc.errno not in ABSENT_ERRNOS:  # out of reach since the walk listed it; gone: the next scan sees
                 findings.unreadable.append((path, f"the file cannot be looked at ({_short_error(exc)})"))
             continue
         files[path] = (st.st_size, st.st_mtime_ns)
     locked = next((why for place, why in findings.unreadable if place == root), None)
-    if locked is not None:          # it was locked while it was walked
+    if locked is not None:  # it was locked while it was walked
         return FolderScan({}, f"{locked}: {UNREADABLE_KEPT}", time.perf_counter() - started, "unreadable")
     return FolderScan(files, None, time.perf_counter() - started, unreadable=findings.unreadable)
 
@@ -254,6 +284,7 @@ class SourceWatch:
     """What the watcher knows of one folder between scans. ``seen``: a changed file's (size, mtime) and since
     when it has held them; ``missing``: since when a stored file has been gone; ``sent``: what the last job was
     given, so a file that job could not store is not sent again until it changes."""
+
     path: str
     mount: bool = False
     zotero: bool = False
@@ -267,7 +298,7 @@ class SourceWatch:
     scan_seconds: float = 0.0
     next_scan: float = 0.0
     offline_since: float | None = None
-    unreadable: list = field(default_factory=list)     # the last scan's places below the folder it could not read
+    unreadable: list = field(default_factory=list)  # the last scan's places below the folder it could not read
 
     def presence_changed(self) -> bool:
         """Whether the source vanished, or came back, since the last look: a stat or two, asked every round, so
@@ -278,8 +309,9 @@ class SourceWatch:
             there = os.path.isdir(self.path) and (not self.mount or os.path.ismount(self.path))
         return there == (self.state == "offline")
 
-    def compare(self, scan: FolderScan, stored: dict, now: float, settle: float, grace: float
-                ) -> tuple[list[str], list[str], float | None]:
+    def compare(
+        self, scan: FolderScan, stored: dict, now: float, settle: float, grace: float
+    ) -> tuple[list[str], list[str], float | None]:
         """(files to ingest, stored paths to remove, when to look again for the ones still settling)."""
         if not self._online(scan):
             return [], [], None
@@ -291,7 +323,7 @@ class SourceWatch:
                 self.seen.pop(path, None)
                 self.sent.pop(path, None)
                 continue
-            if self.sent.get(path) == signature:       # the last job could not store it: wait for a change
+            if self.sent.get(path) == signature:  # the last job could not store it: wait for a change
                 self.seen.pop(path, None)
                 continue
             first = self.seen.get(path)
@@ -303,7 +335,7 @@ class SourceWatch:
             else:
                 wake = ready_at if wake is None else min(wake, ready_at)
         for stored_path in stored:
-            if stored_path in keyed or _within_any(stored_path, blocked):     # unread is not deleted
+            if stored_path in keyed or _within_any(stored_path, blocked):  # unread is not deleted
                 self.missing.pop(stored_path, None)
                 continue
             since = self.missing.setdefault(stored_path, now)
@@ -318,8 +350,9 @@ class SourceWatch:
         self.pending = len(self.seen) + len(self.missing)
         return ingest, remove, wake
 
-    def compare_zotero(self, scan: FolderScan, synced: list | None, now: float, settle: float
-                       ) -> tuple[bool, float | None]:
+    def compare_zotero(
+        self, scan: FolderScan, synced: list | None, now: float, settle: float
+    ) -> tuple[bool, float | None]:
         """(whether the Zotero database changed since the last sync and has stood still for ``settle``, when to
         look again while it settles)."""
         if not self._online(scan):
@@ -353,11 +386,17 @@ class SourceWatch:
         return True
 
     def view(self) -> dict:
-        return {"state": self.state, "reason": self.reason, "files": self.files, "pending": self.pending,
-                "scan_ms": round(self.scan_seconds * 1000, 1),
-                "offline_since": _iso(self.offline_since) if self.offline_since else None,
-                "unreadable": [{"path": path_key(place), "reason": why}
-                               for place, why in self.unreadable[:UNREADABLE_SHOWN]]}
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "files": self.files,
+            "pending": self.pending,
+            "scan_ms": round(self.scan_seconds * 1000, 1),
+            "offline_since": _iso(self.offline_since) if self.offline_since else None,
+            "unreadable": [
+                {"path": path_key(place), "reason": why} for place, why in self.unreadable[:UNREADABLE_SHOWN]
+            ],
+        }
 
 
 def unreadable_reason(places: list) -> str | None:
@@ -365,8 +404,10 @@ def unreadable_reason(places: list) -> str | None:
     if not places:
         return None
     more = f"; {len(places) - 1} more place(s) cannot be read" if len(places) > 1 else ""
-    return (f"{path_key(places[0][0])}: {places[0][1]}{more}; the library keeps what it holds from there, and syncs "
-            "it again once it can be read")
+    return (
+        f"{path_key(places[0][0])}: {places[0][1]}{more}; the library keeps what it holds from there, and syncs "
+        "it again once it can be read"
+    )
 
 
 def _iso(when: float) -> str:
@@ -374,6 +415,7 @@ def _iso(when: float) -> str:
 
 
 # -- the watcher -------------------------------------------------------------------------------------------------
+
 
 class FileEvents:
     """File-system events through watchdog, when it is installed: each event under a folder pokes the watcher.
@@ -419,7 +461,7 @@ class FileEvents:
         for root in roots - set(self.watches):
             try:
                 self.watches[root] = self.observer.schedule(self._handler(root), root, recursive=True)
-            except Exception:       # e.g. the inotify watch limit: scans still cover the folder
+            except Exception:  # e.g. the inotify watch limit: scans still cover the folder
                 continue
 
     def _unschedule(self, root: str) -> None:
@@ -448,10 +490,11 @@ class Watcher:
 
     def __init__(self, write_lock: Any = None, busy: Callable[[Path], bool] | None = None, events: bool = True):
         import threading
+
         self.write_lock = write_lock
         self.busy = busy or (lambda root: False)
         self.libraries: dict[Path, dict[str, SourceWatch]] = {}
-        self.jobs: dict[Path, tuple[str, list[tuple[SourceWatch, str]]]] = {}   # the sync job in flight, its files
+        self.jobs: dict[Path, tuple[str, list[tuple[SourceWatch, str]]]] = {}  # the sync job in flight, its files
         self.ticking = threading.Lock()
         self.wake = threading.Event()
         self.poked: dict[str, float] = {}
@@ -461,7 +504,7 @@ class Watcher:
         self.thread: Any = None
         self.stopping = False
         self.beats: dict[Path, tuple[float, str]] = {}
-        self.listed: dict[Path, float] = {}           # when each library's source list was last read
+        self.listed: dict[Path, float] = {}  # when each library's source list was last read
 
     def track(self, root: Path) -> None:
         self.libraries.setdefault(root, {})
@@ -479,15 +522,19 @@ class Watcher:
             for root in list(self.libraries):
                 try:
                     job = self._tick_library(root)
-                except (sqlite3.DatabaseError, OSError, KBError) as exc:     # busy, gone or broken: next round
+                except (sqlite3.DatabaseError, OSError, KBError) as exc:  # busy, gone or broken: next round
                     for watch in self.libraries[root].values():
                         watch.state, watch.reason = "error", f"{type(exc).__name__}: {_short_error(exc)}"
                     job = None
                 if job is not None:
                     started.append(job)
                 self._beat(root)
-            online = {path for folders in self.libraries.values() for path, watch in folders.items()
-                      if watch.state not in OUT_OF_REACH}
+            online = {
+                path
+                for folders in self.libraries.values()
+                for path, watch in folders.items()
+                if watch.state not in OUT_OF_REACH
+            }
             if online and self.events is None and self.want_events:
                 self.events = FileEvents(self._poke)
             if self.events is not None:
@@ -497,11 +544,14 @@ class Watcher:
     def _tick_library(self, root: Path) -> dict | None:
         folders = self.libraries[root]
         now = time.monotonic()
-        if (root not in self.jobs and not any(w.state == "syncing" or self._due(w, peek=True) for w in folders.values())
-                and now - self.listed.get(root, -math.inf) < WATCH_LIST_S):
-            return None         # nothing due and no job to follow: an idle round reads no file at all
+        if (
+            root not in self.jobs
+            and not any(w.state == "syncing" or self._due(w, peek=True) for w in folders.values())
+            and now - self.listed.get(root, -math.inf) < WATCH_LIST_S
+        ):
+            return None  # nothing due and no job to follow: an idle round reads no file at all
         if self._job_running(root, folders):
-            return None         # its files are in flight; look again once it is done
+            return None  # its files are in flight; look again once it is done
         self.listed[root] = now
         lib = Library.open(root, writable=False, migrate=False)
         if lib is None:
@@ -516,22 +566,29 @@ class Watcher:
             for stale in [p for p in folders if not any(s["path"] == p for s in sources)]:
                 del folders[stale]
             for source in sources:
-                watch = folders.setdefault(source["path"], SourceWatch(source["path"], bool(source.get("mount")),
-                                                                      source.get("kind") == "zotero"))
+                watch = folders.setdefault(
+                    source["path"],
+                    SourceWatch(source["path"], bool(source.get("mount")), source.get("kind") == "zotero"),
+                )
                 if not self._due(watch):
                     continue
                 started = time.perf_counter()
                 if source.get("kind") == "zotero":
-                    ready, wake = watch.compare_zotero(scan_zotero(watch.path), source.get("zotero_signature"),
-                                                       time.monotonic(), settle)
+                    ready, wake = watch.compare_zotero(
+                        scan_zotero(watch.path), source.get("zotero_signature"), time.monotonic(), settle
+                    )
                     zotero += [watch.path] if ready else []
                 else:
-                    found, gone, wake = watch.compare(scan_folder(watch.path, root, watch.mount),
-                                                      stored_under(lib, watch.path), time.monotonic(), settle,
-                                                      watch_setting("KB_WATCH_GRACE_S"))
+                    found, gone, wake = watch.compare(
+                        scan_folder(watch.path, root, watch.mount),
+                        stored_under(lib, watch.path),
+                        time.monotonic(),
+                        settle,
+                        watch_setting("KB_WATCH_GRACE_S"),
+                    )
                     ingest += found
                     remove += gone
-                watch.scan_seconds = time.perf_counter() - started      # the whole look, comparison included
+                watch.scan_seconds = time.perf_counter() - started  # the whole look, comparison included
                 watch.next_scan = self._next_scan(watch, wake)
         finally:
             lib.close()
@@ -564,10 +621,17 @@ class Watcher:
     def _next_scan(self, watch: SourceWatch, wake: float | None) -> float:
         # a folder out of reach, or with places below it that could not be read (nor watched), has no events to tell
         # of its return: it is looked at on the scan interval
-        followed = (self.events is not None and watch.path in self.events.watches and watch.state not in OUT_OF_REACH
-                    and not watch.unreadable)
-        every = watch_setting("KB_WATCH_RESCAN_S") if followed else max(
-            watch_setting("KB_WATCH_SCAN_S"), watch.scan_seconds / WATCH_SCAN_SHARE)
+        followed = (
+            self.events is not None
+            and watch.path in self.events.watches
+            and watch.state not in OUT_OF_REACH
+            and not watch.unreadable
+        )
+        every = (
+            watch_setting("KB_WATCH_RESCAN_S")
+            if followed
+            else max(watch_setting("KB_WATCH_SCAN_S"), watch.scan_seconds / WATCH_SCAN_SHARE)
+        )
         due = time.monotonic() + every
         return min(due, wake + 0.05) if wake is not None else due
 
@@ -586,7 +650,7 @@ class Watcher:
                     watch.sent.pop(path, None)
         if active is None:
             for watch in folders.values():
-                if watch.state == "syncing":        # whoever's job it was, it is over: look at once
+                if watch.state == "syncing":  # whoever's job it was, it is over: look at once
                     watch.state, watch.next_scan = "watching", 0.0
         if active is not None and active["command"] == "sync":
             for watch in folders.values():
@@ -596,10 +660,13 @@ class Watcher:
 
     def _start_sync(self, root: Path, ingest: list[str], remove: list[str], zotero: list[str]) -> dict | None:
         store = JobStore(root)
-        job = store.create("sync", {"kb_root": str(root), "ingest": sorted(ingest), "remove": sorted(remove),
-                                    "zotero": sorted(zotero)}, len(ingest) + len(remove) + len(zotero))
+        job = store.create(
+            "sync",
+            {"kb_root": str(root), "ingest": sorted(ingest), "remove": sorted(remove), "zotero": sorted(zotero)},
+            len(ingest) + len(remove) + len(zotero),
+        )
         first = store.active()
-        if first is not None and first["job_id"] != job["job_id"]:     # another writer won: look again after it
+        if first is not None and first["job_id"] != job["job_id"]:  # another writer won: look again after it
             job.update(state="cancelled", reason=f"job {first['job_id']} started first", finished=time.time())
             store.write(job)
             return None
@@ -638,8 +705,12 @@ class Watcher:
         last = self.beats.get(root)
         if last is not None and last[1] == text and time.monotonic() - last[0] < WATCHER_BEAT_S:
             return
-        record = {"pid": os.getpid(), "beat": time.time(), "events": bool(self.events and self.events.available),
-                  "sources": views}
+        record = {
+            "pid": os.getpid(),
+            "beat": time.time(),
+            "events": bool(self.events and self.events.available),
+            "sources": views,
+        }
         try:
             (root / JOBS_DIRNAME).mkdir(parents=True, exist_ok=True)
             _write_atomically(root / JOBS_DIRNAME / WATCHER_FILE, json.dumps(record, allow_nan=False).encode())
@@ -650,6 +721,7 @@ class Watcher:
     # -- the thread ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         import threading
+
         self.thread = threading.Thread(target=self._run, name="kb-watch", daemon=True)
         self.thread.start()
 
@@ -657,7 +729,7 @@ class Watcher:
         while not self.stopping:
             try:
                 self.tick()
-            except Exception:       # a round that failed is tried again; the daemon must outlive it
+            except Exception:  # a round that failed is tried again; the daemon must outlive it
                 pass
             self.wake.wait(self.sleep_s())
             self.wake.clear()
@@ -701,15 +773,20 @@ def source_views(lib: Library | None, root: Path, live: dict[str, dict] | None =
     views = []
     for source in sources:
         state = states.get(source["path"])
-        view = {"path": source["path"], "kind": source.get("kind", "folder"), "added": source.get("added"),
-                "options": source.get("options") or {}, "last_sync": source.get("last_sync"),
-                "last_changes": source.get("last_changes")}
+        view = {
+            "path": source["path"],
+            "kind": source.get("kind", "folder"),
+            "added": source.get("added"),
+            "options": source.get("options") or {},
+            "last_sync": source.get("last_sync"),
+            "last_changes": source.get("last_changes"),
+        }
         if state is None:
             view.update(state="not_watched", reason="no resident engine is running")
         else:
             view.update(state)
         if view["state"] == "syncing" and active is not None and active["command"] == "sync":
-            view["sync"] = {k: active.get(k) for k in ("job_id", "done", "total", "phase")}     # its progress
+            view["sync"] = {k: active.get(k) for k in ("job_id", "done", "total", "phase")}  # its progress
         views.append(view)
     return views
 
@@ -723,8 +800,9 @@ def with_sources(response: dict, root: Path, watcher: Watcher | None) -> dict:
     if lib is None:
         return response
     try:
-        views = source_views(lib, root, watcher.views(root) if watcher is not None and root in watcher.libraries
-                             else None)
+        views = source_views(
+            lib, root, watcher.views(root) if watcher is not None and root in watcher.libraries else None
+        )
     finally:
         lib.close()
     return {**response, "sources": views} if views else response

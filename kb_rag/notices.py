@@ -4,6 +4,7 @@ and what the watched folders changed since the host's last search. The engine wo
 
 May import: config, jobs, storage.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -15,21 +16,31 @@ from .jobs import JobStore
 from .storage import Library
 
 NOTICE_FIELDS = (
-    Field("notices_since", "number", "none",
-          "search and rag: a Unix time (the host's last search); the answer's `notices` then say what the watched "
-          "folders changed in the library since (the sync jobs that ended after it)"),
-    Field("stale_notice", "boolean", "`false`",
-          "search and rag: `notices` also say how many documents were indexed by an older parser, when any are"),
+    Field(
+        "notices_since",
+        "number",
+        "none",
+        "search and rag: a Unix time (the host's last search); the answer's `notices` then say what the watched "
+        "folders changed in the library since (the sync jobs that ended after it)",
+    ),
+    Field(
+        "stale_notice",
+        "boolean",
+        "`false`",
+        "search and rag: `notices` also say how many documents were indexed by an older parser, when any are",
+    ),
 )
-NOTICED_CHANGES = ("added", "updated", "moved", "removed")     # what a sync notice counts, in its order
+NOTICED_CHANGES = ("added", "updated", "moved", "removed")  # what a sync notice counts, in its order
 
 
 def stale_notice(count: int) -> str | None:
     """The words for documents indexed by an older parser (stats, and a host's first search of a session)."""
     if count <= 0:
         return None
-    return (f"{count} document(s) were indexed by an older parser, so their pages, citations or metadata may be "
-            "incomplete: kb_ingest with metadata_only: true refreshes their metadata, rebuild: true re-parses them.")
+    return (
+        f"{count} document(s) were indexed by an older parser, so their pages, citations or metadata may be "
+        "incomplete: kb_ingest with metadata_only: true refreshes their metadata, rebuild: true re-parses them."
+    )
 
 
 def sync_notice(jobs: list[dict], since: float) -> str | None:
@@ -37,24 +48,32 @@ def sync_notice(jobs: list[dict], since: float) -> str | None:
     counts = dict.fromkeys(NOTICED_CHANGES, 0)
     for job in jobs:
         finished = job.get("finished")
-        if job.get("command") != "sync" or job.get("state") != "done" \
-                or not isinstance(finished, (int, float)) or finished <= since:
+        if (
+            job.get("command") != "sync"
+            or job.get("state") != "done"
+            or not isinstance(finished, (int, float))
+            or finished <= since
+        ):
             continue
         totals = (job.get("result") or {}).get("totals") or {}
         for key in NOTICED_CHANGES:
             value = totals.get(key)
             counts[key] += value if isinstance(value, int) and not isinstance(value, bool) else 0
-    parts = [f"{n} {'paper' if n == 1 else 'papers'} {key}" if not i else f"{n} {key}"
-             for i, (key, n) in enumerate((k, v) for k, v in counts.items() if v > 0)]
+    parts = [
+        f"{n} {'paper' if n == 1 else 'papers'} {key}" if not i else f"{n} {key}"
+        for i, (key, n) in enumerate((k, v) for k, v in counts.items() if v > 0)
+    ]
     if not parts:
         return None
-    return (f"Since the last search, the watched folders changed the library: {', '.join(parts)}. These results "
-            "include them.")
+    return (
+        f"Since the last search, the watched folders changed the library: {', '.join(parts)}. These results "
+        "include them."
+    )
 
 
 def with_notices(answer: Mapping[str, Any], lib: Library | None, payload: dict) -> Mapping[str, Any]:
     """A search or rag answer with the ``notices`` its host asked for (after the query cache: they are of now)."""
-    since = payload.get("notices_since")          # a finite number when given (check_field_types)
+    since = payload.get("notices_since")  # a finite number when given (check_field_types)
     stale = _opt_bool(payload, "stale_notice")
     if lib is None or (since is None and not stale):
         return answer

@@ -2,6 +2,7 @@
 
 May import: commands.table, config, storage.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,14 @@ def bounded_reply_line(reply: dict, command: str | None) -> tuple[str, bool]:
     line = to_json_line(reply)
     if len(line) <= MAX_REPLY_BYTES:
         return line, True
-    done = (" The command itself ran to its end: what it wrote is kept." if command in Engine.WRITE_COMMANDS
-            else "")
-    error = {"ok": False, "code": "reply_too_large",
-             "error": f"the reply would be {len(line) / 2**20:.0f} MiB, more than the {MAX_REPLY_BYTES >> 20} MiB a "
-                      "reply may hold; ask for less at a time (a smaller top_k or snippet, a docs limit, fewer "
-                      f"paths).{done}"}
+    done = " The command itself ran to its end: what it wrote is kept." if command in Engine.WRITE_COMMANDS else ""
+    error = {
+        "ok": False,
+        "code": "reply_too_large",
+        "error": f"the reply would be {len(line) / 2**20:.0f} MiB, more than the {MAX_REPLY_BYTES >> 20} MiB a "
+        "reply may hold; ask for less at a time (a smaller top_k or snippet, a docs limit, fewer "
+        f"paths).{done}",
+    }
     if "id" in reply:
         error = {"id": reply["id"], **error}
     return to_json_line(error), False
@@ -58,7 +61,7 @@ def _read_protocol_line(stream) -> tuple[bytes | None, bool]:
     if not line:
         return None, False
     if len(line) > MAX_PROTOCOL_LINE_BYTES and not line.endswith(b"\n"):
-        while True:           # drain the rest of the oversized line
+        while True:  # drain the rest of the oversized line
             rest = stream.readline(1 << 20)
             if not rest or rest.endswith(b"\n"):
                 break
@@ -77,7 +80,7 @@ def parse_json_object(raw: bytes, what: str, shape: str) -> dict:
         raise KBError("invalid_utf8", f"{what} is not valid UTF-8") from None
     try:
         value = json.loads(text)
-    except RecursionError:      # the parser's own depth limit: far past MAX_PAYLOAD_DEPTH, so the same refusal
+    except RecursionError:  # the parser's own depth limit: far past MAX_PAYLOAD_DEPTH, so the same refusal
         raise too_deep(what) from None
     except ValueError:
         raise KBError("invalid_json", f"{what} is not valid JSON") from None
@@ -89,7 +92,7 @@ def parse_json_object(raw: bytes, what: str, shape: str) -> dict:
 def parse_request(raw: bytes) -> tuple[object, str, dict]:
     """(id, command, payload) of one protocol line; raises KBError with the id it could read."""
     message = parse_json_object(raw, "the request line", "a request {id, command, payload}")
-    request_id = message.get("id")     # echoed as received (ensure_ascii escapes any surrogate)
+    request_id = message.get("id")  # echoed as received (ensure_ascii escapes any surrogate)
     command, payload = message.get("command"), message.get("payload", {})
     if not isinstance(command, str) or not command:
         raise RequestError("bad_request", "command must be a non-empty string", request_id)
@@ -112,7 +115,7 @@ def serve(engine: Engine, stdin=None, stdout=None) -> int:
     """JSON lines: exactly one reply for every non-empty request line; returns at EOF."""
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout
-    original, sys.stdout = sys.stdout, sys.stderr   # stray prints from libraries must not corrupt the stream
+    original, sys.stdout = sys.stdout, sys.stderr  # stray prints from libraries must not corrupt the stream
     try:
         return _serve_loop(engine, stdin, stdout)
     finally:
@@ -129,8 +132,14 @@ def _serve_loop(engine: Engine, stdin, stdout) -> int:
         if raw is None:
             return 0
         if oversized:
-            write({"id": None, "ok": False, "code": "too_large",
-                   "error": f"request line longer than {MAX_PROTOCOL_LINE_BYTES} bytes"})
+            write(
+                {
+                    "id": None,
+                    "ok": False,
+                    "code": "too_large",
+                    "error": f"request line longer than {MAX_PROTOCOL_LINE_BYTES} bytes",
+                }
+            )
             continue
         if not raw.strip():
             continue
@@ -146,14 +155,14 @@ def _serve_loop(engine: Engine, stdin, stdout) -> int:
             stdout.flush()
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as exc:   # the daemon must outlive any request
+        except BaseException as exc:  # the daemon must outlive any request
             reply = error_reply(exc)
             write({"id": getattr(exc, "request_id", request_id), **reply})
 
 
 def run_one_shot(command: str, engine: Engine) -> int:
     raw = sys.stdin.buffer.read()
-    reply_stream, sys.stdout = sys.stdout, sys.stderr     # only the reply goes to stdout
+    reply_stream, sys.stdout = sys.stdout, sys.stderr  # only the reply goes to stdout
     try:
         reply = _one_shot_reply(command, engine, raw)
     finally:

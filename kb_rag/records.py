@@ -4,6 +4,7 @@ renderer, the CLI printers and the docs' field tables (tests/static/test_records
 
 May import: no module of the package.
 """
+
 from __future__ import annotations
 
 from typing import TypedDict
@@ -11,7 +12,8 @@ from typing import TypedDict
 
 class CaptionRecord(TypedDict):
     """A caption a passage mentions, as a deep hit carries it (docs/OUTPUT-FORMAT.md)."""
-    label: str                  # "figure 2", "table 1"
+
+    label: str  # "figure 2", "table 1"
     chunk_id: int
     page: int | None
     text: str
@@ -20,6 +22,7 @@ class CaptionRecord(TypedDict):
 class CitationRecord(TypedDict):
     """A work a passage cites, as a deep hit carries it: the field table of docs/OUTPUT-FORMAT.md's Citations is
     held to these keys."""
+
     marker: str
     ref: int
     text: str
@@ -52,27 +55,29 @@ class _HitFields(TypedDict):
 class HitRecord(_HitFields, total=False):
     """One search hit as every answer carries it: the fields above always, these when they apply. The hit table
     of docs/OUTPUT-FORMAT.md is held to these keys, and the renderer and the CLI printers read hits as this type."""
-    ocr: bool                           # the passage's text was read from a picture of its page
+
+    ocr: bool  # the passage's text was read from a picture of its page
     zotero_key: str
     zotero_link: str
-    citations: list[CitationRecord]     # deep only
+    citations: list[CitationRecord]  # deep only
     citations_more: int
     captions: list[CaptionRecord]
-    boxes: list[dict]                   # with boxes: true
+    boxes: list[dict]  # with boxes: true
     boxes_note: str
-    picture: dict                       # with pictures: N
+    picture: dict  # with pictures: N
     picture_note: str
 
 
 class Answered(TypedDict, total=False):
     """What the protocol adds to a successful answer of any command (docs/PROTOCOL.md, Common rules); the responses
     below include it, and their field tables leave it to Common rules."""
+
     engine: str
     ms: int
-    kb_root: str                # a read of no library names the folder it opened, and the rule that chose it
+    kb_root: str  # a read of no library names the folder it opened, and the rule that chose it
     kb_root_from: str
-    markdown: str               # with render
-    view: dict                  # search and rag with render: the sources as data for a host's card
+    markdown: str  # with render
+    view: dict  # search and rag with render: the sources as data for a host's card
 
 
 class _SearchFields(TypedDict):
@@ -86,7 +91,8 @@ class _SearchFields(TypedDict):
 
 class SearchResponse(_SearchFields, Answered, total=False):
     """The answer of ``search`` (docs/PROTOCOL.md, search: Response)."""
-    queries: list[str]          # the caller's renderings of the question, as sent
+
+    queries: list[str]  # the caller's renderings of the question, as sent
     score_kind: str
     reranker: str
     notes: list[str]
@@ -106,13 +112,14 @@ class _FileEntryFields(TypedDict):
 
 class FileEntry(_FileEntryFields, total=False):
     """What ingest says about one file (docs/PROTOCOL.md, ingest: File entry); fetch and sync answer with them too."""
+
     reason: str
     error: str
-    previous: dict              # {"status", "reason"} stored for a file that was not indexed last time
+    previous: dict  # {"status", "reason"} stored for a file that was not indexed last time
     moved_from: str
     note: str
     ocr_pages: int
-    removed: bool               # a link out of the folder whose earlier copy was taken out of the library
+    removed: bool  # a link out of the folder whose earlier copy was taken out of the library
 
 
 class _TotalsFields(TypedDict):
@@ -130,6 +137,7 @@ class _TotalsFields(TypedDict):
 class IngestTotals(_TotalsFields, total=False):
     """An ingest's counts: one per file status, then files, chunks and what was written (a metadata refresh writes
     no vectors and has no vector counts)."""
+
     vectors_written: int
     vectors_missing: int
 
@@ -141,6 +149,7 @@ class _IngestFields(TypedDict):
 
 class IngestResponse(_IngestFields, Answered, total=False):
     """The answer of an ingest that ran in the foreground (docs/PROTOCOL.md, ingest: Response)."""
+
     note: str
     vectors_pending: int
     metadata_only: bool
@@ -149,11 +158,13 @@ class IngestResponse(_IngestFields, Answered, total=False):
 
 class FetchAnswer(IngestResponse, total=False):
     """The answer of ``fetch``: the saved file's ingest, plus where it came from (docs/PROTOCOL.md, fetch)."""
+
     fetched: dict
 
 
 class DocRecord(TypedDict):
     """One document as ``docs`` lists it (docs/PROTOCOL.md, docs: Each document)."""
+
     doc_id: int
     path: str
     file: str
@@ -192,6 +203,7 @@ class DocsResponse(_DocsFields, Answered, total=False):
 
 class JobRecord(TypedDict):
     """A background job as ``status`` shows it (docs/PROTOCOL.md, status: A job)."""
+
     job_id: str
     command: str
     state: str

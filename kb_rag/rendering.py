@@ -2,6 +2,7 @@
 
 May import: config, notices, records.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,20 +28,32 @@ MIN_RENDER_BUDGET, MAX_RENDER_BUDGET = 500, 1_000_000
 # Ways to shorten a search result until it fits the budget, mildest first: (snippet characters or None for
 # whole snippets, citations shown per passage). After the last, trailing passages are dropped.
 HOST_FIT_STEPS = ((None, 8), (None, 4), (400, 4), (400, 2), (250, 2), (150, 2), (90, 2))
-RENDER_TITLE_CHARS = 300    # a longer title (a parser's mistake, a hostile file) is cut: it must not eat the budget
+RENDER_TITLE_CHARS = 300  # a longer title (a parser's mistake, a hostile file) is cut: it must not eat the budget
 RENDER_LIST_ROWS = {"files": 15, "attachments": 15, "groups": 15, "errors": 10, "jobs": 20, "sources": 20}
 
 # Fields a host adds to a request (every command with a renderer accepts them).
 HOST_FIELDS = (
-    Field("render", "string", "none",
-          '`"markdown"`: the answer also carries `markdown`, the text a model reads (docs/OUTPUT-FORMAT.md), and for '
-          "search and rag `view`, the same sources as data for a host's card"),
-    Field("render_budget", "integer", f"`{HOST_RENDER_BUDGET}`",
-          f"with `render`: the characters the Markdown aims at ({MIN_RENDER_BUDGET}-{MAX_RENDER_BUDGET}); "
-          "snippets, then citations, then trailing passages are shortened until it fits"),
-    Field("kb_root_from", "string", "none",
-          "how the host chose `kb_root`, in the host's words; an answer read from no library says this instead of "
-          "the engine's own rule"),
+    Field(
+        "render",
+        "string",
+        "none",
+        '`"markdown"`: the answer also carries `markdown`, the text a model reads (docs/OUTPUT-FORMAT.md), and for '
+        "search and rag `view`, the same sources as data for a host's card",
+    ),
+    Field(
+        "render_budget",
+        "integer",
+        f"`{HOST_RENDER_BUDGET}`",
+        f"with `render`: the characters the Markdown aims at ({MIN_RENDER_BUDGET}-{MAX_RENDER_BUDGET}); "
+        "snippets, then citations, then trailing passages are shortened until it fits",
+    ),
+    Field(
+        "kb_root_from",
+        "string",
+        "none",
+        "how the host chose `kb_root`, in the host's words; an answer read from no library says this instead of "
+        "the engine's own rule",
+    ),
 )
 
 # Characters never shown as they are in anything a person or a model reads (the CLI, progress lines, cite's text,
@@ -105,6 +118,7 @@ def doi_link(doi) -> str | None:
     """The https://doi.org/ address of a DOI, percent-encoded wherever a DOI may hold what a URL or a Markdown
     link cannot (SICI DOIs' ``<`` and ``>``, brackets, spaces, ``#``, ``?``, non-ASCII letters)."""
     from urllib.parse import quote
+
     bare = re.sub(r"^https?://(dx\.)?doi\.org/", "", plain_line(doi), flags=re.I)
     return "https://doi.org/" + quote(bare, safe="/:;@!$&'*+,=~") if bare else None
 
@@ -191,6 +205,7 @@ def _note(text) -> str | None:
 # A view is what a card shows, so its text fields are shown text (plain_line; a file name keeps its spaces and shows
 # every unshown character); ``path``, ``url``, ``zotero_link`` and ids locate things, and keep their real values.
 
+
 def _shown_line(text) -> str | None:
     return None if text is None else plain_line(text)
 
@@ -200,61 +215,99 @@ def _shown_name(name) -> str | None:
 
 
 def _in_library_view(lib: dict) -> dict:
-    return {"doc_id": lib.get("doc_id"), "title": _shown_line(lib.get("title")), "doi": _shown_line(lib.get("doi")),
-            "url": doi_link(lib.get("doi")), "file": _shown_name(file_name(lib.get("path"))), "path": lib.get("path")}
+    return {
+        "doc_id": lib.get("doc_id"),
+        "title": _shown_line(lib.get("title")),
+        "doi": _shown_line(lib.get("doi")),
+        "url": doi_link(lib.get("doi")),
+        "file": _shown_name(file_name(lib.get("path"))),
+        "path": lib.get("path"),
+    }
 
 
 def _citation_view(c: CitationRecord) -> dict:
     lib = c.get("in_library")
-    return {"marker": plain_line(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else "")),
-            "ref": c.get("ref"), "title": _shown_line(c.get("title")), "text": _shown_line(c.get("text")),
-            "doi": _shown_line(c.get("doi")), "url": doi_link(c.get("doi")),
-            "in_library": _in_library_view(lib) if isinstance(lib, dict) else None}
+    return {
+        "marker": plain_line(c.get("marker") or (f"[{c['ref']}]" if c.get("ref") is not None else "")),
+        "ref": c.get("ref"),
+        "title": _shown_line(c.get("title")),
+        "text": _shown_line(c.get("text")),
+        "doi": _shown_line(c.get("doi")),
+        "url": doi_link(c.get("doi")),
+        "in_library": _in_library_view(lib) if isinstance(lib, dict) else None,
+    }
 
 
 def _source_view(hit: HitRecord, rank: int) -> dict:
-    citations = [_citation_view(c) for c in hit["citations"] if isinstance(c, dict)] \
-        if isinstance(hit.get("citations"), list) else None
+    citations = (
+        [_citation_view(c) for c in hit["citations"] if isinstance(c, dict)]
+        if isinstance(hit.get("citations"), list)
+        else None
+    )
     file = hit.get("file") or file_name(hit.get("path"))
     return {
-        "rank": rank, "doc_id": hit.get("doc_id"), "chunk_id": hit.get("chunk_id"),
+        "rank": rank,
+        "doc_id": hit.get("doc_id"),
+        "chunk_id": hit.get("chunk_id"),
         "title": cut_text(hit.get("title") or file or "Untitled", RENDER_TITLE_CHARS),
-        "url": doi_link(hit.get("doi")), "doi": _shown_line(hit.get("doi")), "file": _shown_name(file),
-        "path": hit.get("path"), "authors": [plain_line(a) for a in _listed(hit.get("authors"))],
-        "year": hit.get("year"), "journal": _shown_line(hit.get("journal")),
-        "kind": hit.get("kind"), "section": plain_line(hit.get("section")), "page": hit.get("page"),
-        "page_end": hit.get("page_end"), "page_label": hit.get("page_label"),
+        "url": doi_link(hit.get("doi")),
+        "doi": _shown_line(hit.get("doi")),
+        "file": _shown_name(file),
+        "path": hit.get("path"),
+        "authors": [plain_line(a) for a in _listed(hit.get("authors"))],
+        "year": hit.get("year"),
+        "journal": _shown_line(hit.get("journal")),
+        "kind": hit.get("kind"),
+        "section": plain_line(hit.get("section")),
+        "page": hit.get("page"),
+        "page_end": hit.get("page_end"),
+        "page_label": hit.get("page_label"),
         "location": plain_line(page_span(hit.get("page"), hit.get("page_end"), hit.get("page_label"))),
-        "score": _finite(hit.get("score")), "snippet": str(hit.get("snippet") or ""),
-        "citations": citations, "citations_more": (hit.get("citations_more") or 0) if citations is not None else None,
+        "score": _finite(hit.get("score")),
+        "snippet": str(hit.get("snippet") or ""),
+        "citations": citations,
+        "citations_more": (hit.get("citations_more") or 0) if citations is not None else None,
         "zotero_link": hit.get("zotero_link"),
         **({"picture": hit["picture"]} if isinstance(hit.get("picture"), dict) else {}),
     }
 
 
 def _related_view(r: dict) -> dict:
-    return {"doc_id": r.get("doc_id"),
-            "title": cut_text(r.get("title") or file_name(r.get("path")) or "Untitled", RENDER_TITLE_CHARS),
-            "url": doi_link(r.get("doi")), "doi": _shown_line(r.get("doi")),
-            "file": _shown_name(file_name(r.get("path"))),
-            "authors": [plain_line(a) for a in _listed(r.get("authors"))], "year": r.get("year"),
-            "reason": _shown_line(r.get("reason")), "similarity": _finite(r.get("similarity"))}
+    return {
+        "doc_id": r.get("doc_id"),
+        "title": cut_text(r.get("title") or file_name(r.get("path")) or "Untitled", RENDER_TITLE_CHARS),
+        "url": doi_link(r.get("doi")),
+        "doi": _shown_line(r.get("doi")),
+        "file": _shown_name(file_name(r.get("path"))),
+        "authors": [plain_line(a) for a in _listed(r.get("authors"))],
+        "year": r.get("year"),
+        "reason": _shown_line(r.get("reason")),
+        "similarity": _finite(r.get("similarity")),
+    }
 
 
 def _full_view(command: str, answer: dict) -> dict:
     hits = [h for h in _listed(answer.get("evidence" if command == "rag" else "results")) if isinstance(h, dict)]
     notes = answer["notes"] if isinstance(answer.get("notes"), list) else [answer["note"]] if answer.get("note") else []
     return {
-        "kind": "kb-sources", "tool": f"kb_{command}",      # hosts name their tools kb_<command>
-        "query": plain_line(answer.get("query")), "mode": answer.get("mode"), "depth": answer.get("depth"),
-        "score_kind": answer.get("score_kind"), "reranker": _shown_line(answer.get("reranker")),
-        "cached": answer.get("cached") is True, "notes": [plain_line(n) for n in notes],
+        "kind": "kb-sources",
+        "tool": f"kb_{command}",  # hosts name their tools kb_<command>
+        "query": plain_line(answer.get("query")),
+        "mode": answer.get("mode"),
+        "depth": answer.get("depth"),
+        "score_kind": answer.get("score_kind"),
+        "reranker": _shown_line(answer.get("reranker")),
+        "cached": answer.get("cached") is True,
+        "notes": [plain_line(n) for n in notes],
         "notices": [plain_line(n.get("text")) for n in _listed(answer.get("notices")) if isinstance(n, dict)],
         "lang_note": _shown_line(answer.get("lang_note")),
         # an answer's hits are hit records; read defensively all the same (a host may pass on any engine's answer)
-        "total": len(hits), "sources": [_source_view(cast(HitRecord, hit), i) for i, hit in enumerate(hits, 1)],
+        "total": len(hits),
+        "sources": [_source_view(cast(HitRecord, hit), i) for i, hit in enumerate(hits, 1)],
         "related": [_related_view(r) for r in _listed(answer.get("related")) if isinstance(r, dict)],
-        "guidance": _shown_line(answer.get("guidance")), "omitted": 0, "snippet_limit": None,
+        "guidance": _shown_line(answer.get("guidance")),
+        "omitted": 0,
+        "snippet_limit": None,
     }
 
 
@@ -264,8 +317,9 @@ def _fitted(view: dict, snippet_limit: int | None, citation_limit: int, count: i
         source = dict(source, snippet=cut_text(source["snippet"], snippet_limit))
         if source["citations"] is not None:
             shown = source["citations"][:citation_limit]
-            source.update(citations=shown,
-                          citations_more=source["citations_more"] + len(source["citations"]) - len(shown))
+            source.update(
+                citations=shown, citations_more=source["citations_more"] + len(source["citations"]) - len(shown)
+            )
         sources.append(source)
     return dict(view, sources=sources, omitted=len(view["sources"]) - len(sources), snippet_limit=snippet_limit)
 
@@ -279,7 +333,7 @@ def sources_view(command: str, answer: dict, budget: int = HOST_RENDER_BUDGET) -
         if len(sources_markdown(fitted)) <= budget:
             return fitted
     count = len(view["sources"])
-    while count > 1:            # still too long at the shortest settings: drop sources from the end
+    while count > 1:  # still too long at the shortest settings: drop sources from the end
         count -= 1
         fitted = _fitted(view, *HOST_FIT_STEPS[-1], count)
         if len(sources_markdown(fitted)) <= budget:
@@ -299,13 +353,15 @@ def _citation_lines(source: dict) -> list[str]:
     if citations is None or not (citations or source["citations_more"]):
         return []
     lines = ["   Cited in this passage:"]
-    for c in (c for c in citations if c["in_library"]):        # works in the library first: the model can open them
+    for c in (c for c in citations if c["in_library"]):  # works in the library first: the model can open them
         lib = c["in_library"]
         name = md_text(c["title"] or lib["title"] or c["text"] or "")
         url = c["url"] or lib["url"]
         where = ", " + md_code(lib["file"]) if lib["file"] else ""
-        lines.append(f"   - {md_text(c['marker'])} {f'[{name}]({url})' if url else name} ✓ in library "
-                     f"(doc {lib['doc_id']}{where})")
+        lines.append(
+            f"   - {md_text(c['marker'])} {f'[{name}]({url})' if url else name} ✓ in library "
+            f"(doc {lib['doc_id']}{where})"
+        )
     for c in (c for c in citations if not c["in_library"]):
         name = md_text(cut_text(c["title"] or c["text"] or "", 140))
         url = c["url"]
@@ -317,10 +373,19 @@ def _citation_lines(source: dict) -> list[str]:
 
 
 def _source_lines(source: dict) -> list[str]:
-    byline = " · ".join(md_text(x) for x in (author_line(source["authors"]), source["year"], source["journal"],
-                                             source["section"], source["location"]) if x not in (None, ""))
+    byline = " · ".join(
+        md_text(x)
+        for x in (
+            author_line(source["authors"]),
+            source["year"],
+            source["journal"],
+            source["section"],
+            source["location"],
+        )
+        if x not in (None, "")
+    )
     lines = [f"{source['rank']}. {_titled(source['title'], source['url'], source['file'])}" + ("\\" if byline else "")]
-    if byline:                  # after the hard line break above
+    if byline:  # after the hard line break above
         lines.append(f"   {byline}")
     if source["snippet"]:
         lines.append(f"   > {md_text(source['snippet'])}")
@@ -334,19 +399,34 @@ def _sources_header(view: dict) -> str:
     what = "evidence passage" if view["tool"] == "kb_rag" else "passage"
     n = view["total"]
     count = f"no {what} found" if n == 0 else f"{n} {what}{'' if n == 1 else 's'}"
-    parts = [view["mode"], view["depth"], view["score_kind"] and f"scores: {view['score_kind']}",
-             view["reranker"] and f"reranked by {view['reranker']}", view["cached"] and "cached"]
+    parts = [
+        view["mode"],
+        view["depth"],
+        view["score_kind"] and f"scores: {view['score_kind']}",
+        view["reranker"] and f"reranked by {view['reranker']}",
+        view["cached"] and "cached",
+    ]
     shown = " · ".join(md_text(p) for p in parts if p)
-    return f"**Knowledge base: {count}** for \"{md_text(view['query'])}\"" + (f" ({shown})" if shown else "")
+    return f'**Knowledge base: {count}** for "{md_text(view["query"])}"' + (f" ({shown})" if shown else "")
 
 
-NO_SOURCES_HINT = ("Try adding to queries one English sentence stating the answer as a paper would, move years or "
-                   "authors into filters, or check kb_stats that the library holds documents.")
+NO_SOURCES_HINT = (
+    "Try adding to queries one English sentence stating the answer as a paper would, move years or "
+    "authors into filters, or check kb_stats that the library holds documents."
+)
 
 
 def _related_line(r: dict) -> str:
-    bits = [md_text(x) for x in (author_line(r["authors"]), r["year"], r["reason"],
-                                 None if r["similarity"] is None else f"{r['similarity']:.2f}") if x not in (None, "")]
+    bits = [
+        md_text(x)
+        for x in (
+            author_line(r["authors"]),
+            r["year"],
+            r["reason"],
+            None if r["similarity"] is None else f"{r['similarity']:.2f}",
+        )
+        if x not in (None, "")
+    ]
     return f"- {_titled(r['title'], r['url'], r['file'])}" + (" · " + " · ".join(bits) if bits else "")
 
 
@@ -366,8 +446,11 @@ def sources_markdown(view: dict) -> str:
             out += _source_lines(source) + [""]
         omitted = view["omitted"]
         if omitted > 0:
-            out += [f"_{omitted} more result{'' if omitted == 1 else 's'} left out to keep this short; lower top_k "
-                    "or narrow the query._", ""]
+            out += [
+                f"_{omitted} more result{'' if omitted == 1 else 's'} left out to keep this short; lower top_k "
+                "or narrow the query._",
+                "",
+            ]
     if view["related"]:
         out += ["**Related work in the library** (pointers, not evidence)", *map(_related_line, view["related"]), ""]
     if view["guidance"]:
@@ -377,13 +460,15 @@ def sources_markdown(view: dict) -> str:
 
 # -- the other commands: short summaries ------------------------------------------------------------------------
 
+
 def _job_started(answer: dict, what: str) -> str:
     job_id = plain_line(answer["job_id"])
     return _lines(
         f"**{what} started as background job `{job_id}`** ({answer.get('pending', '?')} item(s) need work).",
         f"_{md_text(answer['note'])}_" if answer.get("note") else None,
         f'Call kb_status with {{"job_id": "{job_id}"}} to follow it; repeat until its state is done, failed or '
-        "cancelled. Do not start another ingest or Zotero import of this library meanwhile.")
+        "cancelled. Do not start another ingest or Zotero import of this library meanwhile.",
+    )
 
 
 def _library_line(answer: dict) -> str | None:
@@ -393,20 +478,28 @@ def _library_line(answer: dict) -> str | None:
 def _verification_line(check) -> str | None:
     if not isinstance(check, dict):
         return None
-    counts = ", ".join(f"{check[k]} {k.replace('_', ' ')}" for k in ("verified", "no_match", "not_found", "skipped",
-                                                                     "failed") if check.get(k))
-    return (f"Metadata checked at Crossref ({check.get('checked', 0)} document(s){': ' + counts if counts else ''})."
-            + (f" _{md_text(check['note'])}_" if check.get("note") else ""))
+    counts = ", ".join(
+        f"{check[k]} {k.replace('_', ' ')}"
+        for k in ("verified", "no_match", "not_found", "skipped", "failed")
+        if check.get(k)
+    )
+    return f"Metadata checked at Crossref ({check.get('checked', 0)} document(s){': ' + counts if counts else ''})." + (
+        f" _{md_text(check['note'])}_" if check.get("note") else ""
+    )
 
 
 def _file_outcome(entry: FileEntry) -> str:
-    return (str(entry.get("status")) + (f" ({entry['reason']})" if entry.get("reason") else "")
-            + (f" — {md_text(cut_text(entry['error'], 160))}" if entry.get("error") else ""))
+    return (
+        str(entry.get("status"))
+        + (f" ({entry['reason']})" if entry.get("reason") else "")
+        + (f" — {md_text(cut_text(entry['error'], 160))}" if entry.get("error") else "")
+    )
 
 
 def _not_indexed(entry: FileEntry) -> bool:
-    return entry.get("status") == "error" or (entry.get("status") == "skipped"
-                                              and (entry.get("reason") != "unchanged" or bool(entry.get("error"))))
+    return entry.get("status") == "error" or (
+        entry.get("status") == "skipped" and (entry.get("reason") != "unchanged" or bool(entry.get("error")))
+    )
 
 
 def render_ingest(answer: dict) -> str:
@@ -421,11 +514,16 @@ def render_ingest(answer: dict) -> str:
         _verification_line(answer.get("metadata_verification")),
         "Files not indexed:" if problems else None,
         _some(problems, "files", lambda f: f"- {md_code(file_name(f.get('path')))}: {_file_outcome(f)}"),
-        _library_line(answer))
+        _library_line(answer),
+    )
 
 
-FETCH_SOURCES = {"arxiv": "arXiv", "publisher": "the publisher", "unpaywall": "an open-access copy (Unpaywall)",
-                 "direct": "the URL"}
+FETCH_SOURCES = {
+    "arxiv": "arXiv",
+    "publisher": "the publisher",
+    "unpaywall": "an open-access copy (Unpaywall)",
+    "direct": "the URL",
+}
 
 
 def _fetch_outcome(entry: FileEntry) -> str | None:
@@ -436,9 +534,13 @@ def _fetch_outcome(entry: FileEntry) -> str | None:
     if status == "duplicate":
         return "The library already held a copy of it: kb_search and kb_rag find that one."
     indexed = status in ("added", "updated", "moved") or (
-        status == "skipped" and entry.get("reason") == "unchanged" and not entry.get("previous"))
-    return ("It is in the library now: kb_search and kb_rag can find it." if indexed
-            else "The PDF was saved but not indexed; see why above.")
+        status == "skipped" and entry.get("reason") == "unchanged" and not entry.get("previous")
+    )
+    return (
+        "It is in the library now: kb_search and kb_rag can find it."
+        if indexed
+        else "The PDF was saved but not indexed; see why above."
+    )
 
 
 def render_fetch(answer: dict) -> str:
@@ -458,11 +560,13 @@ def render_fetch(answer: dict) -> str:
         _bullet("Source URL", f"<{url}>" if url else None),
         _bullet("Saved as", md_code(got["path"]) if got.get("path") else None),
         _bullet("Indexed", indexed),
-        _bullet("DOI", None if not got.get("doi") else f"[{md_text(got['doi'])}]({link})" if link
-                else md_text(got["doi"])),
+        _bullet(
+            "DOI", None if not got.get("doi") else f"[{md_text(got['doi'])}]({link})" if link else md_text(got["doi"])
+        ),
         _note(answer.get("note")),
         _fetch_outcome(entry) if entry else None,
-        _library_line(answer))
+        _library_line(answer),
+    )
 
 
 def _missing_attachment(item: dict) -> str:
@@ -481,7 +585,8 @@ def render_zotero(answer: dict) -> str:
         _note(answer.get("note")),
         "Attachments not imported:" if missing else None,
         _some(missing, "attachments", _missing_attachment),
-        f"Zotero database: {md_code(answer['zotero_db'])}" if answer.get("zotero_db") else None)
+        f"Zotero database: {md_code(answer['zotero_db'])}" if answer.get("zotero_db") else None,
+    )
 
 
 def job_vectors_left_s(job: dict) -> float | None:
@@ -501,8 +606,10 @@ def _job_markdown(job: dict) -> str:
         phase = f" ({job['phase']}{steps})"
     if job.get("text_done") and job.get("phase") == "embed" and job.get("state") == "running":
         left = job_vectors_left_s(job)
-        phase = (f" (the text is indexed and searchable; adding vectors {job.get('phase_done') or 0}/"
-                 f"{job.get('phase_total') or 0}{f', about {format_duration(left)} left' if left else ''})")
+        phase = (
+            f" (the text is indexed and searchable; adding vectors {job.get('phase_done') or 0}/"
+            f"{job.get('phase_total') or 0}{f', about {format_duration(left)} left' if left else ''})"
+        )
     ocr = _mapping(job.get("ocr"))
     if ocr and job.get("state") == "running":
         phase += f"; {_ocr_progress(ocr)}"
@@ -511,7 +618,7 @@ def _job_markdown(job: dict) -> str:
 
 
 def _ocr_progress(ocr: dict) -> str:
-    """"OCR page 12/100 of scan.pdf": a page of a file the readers are OCR'ing."""
+    """ "OCR page 12/100 of scan.pdf": a page of a file the readers are OCR'ing."""
     name = visible_text(Path(str(ocr.get("path") or "")).name[:40])
     return f"OCR page {ocr.get('done') or 0}/{ocr.get('total') or 0} of {name}"
 
@@ -527,7 +634,9 @@ def _one_job(answer: dict, job: dict) -> str:
         "Items that failed:" if errors else None,
         _some(errors, "errors", lambda e: f"- {md_text(cut_text(e, 200))}"),
         "Still working: call kb_status again later with the same job_id."
-        if job.get("state") in ("queued", "running") else None)
+        if job.get("state") in ("queued", "running")
+        else None,
+    )
 
 
 def render_status(answer: dict) -> str:
@@ -544,9 +653,11 @@ def _source_line(source: dict) -> str:
     sync = _mapping(source.get("sync"))
     if sync.get("total"):
         state += f" ({sync.get('done', 0)}/{sync['total']}, job {sync.get('job_id')})"
-    detail = [f"{source['pending']} file(s) settling" if source.get("pending") else None,
-              f"last sync {source['last_sync']}" if source.get("last_sync") else "not synced yet",
-              _counts({k: v for k, v in _mapping(source.get("last_changes")).items() if v})]
+    detail = [
+        f"{source['pending']} file(s) settling" if source.get("pending") else None,
+        f"last sync {source['last_sync']}" if source.get("last_sync") else "not synced yet",
+        _counts({k: v for k, v in _mapping(source.get("last_changes")).items() if v}),
+    ]
     reason = f" ({md_text(cut_text(str(source['reason']), 200))})" if source.get("reason") else ""
     return f"- {md_code(source.get('path', '?'))}: {state}{reason}; " + ", ".join(d for d in detail if d)
 
@@ -557,40 +668,55 @@ def render_watch(answer: dict) -> str:
     return _lines(
         f"Now watching: {', '.join(md_code(p) for p in added)}." if added else None,
         f"No longer watched (their papers stay in the library): {', '.join(md_code(p) for p in removed)}."
-        if removed else None,
+        if removed
+        else None,
         "**Watched folders**" if sources else "No folders are watched. Add one with kb_watch and add: [folder].",
         _some(sources, "sources", _source_line),
-        _note(answer.get("note")))
+        _note(answer.get("note")),
+    )
 
 
 def render_stats(answer: dict) -> str:
     if answer.get("exists") is False:
-        return _lines("**The knowledge base is empty**: no library exists yet.",
-                      f"Library folder: {md_code(answer['kb_root'])}" if answer.get("kb_root") else None,
-                      f"Chosen as {md_text(answer['kb_root_from'])}." if answer.get("kb_root_from") else None,
-                      "Add papers with kb_ingest (files or folders) or kb_zotero.")
+        return _lines(
+            "**The knowledge base is empty**: no library exists yet.",
+            f"Library folder: {md_code(answer['kb_root'])}" if answer.get("kb_root") else None,
+            f"Chosen as {md_text(answer['kb_root_from'])}." if answer.get("kb_root_from") else None,
+            "Add papers with kb_ingest (files or folders) or kb_zotero.",
+        )
     by_status = _counts(answer.get("by_status"))
     stale = answer.get("stale_docs")
     notice = stale_notice(stale) if isinstance(stale, int) and not isinstance(stale, bool) else None
     return _lines(
         "**Knowledge base**",
-        _bullet("documents", f"{answer.get('indexed_docs') or 0} indexed of {answer.get('docs') or 0} recorded"
-                + (f" ({by_status})" if by_status else "")),
+        _bullet(
+            "documents",
+            f"{answer.get('indexed_docs') or 0} indexed of {answer.get('docs') or 0} recorded"
+            + (f" ({by_status})" if by_status else ""),
+        ),
         _bullet("kinds", _counts(answer.get("by_kind"))),
         _bullet("languages", _counts(answer.get("languages"))),
         _bullet("passages", answer.get("chunks")),
-        _bullet("vectors", f"{answer.get('vectors') or 0}, missing {answer.get('vectors_missing') or 0}"
-                + (f" ({answer['embedding_model']})" if answer.get("embedding_model") else "")),
+        _bullet(
+            "vectors",
+            f"{answer.get('vectors') or 0}, missing {answer.get('vectors_missing') or 0}"
+            + (f" ({answer['embedding_model']})" if answer.get("embedding_model") else ""),
+        ),
         _bullet("vectors refused", md_text(_mapping(answer.get("vectors_refused")).get("reason"))),
         _bullet("models", _counts(answer.get("models"))),
         _bullet("stale documents", stale),
         _bullet("library", md_code(answer["kb_root"]) if answer.get("kb_root") else None),
-        md_text(notice) if notice else None)
+        md_text(notice) if notice else None,
+    )
 
 
 def _dedup_group(group: dict) -> str:
-    docs = ", ".join(f"{'keep ' if d.get('doc_id') == group.get('keep') else ''}#{d.get('doc_id')} "
-                     f"{md_code(file_name(d.get('path')))}" for d in _listed(group.get("docs")) if isinstance(d, dict))
+    docs = ", ".join(
+        f"{'keep ' if d.get('doc_id') == group.get('keep') else ''}#{d.get('doc_id')} "
+        f"{md_code(file_name(d.get('path')))}"
+        for d in _listed(group.get("docs"))
+        if isinstance(d, dict)
+    )
     return f"- {group.get('reason')}: {docs}"
 
 
@@ -600,49 +726,75 @@ def render_dedup(answer: dict) -> str:
         return "No duplicate documents found."
     return _lines(
         f"**{len(groups)} group(s) of copies of one work**"
-        + (f": {answer.get('removed')} document(s) turned into duplicate records." if answer.get("applied")
-           else " (nothing changed)."),
+        + (
+            f": {answer.get('removed')} document(s) turned into duplicate records."
+            if answer.get("applied")
+            else " (nothing changed)."
+        ),
         _some(groups, "groups", _dedup_group),
-        None if answer.get("applied") else
-        "To keep one document per group, call kb_dedup with apply: true (only if the user agrees).")
+        None
+        if answer.get("applied")
+        else "To keep one document per group, call kb_dedup with apply: true (only if the user agrees).",
+    )
 
 
 def render_clear(answer: dict) -> str:
     cleared = _mapping(answer.get("cleared"))
-    return (f"**Library cleared**: {cleared.get('docs', 0)} document(s) and {cleared.get('chunks', 0)} passage(s) "
-            f"removed from {md_code(answer.get('kb_root', '?'))}. The files themselves were not touched.")
+    return (
+        f"**Library cleared**: {cleared.get('docs', 0)} document(s) and {cleared.get('chunks', 0)} passage(s) "
+        f"removed from {md_code(answer.get('kb_root', '?'))}. The files themselves were not touched."
+    )
 
 
-SHOW_SNIPPET_CHARS = 160      # of the passage, in the line beside a picture
+SHOW_SNIPPET_CHARS = 160  # of the passage, in the line beside a picture
 
 
 def render_show(answer: dict) -> str:
     """The one line beside a picture: `Title · p. 6 · "snippet…"`, and what was not highlighted."""
-    pages = sorted({i["page"] for i in _listed(answer.get("images"))
-                    if isinstance(i, dict) and _is_integer(i.get("page"))})
-    where = ("p. " + "–".join(str(p) for p in (pages[0], pages[-1]) if p) if len(pages) > 1 else f"p. {pages[0]}") \
-        if pages else None
+    pages = sorted(
+        {i["page"] for i in _listed(answer.get("images")) if isinstance(i, dict) and _is_integer(i.get("page"))}
+    )
+    where = (
+        ("p. " + "–".join(str(p) for p in (pages[0], pages[-1]) if p) if len(pages) > 1 else f"p. {pages[0]}")
+        if pages
+        else None
+    )
     snippet = cut_text(" ".join(str(answer.get("snippet") or "").split()), SHOW_SNIPPET_CHARS)
-    line = " · ".join(x for x in (f"**{md_text(answer.get('title') or answer.get('file') or 'Untitled')}**",
-                                  md_text(answer.get("figure")), where,
-                                  f"\"{md_text(snippet)}\"" if snippet else None) if x)
+    line = " · ".join(
+        x
+        for x in (
+            f"**{md_text(answer.get('title') or answer.get('file') or 'Untitled')}**",
+            md_text(answer.get("figure")),
+            where,
+            f'"{md_text(snippet)}"' if snippet else None,
+        )
+        if x
+    )
     return _lines(line, f"Not highlighted: {md_text(answer['note'])}" if answer.get("note") else None)
 
 
 def show_view(answer: dict) -> dict:
     """What a host's card draws for show: the pictures (inline PNG when asked for) and the line's parts."""
-    return {"kind": "kb-picture", "tool": "kb_show", "doc_id": answer.get("doc_id"),
-            "title": cut_text(answer.get("title") or answer.get("file") or "Untitled", RENDER_TITLE_CHARS),
-            "file": _shown_name(answer.get("file")), "path": answer.get("path"),
-            "figure": _shown_line(answer.get("figure")), "snippet": plain_line(answer.get("snippet")),
-            "highlighted": answer.get("highlighted"), "note": _shown_line(answer.get("note")),
-            "images": [dict(i) for i in _listed(answer.get("images")) if isinstance(i, dict)]}
+    return {
+        "kind": "kb-picture",
+        "tool": "kb_show",
+        "doc_id": answer.get("doc_id"),
+        "title": cut_text(answer.get("title") or answer.get("file") or "Untitled", RENDER_TITLE_CHARS),
+        "file": _shown_name(answer.get("file")),
+        "path": answer.get("path"),
+        "figure": _shown_line(answer.get("figure")),
+        "snippet": plain_line(answer.get("snippet")),
+        "highlighted": answer.get("highlighted"),
+        "note": _shown_line(answer.get("note")),
+        "images": [dict(i) for i in _listed(answer.get("images")) if isinstance(i, dict)],
+    }
 
 
 def _sources(command: str) -> Callable[[dict, int], dict]:
     def render(answer: dict, budget: int) -> dict:
         view = sources_view(command, answer, budget)
         return {"markdown": sources_markdown(view), "view": view}
+
     return render
 
 
@@ -652,10 +804,16 @@ def _summary(render: Callable[[dict], str]) -> Callable[[dict, int], dict]:
 
 # The commands a host renders, by name: each turns an answer (and the budget) into the fields `render` adds.
 RENDERERS: dict[str, Callable[[dict, int], dict]] = {
-    "search": _sources("search"), "rag": _sources("rag"),
-    "ingest": _summary(render_ingest), "zotero": _summary(render_zotero), "fetch": _summary(render_fetch),
-    "status": _summary(render_status), "stats": _summary(render_stats), "dedup": _summary(render_dedup),
-    "clear": _summary(render_clear), "watch": _summary(render_watch),
+    "search": _sources("search"),
+    "rag": _sources("rag"),
+    "ingest": _summary(render_ingest),
+    "zotero": _summary(render_zotero),
+    "fetch": _summary(render_fetch),
+    "status": _summary(render_status),
+    "stats": _summary(render_stats),
+    "dedup": _summary(render_dedup),
+    "clear": _summary(render_clear),
+    "watch": _summary(render_watch),
     "show": lambda answer, budget: {"markdown": render_show(answer), "view": show_view(answer)},
 }
 

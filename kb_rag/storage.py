@@ -5,6 +5,7 @@ The statements the rest of the engine runs are methods of ``Library``: here, and
 
 May import: config, reading.chunking, storage_queries, text.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,7 @@ from .storage_queries import LibraryQueries
 from .text import _strip_diacritics, analyzed_string, cjk_ratio
 
 # What the library records (in ``meta``) about the model that made its vectors; dropped with the vectors.
-VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt",
-                    "vectors_refused")
+VECTOR_META_KEYS = ("embed_model", "embed_dim", "embed_passage_format", "embed_passage_prompt", "vectors_refused")
 
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -150,8 +150,10 @@ def _migrate_1_to_2(conn: sqlite3.Connection, has_fts5: bool) -> None:
     # keys for documents written before: titles and authors are already stored
     for doc_id, title, authors in conn.execute("SELECT id, title, authors FROM docs").fetchall():
         names = json.loads(authors or "[]")
-        conn.execute("UPDATE docs SET title_key = ?, first_author_key = ? WHERE id = ?",
-                     (title_key(title), surname_key(names[0]) if names else None, doc_id))
+        conn.execute(
+            "UPDATE docs SET title_key = ?, first_author_key = ? WHERE id = ?",
+            (title_key(title), surname_key(names[0]) if names else None, doc_id),
+        )
 
 
 MIGRATIONS[0] = _migrate_0_to_1
@@ -266,7 +268,7 @@ def path_bytes(path: str) -> bytes | None:
 
 def fs_path(row: sqlite3.Row) -> str:
     """The path to open for a stored document (its raw bytes when its name is not UTF-8)."""
-    raw = row["path_bytes"] if "path_bytes" in row.keys() else None   # noqa: SIM118 (`in` on a Row reads values)
+    raw = row["path_bytes"] if "path_bytes" in row.keys() else None  # noqa: SIM118 (`in` on a Row reads values)
     return os.fsdecode(raw) if raw else row["path"]
 
 
@@ -288,24 +290,24 @@ def split_person_name(name: str) -> tuple[str, str, str]:
         return given, family, suffix
     parts = name.split()
     if len(parts) > 1 and re.fullmatch(r"(?:[A-Z]\.?-?){1,3}", parts[-1]) and not re.fullmatch(r"[A-Z]\.?", parts[0]):
-        return parts[-1], " ".join(parts[:-1]), suffix          # "Smith J." / "Alhadainy HA"
+        return parts[-1], " ".join(parts[:-1]), suffix  # "Smith J." / "Alhadainy HA"
     return " ".join(parts[:-1]), parts[-1] if parts else "", suffix
 
 
 def surname_key(name: str | None) -> str | None:
     """Lower-case family name of 'Given Family', 'Family, Given' or 'Family G.' (None when unclear)."""
     name = re.sub(r"[\d*†‡§¶#,]+$", "", (name or "").strip()).strip()
-    name = re.sub(r",?\s+(?:Jr|Sr)\.?$|,?\s+(?:II|III|IV)$", "", name)      # "Timothy J. Triche, Jr."
+    name = re.sub(r",?\s+(?:Jr|Sr)\.?$|,?\s+(?:II|III|IV)$", "", name)  # "Timothy J. Triche, Jr."
     if not name:
         return None
     if cjk_ratio(name) > 0.5:
-        return name.replace(" ", "")[:1]        # Chinese family names come first, almost always one character
+        return name.replace(" ", "")[:1]  # Chinese family names come first, almost always one character
     if "," in name:
         family = name.split(",")[0]
     else:
         parts = [p for p in re.split(r"\s+", name) if p]
         initials = [p for p in parts if re.fullmatch(r"(?:[A-Z]\.?-?)+", p)]
-        if len(parts) > 1 and parts[-1] in initials:     # "Smith J." / "Smith JA"
+        if len(parts) > 1 and parts[-1] in initials:  # "Smith J." / "Smith JA"
             family = next((p for p in parts if p not in initials), parts[0])
         else:
             family = parts[-1]
@@ -340,7 +342,7 @@ class Library(LibraryQueries):
         self.stored_vector_ids: list[int] = []
         self._txn_removed: list[int] = []
         self._txn_stored: list[int] = []
-        self._term_counts: tuple | None = None      # (generation, terms, result) of the last term_counts call
+        self._term_counts: tuple | None = None  # (generation, terms, result) of the last term_counts call
 
     @property
     def db_path(self) -> Path:
@@ -358,11 +360,15 @@ class Library(LibraryQueries):
             root.mkdir(parents=True, exist_ok=True)
             if db_path.is_symlink() and not db_path.exists():
                 # SQLite would create the link's target wherever it points: a library is never made through a link
-                raise KBError("bad_request", f"{db_path} is a symbolic link to {os.readlink(db_path)}, which does not "
-                                             "exist: no library is created through a link (remove the link, or "
-                                             "name the library's real folder as kb_root)")
-        conn = sqlite3.connect(str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                               check_same_thread=False)
+                raise KBError(
+                    "bad_request",
+                    f"{db_path} is a symbolic link to {os.readlink(db_path)}, which does not "
+                    "exist: no library is created through a link (remove the link, or "
+                    "name the library's real folder as kb_root)",
+                )
+        conn = sqlite3.connect(
+            str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
@@ -379,14 +385,20 @@ class Library(LibraryQueries):
             raise
         if writable and version > SCHEMA_VERSION:
             conn.close()
-            raise KBError("schema_too_new", f"{db_path} was written by a newer kb-rag (schema {version}); "
-                                            f"this engine knows schema {SCHEMA_VERSION}. Upgrade kb-rag.")
+            raise KBError(
+                "schema_too_new",
+                f"{db_path} was written by a newer kb-rag (schema {version}); "
+                f"this engine knows schema {SCHEMA_VERSION}. Upgrade kb-rag.",
+            )
         if writable:
             pass
         elif version > SCHEMA_VERSION:
             conn.close()
-            raise KBError("schema_too_new", f"{db_path} was written by a newer kb-rag (schema {version}); "
-                                            f"this engine knows schema {SCHEMA_VERSION}. Upgrade kb-rag.")
+            raise KBError(
+                "schema_too_new",
+                f"{db_path} was written by a newer kb-rag (schema {version}); "
+                f"this engine knows schema {SCHEMA_VERSION}. Upgrade kb-rag.",
+            )
         elif version < SCHEMA_VERSION:
             conn.close()
             if version == 0:
@@ -395,11 +407,14 @@ class Library(LibraryQueries):
                 raise KBError("needs_migration", f"{db_path} uses schema {version}; any command migrates it")
             # a library written by an older engine: bring it to this schema (one short transaction), then read
             try:
-                cls.open(root, writable=True).close()   # type: ignore[union-attr]
+                cls.open(root, writable=True).close()  # type: ignore[union-attr]
             except (sqlite3.DatabaseError, OSError) as exc:
-                raise KBError("needs_migration", f"{db_path} uses schema {version} and cannot be brought to "
-                                                 f"{SCHEMA_VERSION} here ({_short_error(exc)}); run an ingest with "
-                                                 "write access once") from None
+                raise KBError(
+                    "needs_migration",
+                    f"{db_path} uses schema {version} and cannot be brought to "
+                    f"{SCHEMA_VERSION} here ({_short_error(exc)}); run an ingest with "
+                    "write access once",
+                ) from None
             return cls.open(root, writable=False)
         else:
             conn.execute("PRAGMA query_only = ON")
@@ -408,15 +423,17 @@ class Library(LibraryQueries):
     @staticmethod
     def _migrate(conn: sqlite3.Connection, version: int) -> None:
         if version > SCHEMA_VERSION:
-            raise KBError("schema_too_new", f"the library uses schema {version}, newer than this engine's "
-                                            f"{SCHEMA_VERSION}. Upgrade kb-rag.")
+            raise KBError(
+                "schema_too_new",
+                f"the library uses schema {version}, newer than this engine's {SCHEMA_VERSION}. Upgrade kb-rag.",
+            )
         if version == SCHEMA_VERSION:
             return
         # All steps in one transaction: a reader in another process sees the old schema or the current one,
         # never a half-migrated library between two steps.
         conn.execute("BEGIN IMMEDIATE")
         try:
-            current = conn.execute("PRAGMA user_version").fetchone()[0]   # another process may have migrated
+            current = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated
             while current < SCHEMA_VERSION:
                 MIGRATIONS[current](conn, sqlite_has_fts5())
                 current += 1
@@ -450,8 +467,10 @@ class Library(LibraryQueries):
         return int(value) if value and value.isdigit() else 0
 
     def _bump_generation(self) -> None:
-        self.conn.execute("INSERT INTO meta(key, value) VALUES ('generation', '1') ON CONFLICT(key) DO UPDATE "
-                          "SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)")
+        self.conn.execute(
+            "INSERT INTO meta(key, value) VALUES ('generation', '1') ON CONFLICT(key) DO UPDATE "
+            "SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)"
+        )
 
     # -- meta -----------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -480,19 +499,23 @@ class Library(LibraryQueries):
         columns = list(fields)
         if existing is None:
             placeholders = ", ".join("?" for _ in columns)
-            cur = self.conn.execute(f"INSERT INTO docs(path, {', '.join(columns)}) VALUES (?, {placeholders})",
-                                    [path] + [fields[c] for c in columns])
+            cur = self.conn.execute(
+                f"INSERT INTO docs(path, {', '.join(columns)}) VALUES (?, {placeholders})",
+                [path] + [fields[c] for c in columns],
+            )
             return int(cur.lastrowid or 0)
         assignments = ", ".join(f"{c} = ?" for c in columns)
-        self.conn.execute(f"UPDATE docs SET {assignments} WHERE id = ?",
-                          [fields[c] for c in columns] + [existing["id"]])
+        self.conn.execute(
+            f"UPDATE docs SET {assignments} WHERE id = ?", [fields[c] for c in columns] + [existing["id"]]
+        )
         return existing["id"]
 
     def delete_chunks(self, doc_id: int) -> None:
         self._txn_removed.extend(r[0] for r in self.conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,)))
         if not self.has_fts5:
-            self.conn.execute("DELETE FROM chunk_terms WHERE chunk_id IN (SELECT id FROM chunks WHERE doc_id = ?)",
-                              (doc_id,))
+            self.conn.execute(
+                "DELETE FROM chunk_terms WHERE chunk_id IN (SELECT id FROM chunks WHERE doc_id = ?)", (doc_id,)
+            )
         self.conn.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,))
 
     def insert_chunks(self, doc_id: int, chunks: list[Chunk], heading_prefix: str, first_seq: int = 0) -> list[int]:
@@ -501,17 +524,32 @@ class Library(LibraryQueries):
             cur = self.conn.execute(
                 "INSERT INTO chunks(doc_id, seq, section, block, weight, text, page, page_end, page_label, "
                 "char_start, char_end, page_map) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (doc_id, seq, chunk.section, chunk.block, chunk.weight, chunk.text, chunk.page, chunk.page_end,
-                 chunk.page_label, chunk.char_start, chunk.char_end, json.dumps(chunk.page_map)))
+                (
+                    doc_id,
+                    seq,
+                    chunk.section,
+                    chunk.block,
+                    chunk.weight,
+                    chunk.text,
+                    chunk.page,
+                    chunk.page_end,
+                    chunk.page_label,
+                    chunk.char_start,
+                    chunk.char_end,
+                    json.dumps(chunk.page_map),
+                ),
+            )
             ids.append(int(cur.lastrowid or 0))
             body = analyzed_string(chunk.text)
             heading = analyzed_string(f"{heading_prefix} {chunk.section}")
             if self.has_fts5:
-                self.conn.execute("INSERT INTO chunks_fts(rowid, body, heading) VALUES (?, ?, ?)",
-                                  (cur.lastrowid, body, heading))
+                self.conn.execute(
+                    "INSERT INTO chunks_fts(rowid, body, heading) VALUES (?, ?, ?)", (cur.lastrowid, body, heading)
+                )
             else:
-                self.conn.execute("INSERT INTO chunk_terms(chunk_id, body, heading) VALUES (?, ?, ?)",
-                                  (cur.lastrowid, body, heading))
+                self.conn.execute(
+                    "INSERT INTO chunk_terms(chunk_id, body, heading) VALUES (?, ?, ?)", (cur.lastrowid, body, heading)
+                )
         return ids
 
     def replace_references(self, doc_id: int, references: list, chunk_ids: list[int], links: list) -> None:
@@ -519,13 +557,19 @@ class Library(LibraryQueries):
         self.conn.execute("DELETE FROM refs WHERE doc_id = ?", (doc_id,))
         ref_ids = []
         for ref in references:
-            cur = self.conn.execute("INSERT INTO refs(doc_id, num, raw, doi, title, first_author, year) "
-                                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                    (doc_id, ref.num, ref.raw, ref.doi, ref.title, ref.first_author, ref.year))
+            cur = self.conn.execute(
+                "INSERT INTO refs(doc_id, num, raw, doi, title, first_author, year) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (doc_id, ref.num, ref.raw, ref.doi, ref.title, ref.first_author, ref.year),
+            )
             ref_ids.append(cur.lastrowid)
-        self.conn.executemany("INSERT OR IGNORE INTO chunk_cites(chunk_id, ref_id, marker) VALUES (?, ?, ?)",
-                              [(chunk_id, ref_ids[index], marker) for chunk_id, chunk_links in zip(chunk_ids, links)
-                               for marker, index in chunk_links])
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO chunk_cites(chunk_id, ref_id, marker) VALUES (?, ?, ?)",
+            [
+                (chunk_id, ref_ids[index], marker)
+                for chunk_id, chunk_links in zip(chunk_ids, links)
+                for marker, index in chunk_links
+            ],
+        )
 
     def replace_block_chunks(self, doc_id: int, block: str, chunks: list[Chunk], title: str) -> None:
         """Swap a document's chunks of one kind (Zotero annotations) and keep its chunk count right."""
@@ -536,11 +580,14 @@ class Library(LibraryQueries):
             if not self.has_fts5:
                 self.conn.execute(f"DELETE FROM chunk_terms WHERE chunk_id IN ({marks})", old)
             self.conn.execute(f"DELETE FROM chunks WHERE id IN ({marks})", old)
-        next_seq = self.conn.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM chunks WHERE doc_id = ?",
-                                     (doc_id,)).fetchone()[0]
+        next_seq = self.conn.execute(
+            "SELECT COALESCE(MAX(seq), -1) + 1 FROM chunks WHERE doc_id = ?", (doc_id,)
+        ).fetchone()[0]
         self.insert_chunks(doc_id, chunks, title, first_seq=next_seq)
-        self.conn.execute("UPDATE docs SET chunk_count = (SELECT COUNT(*) FROM chunks WHERE doc_id = ?) WHERE id = ?",
-                          (doc_id, doc_id))
+        self.conn.execute(
+            "UPDATE docs SET chunk_count = (SELECT COUNT(*) FROM chunks WHERE doc_id = ?) WHERE id = ?",
+            (doc_id, doc_id),
+        )
 
     def reindex_headings(self, doc_id: int, title: str) -> None:
         """Rewrite the keyword index's heading column (title + section) after a title change."""
@@ -558,17 +605,38 @@ class Library(LibraryQueries):
 
     def move_doc(self, doc_id: int, path: str, size: int, mtime_ns: int) -> None:
         """Point a document at a new file path (inside the caller's transaction); its passages stay."""
-        self.conn.execute("UPDATE docs SET path = ?, path_bytes = ?, size = ?, mtime_ns = ? WHERE id = ?",
-                          (path_key(path), path_bytes(path), size, mtime_ns, doc_id))
+        self.conn.execute(
+            "UPDATE docs SET path = ?, path_bytes = ?, size = ?, mtime_ns = ? WHERE id = ?",
+            (path_key(path), path_bytes(path), size, mtime_ns, doc_id),
+        )
 
-    def set_doc_metadata(self, doc_id: int, title: str | None, authors: list[str], year: int | None,
-                         journal: str | None, doi: str | None, sources: dict) -> None:
+    def set_doc_metadata(
+        self,
+        doc_id: int,
+        title: str | None,
+        authors: list[str],
+        year: int | None,
+        journal: str | None,
+        doi: str | None,
+        sources: dict,
+    ) -> None:
         """Write a document's title, authors, year, journal and DOI with their match keys, and where each field
         came from (``sources``: field -> extracted | crossref), inside the caller's transaction."""
-        self.conn.execute("UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
-                          "first_author_key = ?, metadata_source = ? WHERE id = ?",
-                          (title, json.dumps(authors, ensure_ascii=False), year, journal, doi, title_key(title),
-                           surname_key(authors[0]) if authors else None, json.dumps(sources), doc_id))
+        self.conn.execute(
+            "UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
+            "first_author_key = ?, metadata_source = ? WHERE id = ?",
+            (
+                title,
+                json.dumps(authors, ensure_ascii=False),
+                year,
+                journal,
+                doi,
+                title_key(title),
+                surname_key(authors[0]) if authors else None,
+                json.dumps(sources),
+                doc_id,
+            ),
+        )
 
     def clear(self) -> dict[str, int]:
         """Delete every document, passage, vector and cached answer in one transaction, then give the space back
@@ -595,8 +663,13 @@ class Library(LibraryQueries):
         return self.get_meta("embed_model"), int(dim) if dim and dim.isdigit() else None
 
     def chunk_ids_missing_vectors(self) -> list[int]:
-        return [r[0] for r in self.conn.execute("SELECT c.id FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
-                                                "WHERE v.chunk_id IS NULL ORDER BY length(c.text), c.id")]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT c.id FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
+                "WHERE v.chunk_id IS NULL ORDER BY length(c.text), c.id"
+            )
+        ]
 
     def chunk_passages(self, ids: list[int] | None = None, path: str | None = None) -> list[tuple[int, str, str, str]]:
         """(id, document title, section, text) of the chunks given by id (those that still exist, in the order
@@ -622,8 +695,9 @@ class Library(LibraryQueries):
         return self.get_meta("embed_passage_prompt") or ""
 
     def count_missing_vectors(self) -> int:
-        return self.conn.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id "
-                                 "WHERE v.chunk_id IS NULL").fetchone()[0]
+        return self.conn.execute(
+            "SELECT COUNT(*) FROM chunks c LEFT JOIN vecs v ON v.chunk_id = c.id WHERE v.chunk_id IS NULL"
+        ).fetchone()[0]
 
     def term_counts(self, terms: list[str]) -> tuple[int, dict[str, int]]:
         """(chunks in the library, chunks holding each term). A query asks twice (ranking, then snippets) and
@@ -634,13 +708,17 @@ class Library(LibraryQueries):
         total = self.conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
         counts = {t: 0 for t in terms}
         if self.has_fts5 and terms:
-            counts.update(self.conn.execute(
-                f"SELECT term, doc FROM chunks_vocab WHERE term IN ({', '.join('?' * len(terms))})", terms).fetchall())
+            counts.update(
+                self.conn.execute(
+                    f"SELECT term, doc FROM chunks_vocab WHERE term IN ({', '.join('?' * len(terms))})", terms
+                ).fetchall()
+            )
         self._term_counts = (generation, key, (total, counts))
         return total, counts
 
-    def store_model_vectors(self, model: str, dim: int, ids: list[int], matrix, passage_format: str,
-                            passage_prompt: str) -> None:
+    def store_model_vectors(
+        self, model: str, dim: int, ids: list[int], matrix, passage_format: str, passage_prompt: str
+    ) -> None:
         """Store vectors in one transaction, recording the model, passage format and passage prompt that made
         them when they are the library's first."""
         with self.transaction():
@@ -668,17 +746,19 @@ class Library(LibraryQueries):
             if reason is None:
                 self.conn.execute("DELETE FROM meta WHERE key = 'vectors_refused'")
             else:
-                self.set_meta("vectors_refused", json.dumps({"model": model, "reason": reason, "at": now_iso()},
-                                                            ensure_ascii=False))
+                self.set_meta(
+                    "vectors_refused",
+                    json.dumps({"model": model, "reason": reason, "at": now_iso()}, ensure_ascii=False),
+                )
 
     def forget_vectors(self) -> None:
         """Drop every vector and what the library recorded about the model that made them."""
         self.conn.execute("DELETE FROM vecs")
-        self.conn.execute(f"DELETE FROM meta WHERE key IN ({', '.join('?' * len(VECTOR_META_KEYS))})",
-                          VECTOR_META_KEYS)
+        self.conn.execute(f"DELETE FROM meta WHERE key IN ({', '.join('?' * len(VECTOR_META_KEYS))})", VECTOR_META_KEYS)
 
     def store_vectors(self, ids: list[int], matrix) -> None:
         import numpy as np
+
         rows = [(chunk_id, np.asarray(vector, dtype=np.float32).tobytes()) for chunk_id, vector in zip(ids, matrix)]
         self.conn.executemany("INSERT OR REPLACE INTO vecs(chunk_id, vec) VALUES (?, ?)", rows)
         self._txn_stored.extend(ids)
@@ -687,8 +767,12 @@ class Library(LibraryQueries):
 class _Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception."""
 
-    def __init__(self, conn: sqlite3.Connection, on_commit: Callable[[], None] | None = None,
-                 on_end: Callable[[bool], None] | None = None):
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        on_commit: Callable[[], None] | None = None,
+        on_end: Callable[[bool], None] | None = None,
+    ):
         self.conn = conn
         self.on_commit = on_commit
         self.on_end = on_end
@@ -726,7 +810,7 @@ def is_disk_full(exc: BaseException) -> bool:
     """SQLite's SQLITE_FULL, or a write that found no space left on the device."""
     if isinstance(exc, sqlite3.OperationalError):
         return getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)
-    return isinstance(exc, OSError) and exc.errno == 28      # ENOSPC
+    return isinstance(exc, OSError) and exc.errno == 28  # ENOSPC
 
 
 class DiskFull(KBError):
@@ -734,18 +818,24 @@ class DiskFull(KBError):
 
     def __init__(self, root: Path, details: dict | None = None):
         import shutil
+
         try:
             free = f"{shutil.disk_usage(root).free / (1024 * 1024):.1f} MB free"
         except OSError:
             free = "free space unknown"
-        done = ("the files before the one in flight are stored, that one was rolled back. Free some space and run "
-                "the same ingest again: it goes on where it stopped") if details else \
-            "nothing was written. Free some space and try again"
+        done = (
+            (
+                "the files before the one in flight are stored, that one was rolled back. Free some space and run "
+                "the same ingest again: it goes on where it stopped"
+            )
+            if details
+            else "nothing was written. Free some space and try again"
+        )
         super().__init__("disk_full", f"the disk holding the library {root} is full ({free}); {done}")
         self.details = details or {}
 
 
-TEMPORARY_TRIES = 16         # random temporary names tried before giving up (a clash is already one in 2**64)
+TEMPORARY_TRIES = 16  # random temporary names tried before giving up (a clash is already one in 2**64)
 
 
 def _new_temporary(path: Path, mode: int = 0o666) -> tuple[int, Path]:
@@ -754,6 +844,7 @@ def _new_temporary(path: Path, mode: int = 0o666) -> tuple[int, Path]:
     (O_EXCL | O_NOFOLLOW): in a folder other users may write to (a shared ``show --dest``), a link put there by
     someone else is never written through. ``mode`` is narrowed by the umask, as for any new file."""
     import secrets
+
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(TEMPORARY_TRIES):
         temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")

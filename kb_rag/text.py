@@ -2,6 +2,7 @@
 
 May import: no module of the package.
 """
+
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,8 @@ import unicodedata
 # Index terms are produced here and nowhere else: the same analyser feeds the
 # FTS5 table, the query and the snippet locator, so they always agree.
 
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all also am an and any are aren as at be because been before being below
 between both but by can cannot could did do does doing don down during each few for from further had has have
 having he her here hers herself him himself his how i if in into is isn it its itself just let me more most my
@@ -19,7 +21,8 @@ myself no nor not now of off on once only or other ought our ours ourselves out 
 some such than that the their theirs them themselves then there these they this those through to too under
 until up very was we were what when where which while who whom why will with would you your yours yourself
 yourselves s t d ll m re ve via thus whether
-""".split())
+""".split()
+)
 CJK_STOP_CHARS = frozenset("的了是在和与及或之其")
 
 _CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff"
@@ -51,14 +54,26 @@ def normalize_text(text: str) -> str:
 
 # Spacing accents that TeX fonts draw as separate glyphs ("Fern´andez", "Gonc¸alo"), with the combining mark each
 # stands for. Marks set above a letter usually precede it in the text stream; marks set below follow it.
-_SPACING_ACCENTS = {"\u00b4": "\u0301", "`": "\u0300", "\u00a8": "\u0308", "\u02c6": "\u0302", "\u02dc": "\u0303",
-                    "\u00af": "\u0304", "\u02d8": "\u0306", "\u02c7": "\u030c", "\u02d9": "\u0307", "\u02da": "\u030a",
-                    "\u02dd": "\u030b", "\u00b8": "\u0327", "\u02db": "\u0328"}
+_SPACING_ACCENTS = {
+    "\u00b4": "\u0301",
+    "`": "\u0300",
+    "\u00a8": "\u0308",
+    "\u02c6": "\u0302",
+    "\u02dc": "\u0303",
+    "\u00af": "\u0304",
+    "\u02d8": "\u0306",
+    "\u02c7": "\u030c",
+    "\u02d9": "\u0307",
+    "\u02da": "\u030a",
+    "\u02dd": "\u030b",
+    "\u00b8": "\u0327",
+    "\u02db": "\u0328",
+}
 _MARKS_BELOW = frozenset("\u0327\u0328")
 
 
 def _composed(letter: str, mark: str) -> str | None:
-    letter = {"\u0131": "i", "\u0237": "j"}.get(letter, letter)     # dotless i/j carry the accent in TeX
+    letter = {"\u0131": "i", "\u0237": "j"}.get(letter, letter)  # dotless i/j carry the accent in TeX
     joined = unicodedata.normalize("NFC", letter + mark)
     return joined if len(joined) == 1 else None
 
@@ -131,8 +146,18 @@ FUNCTION_WORDS = {
     "it": frozenset("il di che della delle degli nel per con una sono anche gli alla questo".split()),
     "nl": frozenset("het een van en dat op met voor niet zijn wordt deze bij ook naar".split()),
 }
-LANGUAGE_NAMES = {"en": "English", "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "pt": "Portuguese",
-                  "es": "Spanish", "fr": "French", "de": "German", "it": "Italian", "nl": "Dutch"}
+LANGUAGE_NAMES = {
+    "en": "English",
+    "zh": "Chinese",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "pt": "Portuguese",
+    "es": "Spanish",
+    "fr": "French",
+    "de": "German",
+    "it": "Italian",
+    "nl": "Dutch",
+}
 
 
 def text_language(text: str, least_words: int = 2) -> str:
@@ -156,15 +181,59 @@ def text_language(text: str, least_words: int = 2) -> str:
 class PorterStemmer:
     """The classic Porter (1980) suffix stripper, for lower-case ASCII words."""
 
-    _STEP2 = (("ational", "ate"), ("tional", "tion"), ("enci", "ence"), ("anci", "ance"), ("izer", "ize"),
-              ("bli", "ble"), ("alli", "al"), ("entli", "ent"), ("eli", "e"), ("ousli", "ous"),
-              ("ization", "ize"), ("ation", "ate"), ("ator", "ate"), ("alism", "al"), ("iveness", "ive"),
-              ("fulness", "ful"), ("ousness", "ous"), ("aliti", "al"), ("iviti", "ive"), ("biliti", "ble"),
-              ("logi", "log"))
-    _STEP3 = (("icate", "ic"), ("ative", ""), ("alize", "al"), ("iciti", "ic"), ("ical", "ic"),
-              ("ful", ""), ("ness", ""))
-    _STEP4 = ("al", "ance", "ence", "er", "ic", "able", "ible", "ant", "ement", "ment", "ent", "ion",
-              "ou", "ism", "ate", "iti", "ous", "ive", "ize")
+    _STEP2 = (
+        ("ational", "ate"),
+        ("tional", "tion"),
+        ("enci", "ence"),
+        ("anci", "ance"),
+        ("izer", "ize"),
+        ("bli", "ble"),
+        ("alli", "al"),
+        ("entli", "ent"),
+        ("eli", "e"),
+        ("ousli", "ous"),
+        ("ization", "ize"),
+        ("ation", "ate"),
+        ("ator", "ate"),
+        ("alism", "al"),
+        ("iveness", "ive"),
+        ("fulness", "ful"),
+        ("ousness", "ous"),
+        ("aliti", "al"),
+        ("iviti", "ive"),
+        ("biliti", "ble"),
+        ("logi", "log"),
+    )
+    _STEP3 = (
+        ("icate", "ic"),
+        ("ative", ""),
+        ("alize", "al"),
+        ("iciti", "ic"),
+        ("ical", "ic"),
+        ("ful", ""),
+        ("ness", ""),
+    )
+    _STEP4 = (
+        "al",
+        "ance",
+        "ence",
+        "er",
+        "ic",
+        "able",
+        "ible",
+        "ant",
+        "ement",
+        "ment",
+        "ent",
+        "ion",
+        "ou",
+        "ism",
+        "ate",
+        "iti",
+        "ous",
+        "ive",
+        "ize",
+    )
 
     @staticmethod
     def _is_consonant(word: str, i: int) -> bool:
@@ -274,7 +343,7 @@ def analyze(text: str, with_offsets: bool = False) -> list:
     """
     out: list = []
     lowered = text.lower()
-    if len(lowered) != len(text):      # a rare case-fold that changes length: keep offsets honest
+    if len(lowered) != len(text):  # a rare case-fold that changes length: keep offsets honest
         lowered = "".join(ch.lower() if len(ch.lower()) == 1 else ch for ch in text)
     for match in _CJK_RUN_OR_WORD.finditer(lowered):
         run, start = match.group(), match.start()
@@ -283,7 +352,7 @@ def analyze(text: str, with_offsets: bool = False) -> list:
                 if ch not in CJK_STOP_CHARS:
                     out.append((ch, start + i, start + i + 1) if with_offsets else ch)
                 if i + 1 < len(run):
-                    gram = run[i:i + 2]
+                    gram = run[i : i + 2]
                     out.append((gram, start + i, start + i + 2) if with_offsets else gram)
             continue
         term = index_term(run)

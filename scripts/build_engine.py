@@ -22,6 +22,7 @@ Usage:
   python scripts/build_engine.py --order    print the modules in the order the file holds them
   python scripts/build_engine.py --force    write kb_engine.py even over an edit made to it by hand
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kb_rag"
 TARGET = ROOT / "kb_engine.py"
-SKIPPED = {"__main__"}          # `python -m kb_rag`: a door into the package, not part of the engine
+SKIPPED = {"__main__"}  # `python -m kb_rag`: a door into the package, not part of the engine
 RULE = "# " + "=" * 77
 WIDTH = 120
 # The file's second line names its source and a digest of every other line, so that an edit made to the file by hand
@@ -51,7 +52,7 @@ class BuildError(Exception):
 
 @dataclass
 class Module:
-    name: str                    # dotted, relative to the package: "answers.search", "" for the package itself
+    name: str  # dotted, relative to the package: "answers.search", "" for the package itself
     path: Path
     source: str
     tree: ast.Module
@@ -59,8 +60,8 @@ class Module:
     docstring: str = ""
     package_imports: list[tuple[str, list[str], int]] = field(default_factory=list)  # (module, names, line)
     external: list[ast.Import | ast.ImportFrom] = field(default_factory=list)
-    dropped: list[tuple[int, int]] = field(default_factory=list)      # 1-based line spans left out of the file
-    shown: str = ""              # the path as messages and banners give it: kb_rag/answers/search.py
+    dropped: list[tuple[int, int]] = field(default_factory=list)  # 1-based line spans left out of the file
+    shown: str = ""  # the path as messages and banners give it: kb_rag/answers/search.py
 
 
 def _module_name(path: Path, package: Path) -> tuple[str, bool]:
@@ -79,7 +80,7 @@ def _resolve(module: Module, node: ast.ImportFrom) -> str:
     up = node.level - 1
     if up > len(base):
         raise BuildError(f"{module.shown}:{node.lineno}: the import climbs out of the package")
-    base = base[:len(base) - up] if up else base
+    base = base[: len(base) - up] if up else base
     if node.module:
         base = base + node.module.split(".")
     return ".".join(base)
@@ -114,8 +115,12 @@ def _span(stmt: ast.stmt) -> tuple[int, int]:
 def _sort_statements(module: Module) -> None:
     """Split a module's top level into its docstring, imports (package and external) and the body that is kept."""
     body = module.tree.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         module.docstring = body[0].value.value
         module.dropped.append(_span(body[0]))
     for stmt in body:
@@ -127,20 +132,28 @@ def _sort_statements(module: Module) -> None:
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
             for alias in stmt.names:
                 if (getattr(stmt, "module", None) or alias.name).split(".")[0] == module.shown.split("/")[0]:
-                    raise BuildError(f"{module.shown}:{stmt.lineno}: import the package's names with a relative "
-                                     "import (from .module import name), not through the package's name")
+                    raise BuildError(
+                        f"{module.shown}:{stmt.lineno}: import the package's names with a relative "
+                        "import (from .module import name), not through the package's name"
+                    )
             module.external.append(stmt)
             module.dropped.append(_span(stmt))
         elif isinstance(stmt, ast.If) and _is_type_checking_block(stmt):
             for inner in stmt.body:
                 if not (isinstance(inner, ast.ImportFrom) and inner.level):
-                    raise BuildError(f"{module.shown}:{inner.lineno}: an `if TYPE_CHECKING:` block may hold only "
-                                     "the package's own imports (for annotations of later modules)")
+                    raise BuildError(
+                        f"{module.shown}:{inner.lineno}: an `if TYPE_CHECKING:` block may hold only "
+                        "the package's own imports (for annotations of later modules)"
+                    )
             module.dropped.append(_span(stmt))
-    if body[1 if module.docstring else 0:] and not any(isinstance(s, ast.ImportFrom) and s.module == "__future__"
-               and any(a.name == "annotations" for a in s.names) for s in body):
-        raise BuildError(f"{module.shown}: begin with `from __future__ import annotations`: the file has it, and "
-                         "annotations must mean the same in the module and in the file")
+    if body[1 if module.docstring else 0 :] and not any(
+        isinstance(s, ast.ImportFrom) and s.module == "__future__" and any(a.name == "annotations" for a in s.names)
+        for s in body
+    ):
+        raise BuildError(
+            f"{module.shown}: begin with `from __future__ import annotations`: the file has it, and "
+            "annotations must mean the same in the module and in the file"
+        )
     if module.is_package and any(s for s in body[1:] if not isinstance(s, (ast.ImportFrom, ast.Assign))):
         raise BuildError(f"{module.shown}: a package's __init__ holds its docstring, imports and __all__ only")
 
@@ -150,9 +163,11 @@ def _package_import(module: Module, stmt: ast.ImportFrom) -> None:
     names = []
     for alias in stmt.names:
         if alias.name == "*" or alias.asname not in (None, alias.name):
-            raise BuildError(f"{module.shown}:{stmt.lineno}: `{alias.name}` imported "
-                             f"{'with *' if alias.name == '*' else 'under another name'}: in one file every name "
-                             "must keep its own")
+            raise BuildError(
+                f"{module.shown}:{stmt.lineno}: `{alias.name}` imported "
+                f"{'with *' if alias.name == '*' else 'under another name'}: in one file every name "
+                "must keep its own"
+            )
         names.append(alias.name)
     module.package_imports.append((target, names, stmt.lineno))
 
@@ -160,6 +175,7 @@ def _package_import(module: Module, stmt: ast.ImportFrom) -> None:
 # ---------------------------------------------------------------------------
 # The rules
 # ---------------------------------------------------------------------------
+
 
 def _bound_at_top(stmt: ast.stmt) -> list[str]:
     """Names a top-level statement binds, looking into if/try/with blocks (imports are counted apart)."""
@@ -198,16 +214,20 @@ def definitions(modules: dict[str, Module]) -> dict[str, str]:
                     twice.append(f"`{name}` in {modules[owner[name]].shown} and {module.shown}:{stmt.lineno}")
                 owner.setdefault(name, module.name)
     if twice:
-        raise BuildError("a module-level name may be defined by one module only (the file is one namespace):\n  "
-                         + "\n  ".join(twice))
+        raise BuildError(
+            "a module-level name may be defined by one module only (the file is one namespace):\n  "
+            + "\n  ".join(twice)
+        )
     return owner
 
 
 def _external_meaning(stmt: ast.Import | ast.ImportFrom) -> list[tuple[str, str]]:
     """(bound name, what it means) for each name an external import binds."""
     if isinstance(stmt, ast.Import):
-        return [((a.asname or a.name).split(".")[0], f"import {a.name}" + (f" as {a.asname}" if a.asname else ""))
-                for a in stmt.names]
+        return [
+            ((a.asname or a.name).split(".")[0], f"import {a.name}" + (f" as {a.asname}" if a.asname else ""))
+            for a in stmt.names
+        ]
     return [(a.asname or a.name, f"from {stmt.module} import {a.name}") for a in stmt.names]
 
 
@@ -241,35 +261,42 @@ def check(modules: dict[str, Module]) -> list[Module]:
     for module in modules.values():
         for name, scope in free_names(module):
             where = f" (defined by {modules[owner[name]].shown}: import it)" if name in owner else ""
-            problems.append(f"{module.shown}: `{name}` is used in {scope} but neither defined nor imported "
-                            f"here{where}")
+            problems.append(f"{module.shown}: `{name}` is used in {scope} but neither defined nor imported here{where}")
     meaning: dict[str, tuple[str, str]] = {}
     for module in modules.values():
         for stmt in module.external:
             for name, what in _external_meaning(stmt):
                 if name in owner:
-                    problems.append(f"{module.shown}:{stmt.lineno}: `{name}` is imported here and defined by "
-                                    f"{modules[owner[name]].shown}")
+                    problems.append(
+                        f"{module.shown}:{stmt.lineno}: `{name}` is imported here and defined by "
+                        f"{modules[owner[name]].shown}"
+                    )
                 seen = meaning.setdefault(name, (what, module.shown))
                 if seen[0] != what:
-                    problems.append(f"{module.shown}:{stmt.lineno}: `{name}` means `{what}` here and `{seen[0]}` "
-                                    f"in {seen[1]}")
+                    problems.append(
+                        f"{module.shown}:{stmt.lineno}: `{name}` means `{what}` here and `{seen[0]}` in {seen[1]}"
+                    )
         for target, names, line in module.package_imports:
             if target not in modules:
-                problems.append(f"{module.shown}:{line}: no module `{target or '__init__'}` in the package "
-                                f"(import names, not modules)")
+                problems.append(
+                    f"{module.shown}:{line}: no module `{target or '__init__'}` in the package "
+                    f"(import names, not modules)"
+                )
                 continue
             for name in names:
                 if f"{target}.{name}".strip(".") in modules:
-                    problems.append(f"{module.shown}:{line}: imports the module `{name}`: import the names it "
-                                    f"needs (in one file there is no module to qualify a name with)")
+                    problems.append(
+                        f"{module.shown}:{line}: imports the module `{name}`: import the names it "
+                        f"needs (in one file there is no module to qualify a name with)"
+                    )
                 elif owner.get(name) != target:
                     where = f" (it is defined by {modules[owner[name]].shown})" if name in owner else ""
-                    problems.append(f"{module.shown}:{line}: `{name}` is not a top-level name of "
-                                    f"{modules[target].shown}{where}")
+                    problems.append(
+                        f"{module.shown}:{line}: `{name}` is not a top-level name of {modules[target].shown}{where}"
+                    )
     if problems:
         raise BuildError("the package breaks the rules of the one file:\n  " + "\n  ".join(problems))
-    return order(modules)     # raises on a cycle
+    return order(modules)  # raises on a cycle
 
 
 def order(modules: dict[str, Module]) -> list[Module]:
@@ -284,11 +311,11 @@ def order(modules: dict[str, Module]) -> list[Module]:
         if state.get(name) == "done":
             return
         if state.get(name) == "open":
-            cycle = path[path.index(name):] + [name]
+            cycle = path[path.index(name) :] + [name]
             raise BuildError("the imports between modules have a cycle: " + " -> ".join(cycle))
         state[name] = "open"
         for target, _names, _line in modules[name].package_imports:
-            for parent in _parents(target):       # importing a.b runs the package a first, unless begun
+            for parent in _parents(target):  # importing a.b runs the package a first, unless begun
                 if parent in modules and state.get(parent) != "open":
                     visit(parent, path + [name])
             visit(target, path + [name])
@@ -298,8 +325,9 @@ def order(modules: dict[str, Module]) -> list[Module]:
     visit("", [])
     missing = sorted(m.shown for m in modules.values() if state.get(m.name) != "done")
     if missing:
-        raise BuildError("modules the package never imports (import them where they are used, or remove them): "
-                         + ", ".join(missing))
+        raise BuildError(
+            "modules the package never imports (import them where they are used, or remove them): " + ", ".join(missing)
+        )
     return done
 
 
@@ -312,6 +340,7 @@ def _parents(name: str) -> list[str]:
 # The file
 # ---------------------------------------------------------------------------
 
+
 def _import_lines(modules: list[Module]) -> list[str]:
     plain: set[str] = set()
     froms: dict[str, set[str]] = {}
@@ -319,10 +348,12 @@ def _import_lines(modules: list[Module]) -> list[str]:
         for stmt in module.external:
             if isinstance(stmt, ast.Import):
                 plain.update(a.name + (f" as {a.asname}" if a.asname else "") for a in stmt.names)
-            else:     # TYPE_CHECKING guards only the package's own imports, which the file leaves out
+            else:  # TYPE_CHECKING guards only the package's own imports, which the file leaves out
                 froms.setdefault(stmt.module or "", set()).update(
-                    a.name + (f" as {a.asname}" if a.asname else "") for a in stmt.names
-                    if (stmt.module, a.name) != ("typing", "TYPE_CHECKING"))
+                    a.name + (f" as {a.asname}" if a.asname else "")
+                    for a in stmt.names
+                    if (stmt.module, a.name) != ("typing", "TYPE_CHECKING")
+                )
     lines = [f"import {name}" for name in sorted(plain)]
     for source in sorted(froms):
         names = sorted(froms[source], key=lambda n: (not n.isupper(), n.lower()))
@@ -351,7 +382,7 @@ def _docstring_source(module: Module) -> list[str]:
     if first is None:
         raise BuildError(f"{module.shown}: the package's docstring is the file's: write one")
     start, end = _span(first)
-    return module.source.splitlines()[start - 1:end]
+    return module.source.splitlines()[start - 1 : end]
 
 
 def _summary(module: Module) -> list[str]:
@@ -365,14 +396,16 @@ def build(package_dir: Path = PACKAGE) -> str:
     modules = load(package_dir)
     ordered = check(modules)
     package = modules[""]
-    lines = ["#!/usr/bin/env python3",
-             f"# Generated by scripts/build_engine.py from the package {package_dir.name}/ (digest {{digest}}): do not",
-             "# edit this file, edit the module named in the banner above the code and run the script.",
-             *_docstring_source(package),
-             "from __future__ import annotations",
-             ""]
+    lines = [
+        "#!/usr/bin/env python3",
+        f"# Generated by scripts/build_engine.py from the package {package_dir.name}/ (digest {{digest}}): do not",
+        "# edit this file, edit the module named in the banner above the code and run the script.",
+        *_docstring_source(package),
+        "from __future__ import annotations",
+        "",
+    ]
     lines += _import_lines(ordered)
-    lines += ["", *_kept_lines(package)]          # __version__ and __all__: the file's face, at its top
+    lines += ["", *_kept_lines(package)]  # __version__ and __all__: the file's face, at its top
     for module in ordered:
         kept = _kept_lines(module)
         if not kept or module is package:
@@ -403,9 +436,11 @@ def refresh(package_dir: Path = PACKAGE, target: Path = TARGET) -> str | None:
     if current == text:
         return None
     if current is not None and not untouched(current):
-        raise BuildError(f"{target.name} was edited by hand: make the change in {package_dir.name}/ (the banner "
-                         f"above each part of the file names its module), then run scripts/build_engine.py; "
-                         f"`git checkout {target.name}` drops the edit")
+        raise BuildError(
+            f"{target.name} was edited by hand: make the change in {package_dir.name}/ (the banner "
+            f"above each part of the file names its module), then run scripts/build_engine.py; "
+            f"`git checkout {target.name}` drops the edit"
+        )
     target.write_text(text, encoding="utf-8")
     return f"{target.name} rebuilt from {package_dir.name}/ ({text.count(chr(10))} lines)"
 
@@ -428,15 +463,20 @@ def main(argv: list[str] | None = None) -> int:
     current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else None
     if args.check:
         if current != text:
-            print(f"build_engine: {TARGET.name} is not what {PACKAGE.name}/ builds: run "
-                  "`python scripts/build_engine.py` and commit the result", file=sys.stderr)
+            print(
+                f"build_engine: {TARGET.name} is not what {PACKAGE.name}/ builds: run "
+                "`python scripts/build_engine.py` and commit the result",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if current != text:
         if current is not None and not untouched(current) and not args.force:
-            print(f"build_engine: {TARGET.name} was edited by hand: make the change in {PACKAGE.name}/ (the banner "
-                  "above each part of the file names its module), or pass --force to drop the edit",
-                  file=sys.stderr)
+            print(
+                f"build_engine: {TARGET.name} was edited by hand: make the change in {PACKAGE.name}/ (the banner "
+                "above each part of the file names its module), or pass --force to drop the edit",
+                file=sys.stderr,
+            )
             return 1
         TARGET.write_text(text, encoding="utf-8")
         print(f"wrote {TARGET.name} ({text.count(chr(10))} lines)")

@@ -2,6 +2,7 @@
 
 May import: config, reading.ocr, reading.pdf, retrieval.fusion, storage.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,14 +38,14 @@ from ..storage import Library, sha256_of_file
 # Pictures (``show``): the page, or the passage with some context, rendered as PNG with a translucent marker
 # multiplied over the boxes and no other pixel changed.
 
-BOX_MIN_PIECE = 4            # letters and digits a piece of a passage needs to be placed on its own
-BOX_MIN_JUMP = 8             # ... and a piece that does not continue the one before
-BOX_NEAR = 16                # key characters a piece may skip past the one before and still continue it
-BOX_FAR = 240                # ... and how far on the next occurrence of a longer piece may still follow it
-BOX_MAX_STARTS = 20          # occurrences of a passage's first piece tried before it counts as ambiguous
-BOX_MIN_BAND = 0.3           # share of its ink band a line's rectangle keeps when cleared of other lines' glyphs
-INK_ABOVE, INK_BELOW = 0.72, 0.05     # the ink band: these shares of the font size above and below the baseline
-PAGE_CACHE_PAGES = 48        # pages of glyphs a resident engine keeps (about 1 MB each)
+BOX_MIN_PIECE = 4  # letters and digits a piece of a passage needs to be placed on its own
+BOX_MIN_JUMP = 8  # ... and a piece that does not continue the one before
+BOX_NEAR = 16  # key characters a piece may skip past the one before and still continue it
+BOX_FAR = 240  # ... and how far on the next occurrence of a longer piece may still follow it
+BOX_MAX_STARTS = 20  # occurrences of a passage's first piece tried before it counts as ambiguous
+BOX_MIN_BAND = 0.3  # share of its ink band a line's rectangle keeps when cleared of other lines' glyphs
+INK_ABOVE, INK_BELOW = 0.72, 0.05  # the ink band: these shares of the font size above and below the baseline
+PAGE_CACHE_PAGES = 48  # pages of glyphs a resident engine keeps (about 1 MB each)
 
 
 # TeX sets an accented i or j as a dotless letter with a separate accent glyph; the page text has the composed one
@@ -55,8 +56,11 @@ def _glyph_key(c: str) -> str:
     """A character's letters and digits: case-folded, ligatures unfolded, accents (combining or spacing) dropped."""
     if c.isascii():
         return c.lower() if c.isalnum() else ""
-    return "".join(_DOTLESS.get(k, k) for k in unicodedata.normalize("NFKD", c).casefold()
-                   if k.isalnum() and not "\u02b0" <= k <= "\u02ff")
+    return "".join(
+        _DOTLESS.get(k, k)
+        for k in unicodedata.normalize("NFKD", c).casefold()
+        if k.isalnum() and not "\u02b0" <= k <= "\u02ff"
+    )
 
 
 def box_key(text: str) -> str:
@@ -83,9 +87,9 @@ class PageGlyphs:
     def __init__(self, lines: list):
         """``lines``: the page's text lines, as ``page_text_lines`` reads them."""
         keys: list[str] = []
-        self.glyphs: list[tuple] = []      # (bbox, origin, size, line index, has a key)
-        self.lines: list[tuple] = []       # (bbox, direction, first glyph, end glyph)
-        self.owner: list[int] = []         # key position -> glyph index
+        self.glyphs: list[tuple] = []  # (bbox, origin, size, line index, has a key)
+        self.lines: list[tuple] = []  # (bbox, direction, first glyph, end glyph)
+        self.owner: list[int] = []  # key position -> glyph index
         for bbox, direction, chars in lines:
             first, line_index = len(self.glyphs), len(self.lines)
             for c, box, origin, size in chars:
@@ -125,10 +129,12 @@ class PageGlyphs:
         (x0, y0, x1, y1), origin, size, line_index, _ = self.glyphs[glyph_index]
         ox, oy = origin or (x0, y1)
         dx, dy = self.lines[line_index][1]
-        up_x, up_y = dy, -dx          # towards the top of the glyphs (top-left origin: upright text has up = (0, -1))
-        ends = ((ox + up_x * INK_ABOVE * size, oy + up_y * INK_ABOVE * size),
-                (ox - up_x * INK_BELOW * size, oy - up_y * INK_BELOW * size))
-        if not self._vertical(line_index):      # a horizontal line: the band is vertical
+        up_x, up_y = dy, -dx  # towards the top of the glyphs (top-left origin: upright text has up = (0, -1))
+        ends = (
+            (ox + up_x * INK_ABOVE * size, oy + up_y * INK_ABOVE * size),
+            (ox - up_x * INK_BELOW * size, oy - up_y * INK_BELOW * size),
+        )
+        if not self._vertical(line_index):  # a horizontal line: the band is vertical
             return x0, min(e[1] for e in ends), x1, max(e[1] for e in ends)
         return min(e[0] for e in ends), y0, max(e[0] for e in ends), y1
 
@@ -150,9 +156,13 @@ class PageGlyphs:
                 line_index, size = self.glyphs[glyph][3], self.glyphs[glyph][2]
                 previous = frags[-1][1][-1] if frags else None
                 if previous == glyph and pos == last + 1:
-                    pass                                     # one glyph, several key characters (a ligature)
-                elif previous is not None and frags[-1][0] == line_index and pos == last + 1 and \
-                        abs(self._baseline(glyph) - self._baseline(previous)) <= 0.2 * max(size, 1.0):
+                    pass  # one glyph, several key characters (a ligature)
+                elif (
+                    previous is not None
+                    and frags[-1][0] == line_index
+                    and pos == last + 1
+                    and abs(self._baseline(glyph) - self._baseline(previous)) <= 0.2 * max(size, 1.0)
+                ):
                     frags[-1][1].append(glyph)
                 else:
                     frags.append((line_index, [glyph]))
@@ -180,8 +190,9 @@ class PageGlyphs:
                 parts = [cut for part in parts for cut in _clear_of(part, other)]
         boxes = [_across(self.glyphs[g][0], vertical) for g in own if self.glyphs[g][4]]
         parts = [p for p in parts if any(_overlaps(p, b) for b in boxes)]
-        if any(p[3] - p[1] < BOX_MIN_BAND * height for p in parts) or \
-                not all(any(_overlaps(p, b) for p in parts) for b in boxes):
+        if any(p[3] - p[1] < BOX_MIN_BAND * height for p in parts) or not all(
+            any(_overlaps(p, b) for p in parts) for b in boxes
+        ):
             return None
         return [_across(p, vertical) for p in parts]
 
@@ -195,8 +206,15 @@ class PageGlyphs:
             if parts is None:
                 return None
             owned.update(own)
-            out.extend([math.ceil(x0 * 100 + 1) / 100, math.ceil(y0 * 100) / 100,
-                        math.floor(x1 * 100 - 1) / 100, math.floor(y1 * 100) / 100] for x0, y0, x1, y1 in parts)
+            out.extend(
+                [
+                    math.ceil(x0 * 100 + 1) / 100,
+                    math.ceil(y0 * 100) / 100,
+                    math.floor(x1 * 100 - 1) / 100,
+                    math.floor(y1 * 100) / 100,
+                ]
+                for x0, y0, x1, y1 in parts
+            )
         return out if self._exactly(out, owned) else None
 
     def _exactly(self, rects: list[list[float]], owned: set[int]) -> bool:
@@ -219,19 +237,21 @@ def _clear_of(part: tuple, other: tuple) -> list[tuple]:
     if not _overlaps(part, other):
         return [part]
     middle = (other[1] + other[3]) / 2
-    if middle <= part[1]:                       # mostly above the band: give up the band's top
+    if middle <= part[1]:  # mostly above the band: give up the band's top
         return [(part[0], other[3], part[2], part[3])] if other[3] < part[3] else []
-    if middle >= part[3]:                       # mostly below it
+    if middle >= part[3]:  # mostly below it
         return [(part[0], part[1], part[2], other[1])] if other[1] > part[1] else []
-    return [p for p in ((part[0], part[1], other[0], part[3]), (other[2], part[1], part[2], part[3]))
-            if p[2] > p[0]]                     # on the line itself: split around it
+    return [
+        p for p in ((part[0], part[1], other[0], part[3]), (other[2], part[1], part[2], part[3])) if p[2] > p[0]
+    ]  # on the line itself: split around it
 
 
-BOX_SEARCH_STEPS = 400       # placements tried for one passage before it counts as ambiguous
+BOX_SEARCH_STEPS = 400  # placements tried for one passage before it counts as ambiguous
 
 
-def _placements(glyphs: PageGlyphs, key: str, after: int | None, used: list[tuple[int, int]], lead: bool,
-                steps: list[int]) -> list:
+def _placements(
+    glyphs: PageGlyphs, key: str, after: int | None, used: list[tuple[int, int]], lead: bool, steps: list[int]
+) -> list:
     """Ways to spell ``key`` on the page piece by piece (each piece the longest stretch found at once), after a
     piece ending at ``after``; at most two are returned (two mean ambiguous). A piece continues the one before
     when its occurrence follows within ``BOX_NEAR`` skipped characters (``BOX_FAR`` for a piece of
@@ -254,8 +274,10 @@ def _placements(glyphs: PageGlyphs, key: str, after: int | None, used: list[tupl
     def go_on(at, must_lead):
         if not rest_key:
             return [] if must_lead else [[(at, at + size)]]
-        return [None if r is None else [(at, at + size), *r] for r in
-                _placements(glyphs, rest_key, at + size, [*used, (at, at + size)], must_lead, steps)]
+        return [
+            None if r is None else [(at, at + size), *r]
+            for r in _placements(glyphs, rest_key, at + size, [*used, (at, at + size)], must_lead, steps)
+        ]
 
     following = [at for at in found if after is not None and after <= at <= after + reach and free(at)]
     for at in following:
@@ -296,8 +318,11 @@ def _chunk_offset(page_map: list, page: int, page_offset: int, at_end: bool) -> 
     for offset, entry_page, entry_offset, length, *_ in page_map:
         if entry_page != page or entry_offset is None:
             continue
-        inside = entry_offset < page_offset <= entry_offset + length if at_end else \
-            entry_offset <= page_offset < entry_offset + length
+        inside = (
+            entry_offset < page_offset <= entry_offset + length
+            if at_end
+            else entry_offset <= page_offset < entry_offset + length
+        )
         if inside:
             return offset + page_offset - entry_offset
     return None
@@ -325,12 +350,16 @@ def page_text_lines(page) -> list:
     PyMuPDF's structured text with the reader's flags: what ``PageGlyphs`` is made of, and what the page process
     sends back (floats survive JSON exactly, so the boxes are the ones an in-process reading would give)."""
     import pymupdf
-    flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # as the reader extracts the page
+
+    flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES  # as the reader extracts the page
     lines = []
     for block in page.get_text("rawdict", flags=flags).get("blocks", []):
         for line in block.get("lines", []) if block.get("type") == 0 else []:
-            chars = [[glyph.get("c", ""), list(glyph["bbox"]), glyph.get("origin"), span.get("size") or 0.0]
-                     for span in line.get("spans", []) for glyph in span.get("chars", [])]
+            chars = [
+                [glyph.get("c", ""), list(glyph["bbox"]), glyph.get("origin"), span.get("size") or 0.0]
+                for span in line.get("spans", [])
+                for glyph in span.get("chars", [])
+            ]
             lines.append([list(line["bbox"]), list(line.get("dir") or (1.0, 0.0)), chars])
     return lines
 
@@ -360,7 +389,7 @@ def verified_stamp(row, known: dict | None = None) -> tuple | str:
     if known is not None and memo in known:
         return known[memo]
     verdict: tuple | str = stamp
-    if not row["sha256"]:            # no hash recorded: the size and mtime are all there is to go by
+    if not row["sha256"]:  # no hash recorded: the size and mtime are all there is to go by
         verdict = stamp if st.st_mtime_ns == row["mtime_ns"] else FILE_CHANGED
     else:
         try:
@@ -369,7 +398,7 @@ def verified_stamp(row, known: dict | None = None) -> tuple | str:
         except OSError:
             return "the file cannot be read"
         if _file_stamp(again) != stamp[1:]:
-            return FILE_CHANGED          # written to while it was hashed: not settled, so not remembered
+            return FILE_CHANGED  # written to while it was hashed: not settled, so not remembered
         verdict = stamp if same else FILE_CHANGED
     if known is not None:
         known[memo] = verdict
@@ -395,10 +424,10 @@ def indexed_file_state(row, known: dict | None = None) -> str | None:
 # than in-process (JSON), and a resident engine keeps them (searches of the sample papers with 3 pictures, in
 # serve: the same time each as drawing in-process, the first one a second or so later).
 
-DRAW_SECONDS = 10.0          # KB_DRAW_SECONDS: the longest one page's reading or drawing may take at answer time
-DRAW_START_SECONDS = 120.0   # the page process's own start (imports), never counted against a page
-DRAW_CPU_MARGIN_S = 30       # CPU seconds past its deadline after which a page process left alone ends itself
-SLOW_PAGES_KEPT = 1024       # pages remembered as past the deadline (a few hundred bytes each)
+DRAW_SECONDS = 10.0  # KB_DRAW_SECONDS: the longest one page's reading or drawing may take at answer time
+DRAW_START_SECONDS = 120.0  # the page process's own start (imports), never counted against a page
+DRAW_CPU_MARGIN_S = 30  # CPU seconds past its deadline after which a page process left alone ends itself
+SLOW_PAGES_KEPT = 1024  # pages remembered as past the deadline (a few hundred bytes each)
 
 
 def draw_seconds() -> float:
@@ -453,6 +482,7 @@ class PageProcess:
 
     def __init__(self):
         import threading
+
         self.lock = threading.Lock()
         self.process: Any = None
         self.replies: Any = None
@@ -464,18 +494,26 @@ class PageProcess:
         import queue
         import subprocess
         import threading
+
         if not self.registered:
             atexit.register(self.stop)
             self.registered = True
-        process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "pages"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+        process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "pages"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
         self.process, self.replies, self.ready = process, queue.Queue(), False
-        threading.Thread(target=_pass_replies, args=(process.stdout, self.replies), name="kb-pages",
-                         daemon=True).start()
+        threading.Thread(
+            target=_pass_replies, args=(process.stdout, self.replies), name="kb-pages", daemon=True
+        ).start()
 
     def _running(self) -> None:
         """A live process that has said it is ready, started now if need be."""
         import queue
+
         if self.process is None or self.process.poll() is not None:
             self.stop()
             self._spawn()
@@ -511,6 +549,7 @@ class PageProcess:
         """(the result, its data) of one request; PageTooSlow past ``seconds``, PageWorkFailed when the page
         cannot be read, KBError with the process's code for a request it refuses."""
         import queue
+
         with self.lock:
             self._running()
             try:
@@ -532,7 +571,7 @@ class PageProcess:
         raise PageWorkFailed(answer["error"])
 
 
-PAGE_PROCESS = PageProcess()     # one per engine process, shared by its libraries
+PAGE_PROCESS = PageProcess()  # one per engine process, shared by its libraries
 
 
 @dataclass(frozen=True)
@@ -540,6 +579,7 @@ class IndexedPdf:
     """An indexed PDF as the page process reads it: its path and the stamp it was verified under (the key of its
     pages in the cache; the page process checks the file still has it), its page count, and the pages whose OCR'd
     text ingest laid on, to be laid on again from the cache."""
+
     path: str
     stamp: tuple
     pages: int
@@ -548,13 +588,22 @@ class IndexedPdf:
     ocr_cache: str = ""
 
     def wire(self) -> dict:
-        return {"path": self.path, "stamp": list(self.stamp), "ocr_pages": list(self.ocr_pages),
-                "sha256": self.sha256, "ocr_cache": self.ocr_cache}
+        return {
+            "path": self.path,
+            "stamp": list(self.stamp),
+            "ocr_pages": list(self.ocr_pages),
+            "sha256": self.sha256,
+            "ocr_cache": self.ocr_cache,
+        }
 
 
 # What each kind of page work is called in a note (and a page of 0 is the file as a whole).
-PAGE_WORK = {"open": "opening the file", "glyphs": "reading the text of page {page}", "picture": "drawing page {page}",
-             "figure": "finding the figure regions of page {page}"}
+PAGE_WORK = {
+    "open": "opening the file",
+    "glyphs": "reading the text of page {page}",
+    "picture": "drawing page {page}",
+    "figure": "finding the figure regions of page {page}",
+}
 
 
 class PageCache:
@@ -564,10 +613,11 @@ class PageCache:
 
     def __init__(self, size: int = PAGE_CACHE_PAGES):
         from collections import OrderedDict
+
         self.size = size
         self.pages: OrderedDict[tuple, PageGlyphs | str] = OrderedDict()
         self.files: dict[tuple, tuple | str] = {}
-        self.slow: OrderedDict[tuple, float] = OrderedDict()      # (stamp, page, work) -> the deadline it overran
+        self.slow: OrderedDict[tuple, float] = OrderedDict()  # (stamp, page, work) -> the deadline it overran
 
     def work(self, pdf: IndexedPdf, kind: str, page: int = 0, **args) -> tuple[dict, bytes]:
         """One piece of page work in the page process, under the deadline. A page that overran it once is not
@@ -575,8 +625,10 @@ class PageCache:
         key = (pdf.stamp, page, kind)
         what = PAGE_WORK[kind].format(page=page)
         if key in self.slow:
-            raise PageTooSlow(f"{what} took longer than {self.slow[key]:g} s (KB_DRAW_SECONDS) before; it is not "
-                              f"tried again until the file changes")
+            raise PageTooSlow(
+                f"{what} took longer than {self.slow[key]:g} s (KB_DRAW_SECONDS) before; it is not "
+                f"tried again until the file changes"
+            )
         seconds = draw_seconds()
         try:
             return PAGE_PROCESS.ask({"work": kind, "doc": pdf.wire(), "page": page, **args}, seconds)
@@ -597,10 +649,10 @@ class PageCache:
         try:
             found: PageGlyphs | str = PageGlyphs(self.work(pdf, "glyphs", page)[0]["lines"])
         except PageTooSlow as exc:
-            return str(exc)            # remembered as slow, not as the page's glyphs
+            return str(exc)  # remembered as slow, not as the page's glyphs
         except PageWorkFailed as exc:
             found = f"page {page} cannot be read ({exc})"
-        except KBError as exc:         # the file is no longer the one verified
+        except KBError as exc:  # the file is no longer the one verified
             found = exc.message
         self.pages[key] = found
         while len(self.pages) > self.size:
@@ -625,7 +677,7 @@ def layer_cached_ocr(doc, ocr_pages: Iterable[int], sha256: str, cache_file: str
             if not lines:
                 continue
             blocks, _ = _pdf_page_blocks(page)
-            if ocr_reason(page, blocks, "auto") in (None, "garbled"):       # forced, or a broken layer
+            if ocr_reason(page, blocks, "auto") in (None, "garbled"):  # forced, or a broken layer
                 page.add_redact_annot(page.rect)
                 page.apply_redactions(images=0, graphics=0)
             layer_ocr_lines(page, lines)
@@ -640,8 +692,8 @@ class BoxPlacer:
     def __init__(self, lib: Library, cache: PageCache | None = None):
         self.lib = lib
         self.cache = cache or PageCache()
-        self.documents: dict[int, IndexedPdf | str] = {}    # the verified file, or why it cannot be used
-        self.codes: dict[int, str] = {}                     # the error code of that why, for ``show``
+        self.documents: dict[int, IndexedPdf | str] = {}  # the verified file, or why it cannot be used
+        self.codes: dict[int, str] = {}  # the error code of that why, for ``show``
 
     def document(self, doc_id: int) -> IndexedPdf | str:
         """The document's file, verified as the one indexed and opened in the page process, or the reason it
@@ -667,13 +719,19 @@ class BoxPlacer:
         stamp = verified_stamp(row, self.cache.files)
         if isinstance(stamp, str):
             raise KBError("not_found" if "no longer" in stamp else "stale", stamp)
-        pdf = IndexedPdf(row["path"], stamp, 0, tuple(sorted(_ocr_pages(row["page_coverage"]))), row["sha256"],
-                         str(self.lib.root / OCR_CACHE_FILENAME))
+        pdf = IndexedPdf(
+            row["path"],
+            stamp,
+            0,
+            tuple(sorted(_ocr_pages(row["page_coverage"]))),
+            row["sha256"],
+            str(self.lib.root / OCR_CACHE_FILENAME),
+        )
         try:
             opened = self.cache.work(pdf, "open")[0]
         except PageTooSlow as exc:
             raise KBError("too_slow", str(exc)) from None
-        except PageWorkFailed as exc:      # PyMuPDF raises its own types for damaged files
+        except PageWorkFailed as exc:  # PyMuPDF raises its own types for damaged files
             raise KBError("stale", f"the file cannot be opened ({exc})") from None
         return replace(pdf, pages=opened["pages"])
 
@@ -686,7 +744,7 @@ class BoxPlacer:
         if isinstance(pdf, str):
             return {"boxes_note": pdf}
         boxes = []
-        if len(pieces) > 1:      # a page holding only punctuation of the passage has nothing to box
+        if len(pieces) > 1:  # a page holding only punctuation of the passage has nothing to box
             pieces = [(page, piece) for page, piece in pieces if box_key(piece)] or pieces
         for page, piece in pieces:
             glyphs = self.cache.glyphs(pdf, page)
@@ -697,7 +755,8 @@ class BoxPlacer:
                 return {"boxes_note": f"{placed} (p. {page})"}
             rects = glyphs.rects(placed)
             if rects is None:
-                return {"boxes_note": f"the snippet's lines cannot be boxed apart from the text around them "
-                                      f"(p. {page})"}
+                return {
+                    "boxes_note": f"the snippet's lines cannot be boxed apart from the text around them (p. {page})"
+                }
             boxes.append({"page": page, "rects": rects})
         return {"boxes": boxes}

@@ -2,6 +2,7 @@
 
 May import: answers.evidence, config, reading.citations, records, storage.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,16 +40,16 @@ from ..storage import Library
 # never bleed onto the line above or below. A picture is cropped by default to the passage's column with some lines
 # of context; its ``clip`` gives the page region drawn, in the same PDF points as the boxes.
 
-SHOW_WIDTH_PX = 900            # by default a picture is at most this wide: a chat card's width
-SHOW_DPI_RANGE = (36, 400)     # what a request may ask for
-SHOW_DEFAULT_DPI_MAX = 200     # the default never renders finer than this (a narrow column would be huge)
-SHOW_MAX_PIXELS = 40_000_000   # no picture is larger: a finer asked dpi is refused, the default drawn coarser
-SHOW_MAX_PAGES = 10            # pages one show request may draw (a passage touches two or three)
-SHOW_CONTEXT_PT = 30.0         # context kept above and below the passage in a cropped picture
-SHOW_MARGIN_PT = 6.0           # and beside its column
-SHOW_MARKER = (255, 214, 10)   # the marker's colour, multiplied over the page
+SHOW_WIDTH_PX = 900  # by default a picture is at most this wide: a chat card's width
+SHOW_DPI_RANGE = (36, 400)  # what a request may ask for
+SHOW_DEFAULT_DPI_MAX = 200  # the default never renders finer than this (a narrow column would be huge)
+SHOW_MAX_PIXELS = 40_000_000  # no picture is larger: a finer asked dpi is refused, the default drawn coarser
+SHOW_MAX_PAGES = 10  # pages one show request may draw (a passage touches two or three)
+SHOW_CONTEXT_PT = 30.0  # context kept above and below the passage in a cropped picture
+SHOW_MARGIN_PT = 6.0  # and beside its column
+SHOW_MARKER = (255, 214, 10)  # the marker's colour, multiplied over the page
 SHOW_CACHE_DIR = "show-cache"  # under the library folder
-SHOW_CACHE_BYTES = 64 << 20    # the cache folder is trimmed (oldest pictures first) to this size
+SHOW_CACHE_BYTES = 64 << 20  # the cache folder is trimmed (oldest pictures first) to this size
 
 
 def on_display(page, rect) -> tuple[float, float, float, float]:
@@ -56,6 +57,7 @@ def on_display(page, rect) -> tuple[float, float, float, float]:
     the coordinates of the page as displayed (``page.rect``, where rendering clips), which differ on a rotated
     page."""
     import pymupdf
+
     r = pymupdf.Rect(rect) * page.rotation_matrix
     r.normalize()
     return r.x0, r.y0, r.x1, r.y1
@@ -81,25 +83,31 @@ def passage_clip(page, rects: list[list[float]], crop: bool) -> tuple[float, flo
     # the context lines of the column whole: no word cut at the edges
     words = [on_display(page, w[:4]) for w in page.get_text("words")]
     column = [w for w in words if w[0] < x1 and x0 < w[2]]
-    y0 = min([y0, *(w[1] for w in column if w[1] < y0 < w[3])])     # from the edges as they were: no cascade
+    y0 = min([y0, *(w[1] for w in column if w[1] < y0 < w[3])])  # from the edges as they were: no cascade
     y1 = max([y1, *(w[3] for w in column if w[1] < y1 < w[3])])
     for w in words:
         if w[0] < x1 and x0 < w[2] and y0 <= w[1] and w[3] <= y1:
             x0, x1 = min(x0, w[0]), max(x1, w[2])
-    return (max(area.x0, x0 - SHOW_MARGIN_PT), max(area.y0, y0 - 2),
-            min(area.x1, x1 + SHOW_MARGIN_PT), min(area.y1, y1 + 2))
+    return (
+        max(area.x0, x0 - SHOW_MARGIN_PT),
+        max(area.y0, y0 - 2),
+        min(area.x1, x1 + SHOW_MARGIN_PT),
+        min(area.y1, y1 + 2),
+    )
 
 
-def picture_dpi(clip: tuple[float, float, float, float], asked: int | None,
-                width_px: int = SHOW_WIDTH_PX) -> tuple[int, str | None]:
+def picture_dpi(
+    clip: tuple[float, float, float, float], asked: int | None, width_px: int = SHOW_WIDTH_PX
+) -> tuple[int, str | None]:
     """The resolution a picture of ``clip`` is drawn at, and a note when it had to go below the lowest one a
     request may ask for. The size limits come first: by default the picture is at most ``width_px`` wide and
     ``SHOW_MAX_PIXELS`` large (and no finer than ``SHOW_DEFAULT_DPI_MAX``), whatever resolution that takes, down
     to 1 dpi for a poster-sized page; an asked resolution is kept, or refused with one that can be asked for."""
     width_in, height_in = max(clip[2] - clip[0], 1.0) / 72, max(clip[3] - clip[1], 1.0) / 72
-    size = f"{width_in:,.0f} x {height_in:,.0f}" if min(width_in, height_in) >= 10 else \
-        f"{width_in:.1f} x {height_in:.1f}"
-    finest = int(math.sqrt(SHOW_MAX_PIXELS / (width_in * height_in)))     # the pixel budget's resolution
+    size = (
+        f"{width_in:,.0f} x {height_in:,.0f}" if min(width_in, height_in) >= 10 else f"{width_in:.1f} x {height_in:.1f}"
+    )
+    finest = int(math.sqrt(SHOW_MAX_PIXELS / (width_in * height_in)))  # the pixel budget's resolution
     # the picture's edges are rounded outwards to whole pixels, up to one more: hence width_px - 1
     fitting = min(SHOW_DEFAULT_DPI_MAX, int((width_px - 1) / width_in), finest)
     if asked is not None:
@@ -108,14 +116,21 @@ def picture_dpi(clip: tuple[float, float, float, float], asked: int | None,
         if finest >= SHOW_DPI_RANGE[0]:
             ask = f"ask for at most {finest} dpi"
         else:
-            ask = f"leave `dpi` out to have it drawn at {fitting} dpi, to fit" if fitting >= 1 else \
-                "it is too large to draw at any resolution"
-        raise KBError("bad_request", f"a picture of this {size}-inch region at {asked} dpi would be "
-                                     f"{int(width_in * asked):,} x {int(height_in * asked):,} pixels, more than "
-                                     f"{SHOW_MAX_PIXELS:,}; {ask}")
+            ask = (
+                f"leave `dpi` out to have it drawn at {fitting} dpi, to fit"
+                if fitting >= 1
+                else "it is too large to draw at any resolution"
+            )
+        raise KBError(
+            "bad_request",
+            f"a picture of this {size}-inch region at {asked} dpi would be "
+            f"{int(width_in * asked):,} x {int(height_in * asked):,} pixels, more than "
+            f"{SHOW_MAX_PIXELS:,}; {ask}",
+        )
     if fitting < 1:
-        raise KBError("bad_request", f"the {size}-inch region is too large to draw within {width_px} pixels even at "
-                                     f"1 dpi")
+        raise KBError(
+            "bad_request", f"the {size}-inch region is too large to draw within {width_px} pixels even at 1 dpi"
+        )
     if fitting < SHOW_DPI_RANGE[0]:
         limit = f"{width_px} pixels" if fitting < finest else f"{SHOW_MAX_PIXELS:,} pixels in all"
         return fitting, f"the region is {size} inches: drawn at {fitting} dpi to fit {limit}"
@@ -128,11 +143,13 @@ def render_passage(page, rects: list[list[float]], clip: tuple[float, float, flo
     points), ``marks`` the marked pixel rectangles ``[left, top, right, bottom)`` of the picture."""
     import numpy as np
     import pymupdf
+
     zoom = dpi / 72.0
-    pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), clip=pymupdf.Rect(clip), alpha=False,
-                          colorspace=pymupdf.csRGB)
+    pix = page.get_pixmap(
+        matrix=pymupdf.Matrix(zoom, zoom), clip=pymupdf.Rect(clip), alpha=False, colorspace=pymupdf.csRGB
+    )
     rows = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)
-    pixels = rows[:, :pix.width * 3].reshape(pix.height, pix.width, 3).copy()
+    pixels = rows[:, : pix.width * 3].reshape(pix.height, pix.width, 3).copy()
     marker = np.array(SHOW_MARKER, dtype=np.uint16)
     marks = []
     for x0, y0, x1, y1 in (on_display(page, r) for r in rects):
@@ -144,19 +161,31 @@ def render_passage(page, rects: list[list[float]], clip: tuple[float, float, flo
             pixels[top:bottom, left:right] = (patch * marker // 255).astype(np.uint8)
             marks.append([left, top, right, bottom])
     out = pymupdf.Pixmap(pymupdf.csRGB, pix.width, pix.height, pixels.tobytes(), False)
-    return {"png": out.tobytes("png"), "width": pix.width, "height": pix.height, "dpi": dpi,
-            # the pixel grid's edges, a hair inside so that rendering this clip again gives this very grid
-            "clip": [round((pix.x + 0.002) / zoom, 4), round((pix.y + 0.002) / zoom, 4),
-                     round((pix.x + pix.width - 0.002) / zoom, 4), round((pix.y + pix.height - 0.002) / zoom, 4)],
-            "marks": marks}
+    return {
+        "png": out.tobytes("png"),
+        "width": pix.width,
+        "height": pix.height,
+        "dpi": dpi,
+        # the pixel grid's edges, a hair inside so that rendering this clip again gives this very grid
+        "clip": [
+            round((pix.x + 0.002) / zoom, 4),
+            round((pix.y + 0.002) / zoom, 4),
+            round((pix.x + pix.width - 0.002) / zoom, 4),
+            round((pix.y + pix.height - 0.002) / zoom, 4),
+        ],
+        "marks": marks,
+    }
 
 
 def trim_picture_cache(folder: Path) -> None:
     """Delete the oldest pictures of the library's cache folder until it holds at most ``SHOW_CACHE_BYTES``."""
     keep = SHOW_CACHE_BYTES
     try:
-        files = sorted((entry.stat().st_mtime_ns, entry.stat().st_size, entry.path) for entry in os.scandir(folder)
-                       if entry.is_file(follow_symlinks=False) and entry.name.endswith(".png"))
+        files = sorted(
+            (entry.stat().st_mtime_ns, entry.stat().st_size, entry.path)
+            for entry in os.scandir(folder)
+            if entry.is_file(follow_symlinks=False) and entry.name.endswith(".png")
+        )
     except OSError:
         return
     total = sum(size for _, size, _ in files)
@@ -170,18 +199,33 @@ def trim_picture_cache(folder: Path) -> None:
             pass
 
 
-PICTURE_WIDTH_PX = 640        # a picture attached to a hit (a card's thumbnail, a model's image) is this wide at most
+PICTURE_WIDTH_PX = 640  # a picture attached to a hit (a card's thumbnail, a model's image) is this wide at most
 
 
 def picture_record(picture: dict, page: int) -> dict:
     """What an answer says of a rendered picture (the PNG itself goes in as ``data`` or ``path``)."""
-    return {"page": page, "width": picture["width"], "height": picture["height"], "dpi": picture["dpi"],
-            "clip": picture["clip"], "marks": picture["marks"], "media_type": "image/png",
-            **({"note": picture["note"]} if picture.get("note") else {})}
+    return {
+        "page": page,
+        "width": picture["width"],
+        "height": picture["height"],
+        "dpi": picture["dpi"],
+        "clip": picture["clip"],
+        "marks": picture["marks"],
+        "media_type": "image/png",
+        **({"note": picture["note"]} if picture.get("note") else {}),
+    }
 
 
-def draw_picture(cache: PageCache, pdf: IndexedPdf, page: int, rects: list, crop: bool, clip: list | None = None,
-                 dpi: int | None = None, width_px: int = SHOW_WIDTH_PX) -> dict:
+def draw_picture(
+    cache: PageCache,
+    pdf: IndexedPdf,
+    page: int,
+    rects: list,
+    crop: bool,
+    clip: list | None = None,
+    dpi: int | None = None,
+    width_px: int = SHOW_WIDTH_PX,
+) -> dict:
     """A page's picture (``render_passage``'s keys, and ``note``), drawn in the page process under the deadline:
     the passage's crop (or ``clip``, or the whole page) at ``dpi`` or fitted to ``width_px``. PageWorkFailed
     (PageTooSlow) or KBError (a size that cannot be met) when it cannot be drawn."""
@@ -200,6 +244,7 @@ def hit_picture(placer: BoxPlacer, doc_id: int, placed: dict) -> dict:
     """``{"picture": ...}``: a placed passage highlighted on its first page, cropped, as inline PNG; else
     ``{"picture_note": why}``."""
     import base64
+
     if "boxes" not in placed:
         return {"picture_note": placed.get("boxes_note") or "the passage is not placed on its page"}
     pdf = placer.document(doc_id)
@@ -210,12 +255,14 @@ def hit_picture(placer: BoxPlacer, doc_id: int, placed: dict) -> dict:
         picture = draw_picture(placer.cache, pdf, first["page"], first["rects"], crop=True, width_px=PICTURE_WIDTH_PX)
     except (PageWorkFailed, KBError) as exc:
         return {"picture_note": _work_note(exc, first["page"])}
-    return {"picture": {**picture_record(picture, first["page"]),
-                        "data": base64.b64encode(picture["png"]).decode("ascii")}}
+    return {
+        "picture": {**picture_record(picture, first["page"]), "data": base64.b64encode(picture["png"]).decode("ascii")}
+    }
 
 
-def with_evidence(lib: Library, hits: list[HitRecord], cache: PageCache | None = None, boxes: bool = True,
-                  pictures: int = 0) -> list[HitRecord]:
+def with_evidence(
+    lib: Library, hits: list[HitRecord], cache: PageCache | None = None, boxes: bool = True, pictures: int = 0
+) -> list[HitRecord]:
     """Copies of ``hits`` with the snippet boxes of each PDF hit (or the note why it has none) when ``boxes``, and
     with ``pictures``: the first that many PDF hits carry ``picture``, their passage highlighted on its first page
     as inline PNG (see ``hit_picture``), or ``picture_note``."""
@@ -234,12 +281,12 @@ def with_evidence(lib: Library, hits: list[HitRecord], cache: PageCache | None =
         if drawn < pictures:
             drawn += 1
             extra.update(hit_picture(placer, hit["doc_id"], placed))
-        out.append(cast(HitRecord, {**hit, **extra}))       # extra: boxes or boxes_note, picture or picture_note
+        out.append(cast(HitRecord, {**hit, **extra}))  # extra: boxes or boxes_note, picture or picture_note
     return out
 
 
-FIGURE_GAP_PT = 14.0           # graphics (or short text between them) this close make one figure or table
-FIGURE_BODY_LINES = 3          # a text block this many lines tall and nearly the column's width is body text
+FIGURE_GAP_PT = 14.0  # graphics (or short text between them) this close make one figure or table
+FIGURE_BODY_LINES = 3  # a text block this many lines tall and nearly the column's width is body text
 
 
 def _union(a, b) -> tuple[float, float, float, float]:
@@ -256,7 +303,7 @@ def figure_region(page, caption: tuple[float, float, float, float], label: str) 
     area = page.rect
     caption = on_display(page, caption)
     blocks = [(on_display(page, b[:4]), b[4]) for b in page.get_text("blocks") if b[6] == 0]
-    for rect, _ in blocks:                               # the caption's whole block (a caption chunk may be a part)
+    for rect, _ in blocks:  # the caption's whole block (a caption chunk may be a part)
         if _overlaps(rect, caption):
             caption = _union(caption, rect)
     graphics = [on_display(page, info["bbox"]) for info in page.get_image_info()]
@@ -264,7 +311,7 @@ def figure_region(page, caption: tuple[float, float, float, float], label: str) 
         r = drawing.get("rect")
         if r is not None and (r.width > 2 or r.height > 2) and r.width * r.height < 0.9 * area.width * area.height:
             graphics.append(on_display(page, r))
-    in_column = lambda r: r[0] < caption[2] and caption[0] < r[2]      # noqa: E731
+    in_column = lambda r: r[0] < caption[2] and caption[0] < r[2]  # noqa: E731
     width = caption[2] - caption[0]
     texts = []
     for rect, text in blocks:
@@ -285,7 +332,7 @@ def figure_region(page, caption: tuple[float, float, float, float], label: str) 
             for rect, graphic in elements:
                 if max(reach[1] - rect[3], rect[1] - reach[3], 0.0) > FIGURE_GAP_PT:
                     continue
-                if graphic:            # reached, whether or not it widens the reach (a rule under a table row)
+                if graphic:  # reached, whether or not it widens the reach (a rule under a table row)
                     found = rect if found is None else _union(found, rect)
                 if _union(reach, rect) != reach:
                     reach, grew = _union(reach, rect), True
@@ -296,8 +343,12 @@ def figure_region(page, caption: tuple[float, float, float, float], label: str) 
             for rect, _ in elements:
                 if span[1] - 1 <= rect[1] and rect[3] <= span[3] + 1:
                     region = _union(region, rect)
-            return (max(area.x0, region[0] - SHOW_MARGIN_PT), max(area.y0, region[1] - SHOW_MARGIN_PT),
-                    min(area.x1, region[2] + SHOW_MARGIN_PT), min(area.y1, region[3] + SHOW_MARGIN_PT))
+            return (
+                max(area.x0, region[0] - SHOW_MARGIN_PT),
+                max(area.y0, region[1] - SHOW_MARGIN_PT),
+                min(area.x1, region[2] + SHOW_MARGIN_PT),
+                min(area.y1, region[3] + SHOW_MARGIN_PT),
+            )
     return None
 
 
@@ -305,7 +356,7 @@ def figure_region(page, caption: tuple[float, float, float, float], label: str) 
 # ``kb_engine.py pages`` (see PageProcess): each request names a document (its path, verified stamp and OCR'd
 # pages), a page and the work; the answer is a JSON frame and a data frame (a picture's PNG, else empty).
 
-PAGE_PROCESS_DOCS = 4        # documents the page process keeps open
+PAGE_PROCESS_DOCS = 4  # documents the page process keeps open
 
 
 def _page_picture(page, request: dict) -> tuple[dict, bytes]:
@@ -333,6 +384,7 @@ def _opened_pdf(documents: dict, wire: dict) -> dict:
     """The open document of a request, opened now if need be: ``{"doc", "laid"}`` (the pages whose OCR'd text is
     laid on). The file must still have the stamp it was verified under, before and after it is opened."""
     import pymupdf
+
     key = tuple(wire["stamp"])
 
     def check() -> None:
@@ -341,9 +393,10 @@ def _opened_pdf(documents: dict, wire: dict) -> dict:
                 raise KBError("stale", FILE_CHANGED)
         except OSError:
             raise KBError("not_found", "the file is no longer at its indexed path") from None
+
     check()
     if key in documents:
-        documents[key] = documents.pop(key)          # the most recently used last
+        documents[key] = documents.pop(key)  # the most recently used last
         return documents[key]
     doc = pymupdf.open(wire["path"], filetype="pdf")
     check()
@@ -372,7 +425,7 @@ def _limit_cpu(seconds: float) -> None:
     otherwise draw on for hours. Core dumps are off, so that ending this way leaves no file behind."""
     try:
         import resource
-    except ImportError:          # Windows: a process left alone stops when its page is done
+    except ImportError:  # Windows: a process left alone stops when its page is done
         return
     hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     soft = int(time.process_time() + seconds) + DRAW_CPU_MARGIN_S
@@ -383,8 +436,9 @@ def _limit_cpu(seconds: float) -> None:
 def serve_pages() -> int:
     """``kb_engine.py pages``: answer the engine's page requests on stdin, one at a time, until stdin ends."""
     import pymupdf  # noqa: F401 -- imported before "ready", so that its import never counts against a page
+
     replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)             # anything else written to stdout (a library's message) goes to stderr, not a reply
+    os.dup2(2, 1)  # anything else written to stdout (a library's message) goes to stderr, not a reply
     documents: dict = {}
     _send_frame(replies, json.dumps({"ok": True, "result": {"ready": True}}).encode())
     _send_frame(replies, b"")
@@ -397,7 +451,7 @@ def serve_pages() -> int:
             reply = {"ok": True, "result": result}
         except KBError as exc:
             reply = {"ok": False, "code": exc.code, "error": exc.message}
-        except Exception as exc:      # PyMuPDF raises its own types for damaged pages
+        except Exception as exc:  # PyMuPDF raises its own types for damaged pages
             reply = {"ok": False, "error": f"{type(exc).__name__}: {_short_error(exc)}"}
         _send_frame(replies, json.dumps(reply).encode())
         _send_frame(replies, data)

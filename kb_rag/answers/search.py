@@ -1,8 +1,9 @@
 """Search: search and rag requests: query cache, both halves, fusion, rerank, snippets, related.
 
-May import: answers.evidence, answers.pictures, config, models.importer, models.registry, models.runtime,
-records, retrieval.candidates, retrieval.fusion, storage, text.
+May import: answers.evidence, answers.pictures, config, models.importer, models.registry, models.runtime, records,
+retrieval.candidates, retrieval.fusion, storage, text.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,7 +62,7 @@ from ..text import normalize_text, query_terms, text_language
 
 # -- search and rag: the request, the query cache, both halves, fusion, rerank, related work -----------
 
-SEARCH_MODES = ("hybrid", "keyword", "vector")     # the default first
+SEARCH_MODES = ("hybrid", "keyword", "vector")  # the default first
 SEARCH_DEPTHS = ("quick", "deep")
 RAG_TOP_K, RAG_SNIPPET_CHARS = 3, 600
 QUERY_CACHE_SIZE = 256
@@ -73,14 +74,15 @@ class LibraryState:
 
     def __init__(self):
         from collections import OrderedDict
+
         self.index: VectorIndex | None = None
         # (generation, passages, passages without a vector, why the model's vectors were refused or None)
         self.coverage: tuple[int, int, int, str | None] | None = None
-        self.vectors_coming = False          # a resident engine is adding vectors after an ingest's answer
-        self.query_cache: OrderedDict[str, tuple[int, str]] = OrderedDict()    # answers kept as JSON text
-        self.centroids: tuple | None = None      # (generation, model, doc ids, matrix)
-        self.directions: tuple[int, str, dict] | None = None    # (generation, model, doc id -> unit mean vector)
-        self.pages = PageCache()                 # glyphs of pages that snippet boxes and pictures read
+        self.vectors_coming = False  # a resident engine is adding vectors after an ingest's answer
+        self.query_cache: OrderedDict[str, tuple[int, str]] = OrderedDict()  # answers kept as JSON text
+        self.centroids: tuple | None = None  # (generation, model, doc ids, matrix)
+        self.directions: tuple[int, str, dict] | None = None  # (generation, model, doc id -> unit mean vector)
+        self.pages = PageCache()  # glyphs of pages that snippet boxes and pictures read
 
     def reset(self) -> None:
         self.index = None
@@ -132,12 +134,17 @@ def library_embedder(lib: Library, models: Models, coming: bool = False) -> Embe
     if refusal is not None:
         raise ModelUnavailable(f"the library has no vectors: they were refused ({refusal.get('reason')})")
     if recorded is None:
-        raise ModelUnavailable("the library has no vectors yet (`kb-engine reembed` adds them"
-                               + ("" if local_model_path(models.embed_name) else f"; {offline_model_remedy()}") + ")")
+        raise ModelUnavailable(
+            "the library has no vectors yet (`kb-engine reembed` adds them"
+            + ("" if local_model_path(models.embed_name) else f"; {offline_model_remedy()}")
+            + ")"
+        )
     embedder = models.embedder(may_download=False)
     if embedder.model_id != recorded:
-        raise ModelUnavailable(f"the library's vectors were made with {recorded} but the configured model is "
-                               f"{embedder.model_id}; run reembed to switch")
+        raise ModelUnavailable(
+            f"the library's vectors were made with {recorded} but the configured model is "
+            f"{embedder.model_id}; run reembed to switch"
+        )
     return embedder
 
 
@@ -169,16 +176,22 @@ def _search_request(payload: dict, rag: bool) -> dict:
     if filters is not None and not isinstance(filters, dict):
         raise KBError("bad_request", "filters must be an object (or null)")
     filter_sql(filters)
-    return {"query": query, "queries": _further_renderings(payload, query), "mode": mode, "depth": depth,
-            "filters": filters or None,
-            "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
-            "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
-            "cache": _opt_bool(payload, "cache", True), "boxes": _opt_bool(payload, "boxes", False),
-            "pictures": _opt_int(payload, "pictures", 0, 0, MAX_PICTURES)}
+    return {
+        "query": query,
+        "queries": _further_renderings(payload, query),
+        "mode": mode,
+        "depth": depth,
+        "filters": filters or None,
+        "top_k": _opt_int(payload, "top_k", RAG_TOP_K if rag else DEFAULT_TOP_K, 1, MAX_TOP_K),
+        "snippet": _opt_int(payload, "snippet", RAG_SNIPPET_CHARS if rag else DEFAULT_SNIPPET_CHARS, 0, 100_000),
+        "cache": _opt_bool(payload, "cache", True),
+        "boxes": _opt_bool(payload, "boxes", False),
+        "pictures": _opt_int(payload, "pictures", 0, 0, MAX_PICTURES),
+    }
 
 
-MAX_RENDERINGS = 4      # further renderings of one question a search accepts in ``queries``
-MAX_PICTURES = 10       # hits a search may draw (``pictures``)
+MAX_RENDERINGS = 4  # further renderings of one question a search accepts in ``queries``
+MAX_PICTURES = 10  # hits a search may draw (``pictures``)
 
 
 def _normalised_query(text: str) -> str:
@@ -197,8 +210,10 @@ def _further_renderings(payload: dict, query: str) -> list[str]:
         raise KBError("bad_request", f"queries holds {len(value)} renderings; at most {MAX_RENDERINGS} are accepted")
     for text in value:
         if len(text) > MAX_QUERY_CHARS:
-            raise KBError("bad_request", f"a rendering in queries has {len(text)} characters; at most "
-                                         f"{MAX_QUERY_CHARS} are accepted")
+            raise KBError(
+                "bad_request",
+                f"a rendering in queries has {len(text)} characters; at most {MAX_QUERY_CHARS} are accepted",
+            )
     seen = {_normalised_query(query)}
     kept = []
     for text in value:
@@ -211,12 +226,22 @@ def _further_renderings(payload: dict, query: str) -> list[str]:
 
 def _cache_key(request: dict, models: Models, rag: bool) -> str:
     normalised = [_normalised_query(q) for q in (request["query"], *request["queries"])]
-    parts = [normalised, request["filters"], request["top_k"], request["snippet"], request["mode"], request["depth"],
-             models.rerank_name, models.rerank_fallback_name, models.embed_name, rag]
+    parts = [
+        normalised,
+        request["filters"],
+        request["top_k"],
+        request["snippet"],
+        request["mode"],
+        request["depth"],
+        models.rerank_name,
+        models.rerank_fallback_name,
+        models.embed_name,
+        rag,
+    ]
     return hashlib.sha1(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-PARALLEL_HALVES_MIN = 500_000    # vectors from which a hybrid query runs its two halves side by side
+PARALLEL_HALVES_MIN = 500_000  # vectors from which a hybrid query runs its two halves side by side
 
 
 class VectorHalf:
@@ -228,24 +253,27 @@ class VectorHalf:
     searched; the result holds one (query vector, candidates) pair per rendering.
     """
 
-    def __init__(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int,
-                 allowed: list[int] | None):
+    def __init__(
+        self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int, allowed: list[int] | None
+    ):
         import threading
+
         self._outcome: list[tuple] | None = None
         self._error: BaseException | None = None
         self._thread = None
-        if len(index) < PARALLEL_HALVES_MIN:    # small: both halves are quick, and sharing the cores costs more
+        if len(index) < PARALLEL_HALVES_MIN:  # small: both halves are quick, and sharing the cores costs more
             self._run(embedder, index, queries, pool, allowed)
             return
-        self._thread = threading.Thread(target=self._run, args=(embedder, index, queries, pool, allowed),
-                                        name="kb-vector-half", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(embedder, index, queries, pool, allowed), name="kb-vector-half", daemon=True
+        )
         self._thread.start()
 
     def _run(self, embedder: Embedder, index: VectorIndex, queries: list[str], pool: int, allowed) -> None:
         try:
             vectors = embedder.encode_queries(queries)
             self._outcome = [(vector, index.search(vector, pool, allowed)) for vector in vectors]
-        except BaseException as exc:      # handed to the caller's thread by result()
+        except BaseException as exc:  # handed to the caller's thread by result()
             self._error = exc
 
     def result(self) -> list[tuple[object, list[tuple[int, float]]]]:
@@ -256,8 +284,9 @@ class VectorHalf:
         return self._outcome or []
 
 
-def merge_renderings(ranked_lists: list[tuple[list[tuple[int, float]], float]], agree: bool = False,
-                     weigh: bool = False) -> list[tuple[int, float]]:
+def merge_renderings(
+    ranked_lists: list[tuple[list[tuple[int, float]], float]], agree: bool = False, weigh: bool = False
+) -> list[tuple[int, float]]:
     """One candidate list from the (ranking, scale) pairs several renderings of a question produced, each score
     divided by its ranking's scale. Renderings that ``agree`` (one script: rephrasings that reach the same
     passages) add up, so a passage several of them find outranks one only a single rendering finds; with
@@ -295,8 +324,10 @@ def readable_renderings(embedder: Embedder, renderings: list[str]) -> tuple[list
     for text in renderings:
         unknown = embedder.unknown_token_share(text)
         if unknown > MAX_UNKNOWN_TOKEN_SHARE:
-            reason = reason or (f"the embedding model does not know {unknown:.0%} of the query's tokens "
-                                "(its vocabulary lacks the script), so its vector would be noise")
+            reason = reason or (
+                f"the embedding model does not know {unknown:.0%} of the query's tokens "
+                "(its vocabulary lacks the script), so its vector would be noise"
+            )
         else:
             readable.append(text)
     return readable, reason
@@ -304,31 +335,39 @@ def readable_renderings(embedder: Embedder, renderings: list[str]) -> tuple[list
 
 def mean_unit_vector(vectors: list):
     import numpy as np
+
     if not vectors:
         return None
     mean = np.mean(np.stack(vectors), axis=0)
     return mean / (np.linalg.norm(mean) or 1.0)
 
 
-def keyword_half(lib: Library, renderings: list[str], filters: dict | None, pool: int,
-                 agree: bool) -> tuple[list[tuple[int, float]], float]:
+def keyword_half(
+    lib: Library, renderings: list[str], filters: dict | None, pool: int, agree: bool
+) -> tuple[list[tuple[int, float]], float]:
     """The keyword candidates of every rendering, merged, by evidence alone (section priors are added once, after
     fusion), and the best match as a share of its ceiling."""
-    ranked = [(document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)),
-               bm25_ceiling(lib, terms)) for terms in map(query_terms, renderings) if terms]
-    return (merge_renderings(ranked, agree, weigh=True),
-            max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0))
+    ranked = [
+        (document_aware_order(lib, terms, keyword_candidates(lib, terms, filters, pool)), bm25_ceiling(lib, terms))
+        for terms in map(query_terms, renderings)
+        if terms
+    ]
+    return (
+        merge_renderings(ranked, agree, weigh=True),
+        max((found[0][1] / ceiling for found, ceiling in ranked if found), default=0.0),
+    )
 
 
-def retrieve(lib: Library, request: dict, models: Models,
-             state: LibraryState) -> tuple[list[SearchHit], str, list, object, float]:
+def retrieve(
+    lib: Library, request: dict, models: Models, state: LibraryState
+) -> tuple[list[SearchHit], str, list, object, float]:
     """Candidates through the pipeline: (hits best first, score kind, notes, query vector or None, the keyword
     half's best match as a share of its ceiling: 1.0 where the keyword half did not run). Every rendering
     of the question (``query`` and ``queries``) is searched in both halves; each half keeps a chunk's best
     score over the renderings before the halves are fused."""
     mode, top_k, filters = request["mode"], request["top_k"], request["filters"]
     renderings = [request["query"], *request["queries"]]
-    agree = len({_script(text_language(text)) for text in renderings}) == 1     # see merge_renderings
+    agree = len({_script(text_language(text)) for text in renderings}) == 1  # see merge_renderings
     pool = max(FUSION_POOL, top_k * 5)
     notes: list[str] = []
     keyword: list[tuple[int, float]] = []
@@ -356,10 +395,11 @@ def retrieve(lib: Library, request: dict, models: Models,
     if vector_half is not None:
         try:
             searched = vector_half.result()
-            vector = merge_renderings([(document_aware_vector_order(lib, state, embedder, vec, found), 1.0)
-                                       for vec, found in searched], agree)     # cosines compare as they are
+            vector = merge_renderings(
+                [(document_aware_vector_order(lib, state, embedder, vec, found), 1.0) for vec, found in searched], agree
+            )  # cosines compare as they are
             query_vec = mean_unit_vector([vec for vec, _ in searched])
-        except ModelUnavailable as exc:     # query vectors the model got wrong too (UnusableEmbeddings)
+        except ModelUnavailable as exc:  # query vectors the model got wrong too (UnusableEmbeddings)
             notes.append(f"vector search unavailable: {exc}; using keyword search")
             if mode == "vector":
                 mode = "keyword"
@@ -367,8 +407,9 @@ def retrieve(lib: Library, request: dict, models: Models,
     weights = chunk_weights(lib, {cid for cid, _ in keyword} | {cid for cid, _ in vector})
     if keyword and vector:
         candidates = [cid for cid, _ in keyword] + [cid for cid, _ in vector]
-        fused = fuse_halves(keyword, vector, weights, chunks_in_long_documents(lib, candidates),
-                            keyword_trust(keyword_strength))
+        fused = fuse_halves(
+            keyword, vector, weights, chunks_in_long_documents(lib, candidates), keyword_trust(keyword_strength)
+        )
         kind = "fused"
     else:
         single = vector or keyword
@@ -376,7 +417,7 @@ def retrieve(lib: Library, request: dict, models: Models,
         kind = "cosine" if vector or mode == "vector" else "bm25"
     hits = [SearchHit(cid, score) for cid, score in fused]
     if request["depth"] == "deep" and hits:
-        hits, kind = rerank(lib, renderings, hits[:max(RERANK_POOL, top_k)], models, notes, kind)
+        hits, kind = rerank(lib, renderings, hits[: max(RERANK_POOL, top_k)], models, notes, kind)
     return hits[:top_k], kind, notes, query_vec, keyword_strength
 
 
@@ -385,15 +426,17 @@ def rerank(lib: Library, renderings: list[str], pool: list[SearchHit], models: M
     try:
         reranker = models.reranker(may_download=False)
     except ModelUnavailable:
-        notes.append(f"not reranked: {models.rerank_name or 'the reranker'} is not available here (`models` says why); "
-                     "results in fused order")
+        notes.append(
+            f"not reranked: {models.rerank_name or 'the reranker'} is not available here (`models` says why); "
+            "results in fused order"
+        )
         models.start_background_download(models.rerank_name)
         return pool, kind
     texts = chunk_texts(lib, [h.chunk_id for h in pool])
     passages = [texts.get(h.chunk_id, "") for h in pool]
     try:
         scores = [max(per_passage) for per_passage in zip(*(reranker.score(q, passages) for q in renderings))]
-    except ModelUnavailable as exc:         # a bi-encoder whose vectors were refused
+    except ModelUnavailable as exc:  # a bi-encoder whose vectors were refused
         notes.append(f"not reranked: {exc}; results in fused order")
         return pool, kind
     reranked = sorted((SearchHit(h.chunk_id, s) for h, s in zip(pool, scores)), key=lambda h: (-h.score, h.chunk_id))
@@ -408,13 +451,17 @@ def vector_coverage(lib: Library, state: LibraryState, models: Models) -> dict:
     generation = lib.generation()
     if state.coverage is None or state.coverage[0] != generation:
         total = lib.count_chunks()
-        state.coverage = (generation, total, lib.count_missing_vectors(),
-                          (lib.vector_refusal() or {}).get("reason"))
+        state.coverage = (generation, total, lib.count_missing_vectors(), (lib.vector_refusal() or {}).get("reason"))
     _, total, missing, refused = state.coverage
     embedder = models.loaded()["embedder"] or models.embed_name
-    return {"model": Path(embedder).name if os.path.isabs(embedder) else embedder,
-            "backend": models.devices.report.get("embed_backend"), "done": total - missing, "total": total,
-            "missing": missing, **({"refused": refused} if refused and missing else {})}
+    return {
+        "model": Path(embedder).name if os.path.isabs(embedder) else embedder,
+        "backend": models.devices.report.get("embed_backend"),
+        "done": total - missing,
+        "total": total,
+        "missing": missing,
+        **({"refused": refused} if refused and missing else {}),
+    }
 
 
 def _reranker_of(models: Models, score_kind: str, depth: str) -> str | None:
@@ -424,13 +471,15 @@ def _reranker_of(models: Models, score_kind: str, depth: str) -> str | None:
     return {"rerank": models.rerank_name, "bi-encoder": models.rerank_fallback_name}.get(score_kind)
 
 
-def run_search(lib: Library | None, payload: dict, models: Models, state: LibraryState,
-               rag: bool = False) -> tuple[SearchResponse, object]:
+def run_search(
+    lib: Library | None, payload: dict, models: Models, state: LibraryState, rag: bool = False
+) -> tuple[SearchResponse, object]:
     request = _search_request(payload, rag)
     if (request["boxes"] or request["pictures"]) and lib is not None:
         PAGE_PROCESS.warm()
-    response = SearchResponse(query=request["query"], mode=request["mode"], depth=request["depth"], results=[],
-                              count=0, cached=False)
+    response = SearchResponse(
+        query=request["query"], mode=request["mode"], depth=request["depth"], results=[], count=0, cached=False
+    )
     if request["queries"]:
         response["queries"] = request["queries"]
     renderings = [request["query"], *request["queries"]]
@@ -454,14 +503,17 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
     if query_vec is not None:
         response["vectors"] = vector_coverage(lib, state, models)
         if response["vectors"].get("refused"):
-            notes.append(f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages: "
-                         f"the others' were refused ({response['vectors']['refused']}); keyword search finds them")
+            notes.append(
+                f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages: "
+                f"the others' were refused ({response['vectors']['refused']}); keyword search finds them"
+            )
         elif response["vectors"]["missing"]:
-            notes.append(f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages so "
-                         "far (the rest are found by keyword until ingest or reembed adds theirs)")
+            notes.append(
+                f"vectors cover {response['vectors']['done']} of {response['vectors']['total']} passages so "
+                "far (the rest are found by keyword until ingest or reembed adds theirs)"
+            )
     degraded = bool(notes)
-    response["results"] = hit_records(lib, hits, terms, request["snippet"],
-                                      with_citations=request["depth"] == "deep")
+    response["results"] = hit_records(lib, hits, terms, request["snippet"], with_citations=request["depth"] == "deep")
     response["count"] = len(response["results"])
     response["score_kind"] = kind
     reranker = _reranker_of(models, kind, request["depth"])
@@ -470,33 +522,35 @@ def run_search(lib: Library | None, payload: dict, models: Models, state: Librar
     if not response["results"]:
         notes.append("no passage matches the query" + (" with these filters" if request["filters"] else ""))
     langs = lib.indexed_languages()
-    lang_note = language_note(renderings, langs, vectors_used=query_vec is not None,
-                              keyword_strength=keyword_strength)
+    lang_note = language_note(renderings, langs, vectors_used=query_vec is not None, keyword_strength=keyword_strength)
     if lang_note:
         response["lang_note"] = lang_note
     if notes:
         response["notes"] = notes
         response["note"] = "; ".join(notes)
     if request["cache"] and not degraded:
-        state.remember(key, generation, response)     # a degraded answer may improve once a model arrives
+        state.remember(key, generation, response)  # a degraded answer may improve once a model arrives
     return _with_evidence_if_asked(lib, state, request, response), query_vec
 
 
-def _with_evidence_if_asked(lib: Library, state: LibraryState, request: dict,
-                            response: SearchResponse) -> SearchResponse:
+def _with_evidence_if_asked(
+    lib: Library, state: LibraryState, request: dict, response: SearchResponse
+) -> SearchResponse:
     """The response with snippet boxes and pictures when the request asks for them (a copy: the cached answer
     stays bare)."""
     if not (request["boxes"] or request["pictures"]) or not response["results"]:
         return response
     shown = response.copy()
-    shown["results"] = with_evidence(lib, response["results"], state.pages, boxes=request["boxes"],
-                                     pictures=request["pictures"])
+    shown["results"] = with_evidence(
+        lib, response["results"], state.pages, boxes=request["boxes"], pictures=request["pictures"]
+    )
     return shown
 
 
 def related_work(lib: Library, models: Models, state: LibraryState, query_vec, evidence: list[dict]) -> list[dict]:
     """Other library papers close to the evidence: by topic (document centroids) or shared authors."""
     import numpy as np
+
     if query_vec is None or not evidence:
         return []
     embedder = library_embedder(lib, models)
@@ -532,9 +586,18 @@ def related_work(lib: Library, models: Models, state: LibraryState, query_vec, e
         shared = evidence_authors & {_surname(a) for a in authors}
         if relative(topic) < min_topic and not (shared and relative(topic) >= min_topic - 0.1):
             continue
-        related.append({"doc_id": doc_id, "title": row["title"], "authors": authors, "year": row["year"],
-                        "doi": row["doi"], "path": row["path"], "similarity": round(topic, 4),
-                        "reason": "same author, related topic" if shared else "related topic"})
+        related.append(
+            {
+                "doc_id": doc_id,
+                "title": row["title"],
+                "authors": authors,
+                "year": row["year"],
+                "doi": row["doi"],
+                "path": row["path"],
+                "similarity": round(topic, 4),
+                "reason": "same author, related topic" if shared else "related topic",
+            }
+        )
         if len(related) >= RELATED_MAX:
             break
     return related
@@ -546,6 +609,7 @@ def related_thresholds() -> tuple[float, float]:
             return float(os.environ.get(name, default))
         except ValueError:
             return default
+
     return env_float("KB_RELATED_MIN_SIM", 0.6), env_float("KB_RELATED_MIN_QUERY_SIM", 0.35)
 
 

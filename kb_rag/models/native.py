@@ -2,6 +2,7 @@
 
 May import: config, models.runtime, storage.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,13 @@ def plain_sentence_layout(folder: str) -> dict | None:
     except (OSError, ValueError):
         return None
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
-    if (len(kinds) != len(modules) or not set(kinds) <= SENTENCE_MODULES or kinds[:2] != ["Transformer", "Pooling"]
-            or not isinstance(st_config, dict) or not isinstance(settings, dict)):
+    if (
+        len(kinds) != len(modules)
+        or not set(kinds) <= SENTENCE_MODULES
+        or kinds[:2] != ["Transformer", "Pooling"]
+        or not isinstance(st_config, dict)
+        or not isinstance(settings, dict)
+    ):
         return None
     if modules[0].get("path", "") not in ("", "."):
         return None
@@ -44,15 +50,19 @@ def plain_sentence_layout(folder: str) -> dict | None:
         return None
     chosen = [mode for mode in POOLING_MODES if pooling.get(f"pooling_mode_{mode}")]
     others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k[13:] not in POOLING_MODES]
-    named = pooling.get("pooling_mode")          # the format newer sentence-transformers releases save
+    named = pooling.get("pooling_mode")  # the format newer sentence-transformers releases save
     if isinstance(named, str) and not chosen and not others:
-        chosen = [mode for mode in POOLING_MODES if mode == named or mode == f"{named}_token"
-                  or mode == f"{named}_tokens"]
+        chosen = [
+            mode for mode in POOLING_MODES if mode == named or mode == f"{named}_token" or mode == f"{named}_tokens"
+        ]
     if len(chosen) != 1 or others or pooling.get("include_prompt") is False:
         return None
-    return {"pooling": chosen[0], "normalize": "Normalize" in kinds,
-            "max_seq_length": int(settings.get("max_seq_length") or 512),
-            "lower_case": bool(settings.get("do_lower_case"))}
+    return {
+        "pooling": chosen[0],
+        "normalize": "Normalize" in kinds,
+        "max_seq_length": int(settings.get("max_seq_length") or 512),
+        "lower_case": bool(settings.get("do_lower_case")),
+    }
 
 
 def cpu_bf16_wanted() -> tuple[bool, str]:
@@ -68,8 +78,9 @@ def cpu_bf16_wanted() -> tuple[bool, str]:
         return True, "KB_CPU_BF16=1"
     try:
         import torch
+
         amx = bool(torch.cpu._is_amx_tile_supported())
-    except Exception:       # an older torch without the probe: stay in float32
+    except Exception:  # an older torch without the probe: stay in float32
         amx = False
     return (True, "the CPU has AMX (bfloat16 matrix tiles)") if amx else (False, "the CPU has no AMX")
 
@@ -97,14 +108,14 @@ def tokenizer_normalizer(path: Path) -> Any:
     top-level key comes before the vocabulary (whose pieces could spell it) in every file the tokenizers library
     writes. A file where it cannot be found that way is parsed whole."""
     with open(path, "rb") as handle:
-        head = handle.read(1 << 20).decode("utf-8", errors="ignore")     # a piece cut at the end is ignored
+        head = handle.read(1 << 20).decode("utf-8", errors="ignore")  # a piece cut at the end is ignored
     found = re.search(r'"normalizer"\s*:\s*', head)
     if found is not None:
         try:
             value, _ = json.JSONDecoder().raw_decode(head, found.end())
             if value is None or isinstance(value, dict):
                 return value or {}
-        except ValueError:          # the value runs past the first MiB: read the whole file
+        except ValueError:  # the value runs past the first MiB: read the whole file
             pass
     whole = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(whole, dict):
@@ -124,14 +135,22 @@ def bert_folder_setup(folder: str) -> dict | None:
         return None
     if not (isinstance(config, dict) and isinstance(tokenizer_config, dict) and isinstance(normalizer, dict)):
         return None
-    if (config.get("model_type") != "bert" or config.get("is_decoder") or config.get("add_cross_attention")
-            or config.get("position_embedding_type", "absolute") != "absolute"
-            or config.get("hidden_act") not in NATIVE_BERT_ACTIVATIONS or config.get("chunk_size_feed_forward")
-            or not (root / "model.safetensors").is_file()):
+    if (
+        config.get("model_type") != "bert"
+        or config.get("is_decoder")
+        or config.get("add_cross_attention")
+        or config.get("position_embedding_type", "absolute") != "absolute"
+        or config.get("hidden_act") not in NATIVE_BERT_ACTIVATIONS
+        or config.get("chunk_size_feed_forward")
+        or not (root / "model.safetensors").is_file()
+    ):
         return None
-    if normalizer.get("type") == "BertNormalizer":     # transformers rebuilds it when the config disagrees
-        for config_key, normalizer_key in (("do_lower_case", "lowercase"), ("strip_accents", "strip_accents"),
-                                           ("tokenize_chinese_chars", "handle_chinese_chars")):
+    if normalizer.get("type") == "BertNormalizer":  # transformers rebuilds it when the config disagrees
+        for config_key, normalizer_key in (
+            ("do_lower_case", "lowercase"),
+            ("strip_accents", "strip_accents"),
+            ("tokenize_chinese_chars", "handle_chinese_chars"),
+        ):
             if config_key in tokenizer_config and tokenizer_config[config_key] != normalizer.get(normalizer_key):
                 return None
     special = {}
@@ -140,14 +159,18 @@ def bert_folder_setup(folder: str) -> dict | None:
         special[name] = value.get("content") if isinstance(value, dict) else value
     if not special["pad_token"]:
         return None
-    return {"config": config, "tokenizer_file": str(root / "tokenizer.json"),
-            "weights_file": str(root / "model.safetensors"), "unk_token": special["unk_token"],
-            "pad_token": special["pad_token"],
-            "model_max_length": int(tokenizer_config.get("model_max_length") or 10 ** 6)}
+    return {
+        "config": config,
+        "tokenizer_file": str(root / "tokenizer.json"),
+        "weights_file": str(root / "model.safetensors"),
+        "unk_token": special["unk_token"],
+        "pad_token": special["pad_token"],
+        "model_max_length": int(tokenizer_config.get("model_max_length") or 10**6),
+    }
 
 
 PIECE_TABLE_MIN_PIECES = 50_000  # a Unigram vocabulary this large (XLM-R's: 250,002) costs ~1 s to load in full
-PIECE_TABLE_MAX_CHARS = 4000     # texts up to this many characters in all tokenize through the piece table
+PIECE_TABLE_MAX_CHARS = 4000  # texts up to this many characters in all tokenize through the piece table
 PIECE_TABLE_REVISION = 1
 
 
@@ -163,7 +186,7 @@ class PieceTable:
         self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         meta = dict(self.conn.execute("SELECT key, value FROM meta"))
         self.skeleton = json.loads(meta["skeleton"])
-        self.always = json.loads(meta["always"])         # special, unknown and lowest-scoring pieces' ids
+        self.always = json.loads(meta["always"])  # special, unknown and lowest-scoring pieces' ids
         self.longest = int(meta["longest"])
         self._splitter: Any = None
 
@@ -173,8 +196,8 @@ class PieceTable:
         try:
             st = os.stat(tokenizer_file)
         except OSError:
-            return None                 # the full load says what is wrong
-        if st.st_size < 4 * 1024 * 1024:     # ~20 bytes a piece: too few pieces to matter
+            return None  # the full load says what is wrong
+        if st.st_size < 4 * 1024 * 1024:  # ~20 bytes a piece: too few pieces to matter
             return None
         key = json.dumps([os.path.abspath(tokenizer_file), st.st_size, st.st_mtime_ns, PIECE_TABLE_REVISION])
         path = kb_cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.sqlite"
@@ -192,16 +215,23 @@ class PieceTable:
             data = json.load(fh)
         model = data.get("model") or {}
         vocab = model.get("vocab") if model.get("type") == "Unigram" else None
-        usable = (isinstance(vocab, list) and len(vocab) >= PIECE_TABLE_MIN_PIECES and not model.get("byte_fallback")
-                  and _special_ids(data.get("post_processor")) is not None)
+        usable = (
+            isinstance(vocab, list)
+            and len(vocab) >= PIECE_TABLE_MIN_PIECES
+            and not model.get("byte_fallback")
+            and _special_ids(data.get("post_processor")) is not None
+        )
         always: list[int] = []
         if usable:
             assert isinstance(vocab, list)
             lowest = min(range(len(vocab)), key=lambda i: vocab[i][1])
-            always = sorted({t["id"] for t in data.get("added_tokens") or []} | {int(model["unk_id"]), lowest}
-                            | set(_special_ids(data["post_processor"]) or ()))
+            always = sorted(
+                {t["id"] for t in data.get("added_tokens") or []}
+                | {int(model["unk_id"]), lowest}
+                | set(_special_ids(data["post_processor"]) or ())
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = _new_temporary(path)     # SQLite fills the new empty file, then it is renamed into place
+        handle, temporary = _new_temporary(path)  # SQLite fills the new empty file, then it is renamed into place
         os.close(handle)
         conn = sqlite3.connect(temporary)
         try:
@@ -209,13 +239,20 @@ class PieceTable:
             conn.execute("CREATE TABLE pieces (piece TEXT PRIMARY KEY, id INTEGER, score REAL) WITHOUT ROWID")
             if usable:
                 assert isinstance(vocab, list)
-                conn.executemany("INSERT OR IGNORE INTO pieces VALUES (?, ?, ?)",
-                                 ((piece, i, score) for i, (piece, score) in enumerate(vocab)))
+                conn.executemany(
+                    "INSERT OR IGNORE INTO pieces VALUES (?, ?, ?)",
+                    ((piece, i, score) for i, (piece, score) in enumerate(vocab)),
+                )
                 conn.execute("CREATE INDEX pieces_id ON pieces (id)")
                 data["model"] = {**model, "vocab": []}
-            conn.executemany("INSERT INTO meta VALUES (?, ?)", (
-                ("skeleton", json.dumps(data if usable else {})), ("always", json.dumps(always)),
-                ("longest", str(max((len(p) for p, _ in vocab), default=0) if usable and vocab else 0))))
+            conn.executemany(
+                "INSERT INTO meta VALUES (?, ?)",
+                (
+                    ("skeleton", json.dumps(data if usable else {})),
+                    ("always", json.dumps(always)),
+                    ("longest", str(max((len(p) for p, _ in vocab), default=0) if usable and vocab else 0)),
+                ),
+            )
             conn.commit()
             conn.close()
             os.replace(temporary, path)
@@ -226,12 +263,17 @@ class PieceTable:
     def _tokenizer(self, ids: set[int], max_length: int) -> tuple[Any, list[int]]:
         """A tokenizer over these pieces (and the ones always kept), and the full id of each of its ids."""
         from tokenizers import Tokenizer
+
         keep = sorted(ids | set(self.always))
         scores: dict[int, tuple[str, float]] = {}
         for at in range(0, len(keep), 500):
-            part = keep[at:at + 500]
-            scores.update((i, (piece, score)) for piece, i, score in self.conn.execute(
-                f"SELECT piece, id, score FROM pieces WHERE id IN ({','.join('?' * len(part))})", part))
+            part = keep[at : at + 500]
+            scores.update(
+                (i, (piece, score))
+                for piece, i, score in self.conn.execute(
+                    f"SELECT piece, id, score FROM pieces WHERE id IN ({','.join('?' * len(part))})", part
+                )
+            )
         keep = [i for i in keep if i in scores]
         local = {full: at for at, full in enumerate(keep)}
         data = json.loads(json.dumps(self.skeleton))
@@ -258,14 +300,22 @@ class PieceTable:
 
     def encodings(self, texts: list[str], max_length: int, add_special_tokens: bool = True) -> list:
         """The texts encoded as by the full tokenizer (ids in the full vocabulary)."""
-        candidates = {w[i:j] for w in self._words(texts, max_length)
-                      for i in range(len(w)) for j in range(i + 1, min(len(w), i + self.longest) + 1)}
+        candidates = {
+            w[i:j]
+            for w in self._words(texts, max_length)
+            for i in range(len(w))
+            for j in range(i + 1, min(len(w), i + self.longest) + 1)
+        }
         found: set[int] = set()
         pieces = sorted(candidates)
         for at in range(0, len(pieces), 500):
-            part = pieces[at:at + 500]
-            found.update(i for (i,) in self.conn.execute(
-                f"SELECT id FROM pieces WHERE piece IN ({','.join('?' * len(part))})", part))
+            part = pieces[at : at + 500]
+            found.update(
+                i
+                for (i,) in self.conn.execute(
+                    f"SELECT id FROM pieces WHERE piece IN ({','.join('?' * len(part))})", part
+                )
+            )
         tokenizer, full_ids = self._tokenizer(found, max_length)
         encoded = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [(e.tokens, [full_ids[i] for i in e.ids]) for e in encoded]
@@ -315,6 +365,7 @@ class NativeBertTokenizer:
     def _load(self) -> Any:
         if self._full is None:
             from tokenizers import Tokenizer
+
             full = Tokenizer.from_file(self._file)
             full.no_padding()
             full.enable_truncation(self.max_length)
@@ -329,8 +380,7 @@ class NativeBertTokenizer:
         return self._load()
 
     def _by_pieces(self, texts: list[str]) -> bool:
-        return (self._full is None and self._pieces is not None
-                and sum(len(t) for t in texts) <= PIECE_TABLE_MAX_CHARS)
+        return self._full is None and self._pieces is not None and sum(len(t) for t in texts) <= PIECE_TABLE_MAX_CHARS
 
     def encode_ids(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text (special tokens added, truncated), unpadded."""
@@ -349,6 +399,7 @@ class NativeBertTokenizer:
 
     def __call__(self, texts: list[str], device: str) -> dict:
         import torch
+
         encoded = self._batch.encode_batch(texts)
         width = max(len(e.ids) for e in encoded)
         ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
@@ -367,6 +418,7 @@ class NativeBert:
 
     def __init__(self, setup: dict):
         from safetensors.torch import load_file
+
         config = setup["config"]
         self.hidden_size = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
@@ -375,9 +427,13 @@ class NativeBert:
         self.approximate = NATIVE_BERT_ACTIVATIONS[config["hidden_act"]]
         weights = load_file(setup["weights_file"])
         self.weights = {(k[5:] if k.startswith("bert.") else k): v.float() for k, v in weights.items()}
-        needed = ["embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
-                  "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight",
-                  f"encoder.layer.{self.layers - 1}.output.LayerNorm.bias"]
+        needed = [
+            "embeddings.word_embeddings.weight",
+            "embeddings.position_embeddings.weight",
+            "embeddings.token_type_embeddings.weight",
+            "embeddings.LayerNorm.weight",
+            f"encoder.layer.{self.layers - 1}.output.LayerNorm.bias",
+        ]
         missing = [k for k in needed if k not in self.weights]
         if missing:
             raise ValueError(f"not a BERT checkpoint: {missing[0]} missing")
@@ -389,15 +445,19 @@ class NativeBert:
     def __call__(self, input_ids, token_type_ids, attention_mask):
         import torch
         import torch.nn.functional as F
+
         w = self.weights
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device)
-        x = (F.embedding(input_ids, w["embeddings.word_embeddings.weight"])
-             + F.embedding(token_type_ids, w["embeddings.token_type_embeddings.weight"])
-             + F.embedding(positions, w["embeddings.position_embeddings.weight"])[None])
-        x = F.layer_norm(x, (self.hidden_size,), w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"],
-                         self.eps)
-        keep = attention_mask.bool()[:, None, None, :]          # which keys each query may attend to
+        x = (
+            F.embedding(input_ids, w["embeddings.word_embeddings.weight"])
+            + F.embedding(token_type_ids, w["embeddings.token_type_embeddings.weight"])
+            + F.embedding(positions, w["embeddings.position_embeddings.weight"])[None]
+        )
+        x = F.layer_norm(
+            x, (self.hidden_size,), w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps
+        )
+        keep = attention_mask.bool()[:, None, None, :]  # which keys each query may attend to
         head = self.hidden_size // self.heads
 
         def linear(h, name):
@@ -411,12 +471,21 @@ class NativeBert:
             q, k, v = (split(linear(x, f"{at}attention.self.{n}")) for n in ("query", "key", "value"))
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
             context = context.transpose(1, 2).reshape(batch, length, self.hidden_size)
-            x = F.layer_norm(linear(context, f"{at}attention.output.dense") + x, (self.hidden_size,),
-                             w[f"{at}attention.output.LayerNorm.weight"], w[f"{at}attention.output.LayerNorm.bias"],
-                             self.eps)
+            x = F.layer_norm(
+                linear(context, f"{at}attention.output.dense") + x,
+                (self.hidden_size,),
+                w[f"{at}attention.output.LayerNorm.weight"],
+                w[f"{at}attention.output.LayerNorm.bias"],
+                self.eps,
+            )
             inner = F.gelu(linear(x, f"{at}intermediate.dense"), approximate=self.approximate)
-            x = F.layer_norm(linear(inner, f"{at}output.dense") + x, (self.hidden_size,),
-                             w[f"{at}output.LayerNorm.weight"], w[f"{at}output.LayerNorm.bias"], self.eps)
+            x = F.layer_norm(
+                linear(inner, f"{at}output.dense") + x,
+                (self.hidden_size,),
+                w[f"{at}output.LayerNorm.weight"],
+                w[f"{at}output.LayerNorm.bias"],
+                self.eps,
+            )
         return x
 
 
@@ -427,8 +496,8 @@ class PlainSentenceEncoder:
         self.layout = layout
         self.cpu_bf16 = cpu_bf16
         self.device = device
-        self.tokenizer: Any         # NativeBertTokenizer, or a transformers tokenizer
-        self.network: Any           # NativeBert, or a transformers model
+        self.tokenizer: Any  # NativeBertTokenizer, or a transformers tokenizer
+        self.network: Any  # NativeBert, or a transformers model
         setup = native_bert_setup(folder)
         if setup is not None:
             self.runtime = "native"
@@ -439,13 +508,14 @@ class PlainSentenceEncoder:
             return
         import torch
         from transformers import AutoModel, AutoTokenizer
+
         self.runtime = "transformers"
         self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.network = AutoModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
         self.network.eval()
         self.network.to(device)
         self.hidden_size = int(self.network.config.hidden_size)
-        self.max_length = min(layout["max_seq_length"], getattr(self.tokenizer, "model_max_length", 10 ** 6))
+        self.max_length = min(layout["max_seq_length"], getattr(self.tokenizer, "model_max_length", 10**6))
 
     def to(self, device: str) -> PlainSentenceEncoder:
         self.network.to(device)
@@ -460,23 +530,26 @@ class PlainSentenceEncoder:
         if self.runtime == "native":
             inputs = self.tokenizer(batch, self.device)
             return self.network(**inputs), inputs["attention_mask"]
-        inputs = self.tokenizer(batch, padding=True, truncation="longest_first", max_length=self.max_length,
-                                return_tensors="pt").to(self.device)
+        inputs = self.tokenizer(
+            batch, padding=True, truncation="longest_first", max_length=self.max_length, return_tensors="pt"
+        ).to(self.device)
         return self.network(**inputs).last_hidden_state, inputs["attention_mask"]
 
-    def encode(self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = True, prompt: str = "",
-               **_ignored):
+    def encode(
+        self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = True, prompt: str = "", **_ignored
+    ):
         import numpy as np
         import torch
+
         out = []
         bf16 = self.cpu_bf16 and self.device == "cpu"
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             for start in range(0, len(texts), batch_size):
-                batch = [(prompt + str(t)).strip() for t in texts[start:start + batch_size]]
+                batch = [(prompt + str(t)).strip() for t in texts[start : start + batch_size]]
                 if self.layout["lower_case"]:
                     batch = [t.lower() for t in batch]
                 hidden, mask = self._hidden(batch)
-                pooled = self._pool(hidden.float(), mask)       # pool in float32 whatever ran before
+                pooled = self._pool(hidden.float(), mask)  # pool in float32 whatever ran before
                 if normalize_embeddings or self.layout["normalize"]:
                     pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
                 out.append(pooled.float().cpu().numpy())
@@ -484,8 +557,9 @@ class PlainSentenceEncoder:
 
     def _pool(self, hidden, mask):
         import torch
+
         mode = self.layout["pooling"]
-        if mode == "cls_token":       # the first token the mask keeps (left-padding tokenizers shift it)
+        if mode == "cls_token":  # the first token the mask keeps (left-padding tokenizers shift it)
             first = mask.to(torch.long).argmax(dim=1)
             return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
         weights = mask.unsqueeze(-1).to(hidden.dtype)

@@ -2,6 +2,7 @@
 
 May import: config, models.importer, models.native, models.onnx_encoder, models.runtime.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,14 +43,14 @@ class Models:
         self._embedder: Embedder | None = None
         self._reranker = None
         self._default_embed: str | None = None
-        self.auto_imported: dict | None = None    # set when the embedded default was imported on first need
+        self.auto_imported: dict | None = None  # set when the embedded default was imported on first need
 
     @property
     def embed_name(self) -> str:
         configured = os.environ.get("KB_EMBED_MODEL", "").strip()
         if configured:
             return configured
-        if self._default_embed is None:       # decided once per process, so a library never sees it change
+        if self._default_embed is None:  # decided once per process, so a library never sees it change
             self._default_embed = default_embed_model()
         return self._default_embed
 
@@ -68,8 +69,10 @@ class Models:
             self._default_embed = None
 
     def loaded(self) -> dict:
-        return {"embedder": self._embedder.model_id if self._embedder else None,
-                "reranker": getattr(self._reranker, "name", None)}
+        return {
+            "embedder": self._embedder.model_id if self._embedder else None,
+            "reranker": getattr(self._reranker, "name", None),
+        }
 
     def drop(self) -> None:
         self._embedder = None
@@ -78,6 +81,7 @@ class Models:
             import gc
 
             import torch
+
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -111,8 +115,9 @@ class Models:
                 device = "cpu"
                 model = self._sentence_encoder(path, device)
             else:
-                raise ModelUnavailable(f"{name} could not be loaded: {type(exc).__name__}: "
-                                       f"{_short_error(exc)}") from None
+                raise ModelUnavailable(
+                    f"{name} could not be loaded: {type(exc).__name__}: {_short_error(exc)}"
+                ) from None
         self._embedder = Embedder(name, self.devices, model, device, model_prompts(name, path))
         self.devices.report["embed_device"] = device
         return self._embedder
@@ -124,17 +129,26 @@ class Models:
         switched_off = os.environ.get("KB_AUTO_IMPORT", "1").strip().lower() in ("0", "off", "no", "false")
         if os.environ.get("KB_EMBED_MODEL", "").strip() or spec is None or switched_off:
             raise why
-        print(f"kb-engine: {self.embed_name} is not available ({_short_error(why)}); importing "
-              f"{spec.folder} from the installed {spec.package} package (once, about half a minute)",
-              file=sys.stderr, flush=True)
+        print(
+            f"kb-engine: {self.embed_name} is not available ({_short_error(why)}); importing "
+            f"{spec.folder} from the installed {spec.package} package (once, about half a minute)",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             reply = import_bundled_model(spec.package)
         except KBError as exc:
-            raise ModelUnavailable(f"{why}; importing {spec.folder} from {spec.package} failed too: "
-                                   f"{exc.message}") from None
+            raise ModelUnavailable(
+                f"{why}; importing {spec.folder} from {spec.package} failed too: {exc.message}"
+            ) from None
         self._default_embed = spec.folder
-        self.auto_imported = {"model": spec.folder, "package": f"{spec.package} {spec.version}",
-                              "path": reply["path"], "instead_of": DEFAULT_EMBED_MODEL, "why": _short_error(why)}
+        self.auto_imported = {
+            "model": spec.folder,
+            "package": f"{spec.package} {spec.version}",
+            "path": reply["path"],
+            "instead_of": DEFAULT_EMBED_MODEL,
+            "why": _short_error(why),
+        }
         return spec.folder, reply["path"]
 
     def _sentence_encoder(self, path: str, device: str):
@@ -147,7 +161,7 @@ class Models:
             report["embed_threads"] = model.threads
         else:
             report["embed_backend"] = "torch"
-            if isinstance(model, PlainSentenceEncoder):     # torch is loaded by now, so the AMX probe is free
+            if isinstance(model, PlainSentenceEncoder):  # torch is loaded by now, so the AMX probe is free
                 model.cpu_bf16, report["cpu_bf16_reason"] = cpu_bf16_wanted()
                 report["cpu_bf16"] = model.cpu_bf16
         if note:
@@ -167,6 +181,7 @@ class Models:
             path = self._path(name, may_download)
             device = self.devices.device()
             from sentence_transformers import CrossEncoder
+
             try:
                 model = CrossEncoder(path, device=device, local_files_only=True)
             except Exception as exc:
@@ -185,8 +200,9 @@ class Models:
                 path = self._path(fallback, may_download)
                 device = self.devices.device()
                 model = self._sentence_encoder(path, device)
-                self._reranker = BiEncoderReranker(Embedder(fallback, self.devices, model, device,
-                                                            model_prompts(fallback, path)))
+                self._reranker = BiEncoderReranker(
+                    Embedder(fallback, self.devices, model, device, model_prompts(fallback, path))
+                )
                 return self._reranker
             except Exception as exc:
                 primary += f"; fallback {fallback}: {exc}"
@@ -202,8 +218,11 @@ class Models:
 
     def device_report(self) -> dict:
         report = dict(self.devices.report) or {"requested": self.devices.requested, "probe": None}
-        report["batch"] = {role: getattr(model, "batch", None) for role, model in
-                           (("embed", self._embedder), ("rerank", self._reranker)) if model is not None}
+        report["batch"] = {
+            role: getattr(model, "batch", None)
+            for role, model in (("embed", self._embedder), ("rerank", self._reranker))
+            if model is not None
+        }
         for role, model in (("embed_device", self._embedder), ("rerank_device", self._reranker)):
             if model is not None:
                 report[role] = model.device

@@ -2,6 +2,7 @@
 
 May import: config, storage.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,10 +28,10 @@ DEFAULT_RERANK_MODEL = "BAAI/bge-reranker-base"
 DEFAULT_RERANK_FALLBACK = "BAAI/bge-large-en-v1.5"
 BGE_ZH_QUERY_PREFIX = "为这个句子生成表示以用于检索相关文章："
 DEFAULT_DOWNLOAD_TIMEOUT_S = 120.0
-DEFAULT_DOWNLOAD_RETRY_S = 3600.0     # after a failed download, later processes wait this long before trying again
+DEFAULT_DOWNLOAD_RETRY_S = 3600.0  # after a failed download, later processes wait this long before trying again
 CPU_BATCH = {"embed": 32, "rerank": 16}
 MIN_DEVICE_BATCH = 4
-MAX_UNKNOWN_TOKEN_SHARE = 0.3    # above this the embedder cannot read the query: skip the vector half
+MAX_UNKNOWN_TOKEN_SHARE = 0.3  # above this the embedder cannot read the query: skip the vector half
 
 
 # What the embedder reads for a chunk. A passage alone is ambiguous ("the model", "this dataset"); its paper's
@@ -41,7 +42,9 @@ PASSAGE_FORMATS: dict[str, Callable[[str, str, str], str]] = {
     "text/0": lambda title, section, text: text,
     "title-section/1": lambda title, section, text: (
         f"{'. '.join(part for part in (title.strip(), section.strip()) if part)}\n{text}"
-        if title.strip() or section.strip() else text),
+        if title.strip() or section.strip()
+        else text
+    ),
 }
 PASSAGE_FORMAT = "title-section/1"
 
@@ -108,8 +111,12 @@ def download_timeout() -> float:
 
 def quiet_model_libraries() -> None:
     """Progress bars and advisory logs of the model libraries would clutter stderr (and never stdout)."""
-    for var, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TRANSFORMERS_VERBOSITY", "error"),
-                       ("TOKENIZERS_PARALLELISM", "false"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")):
+    for var, value in (
+        ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+    ):
         os.environ.setdefault(var, value)
 
 
@@ -118,8 +125,9 @@ def hub_cache_dir() -> Path:
     configured = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if configured:
         return Path(configured).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                     os.path.expanduser("~/.cache"), "huggingface")
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return Path(home).expanduser() / "hub"
 
 
@@ -129,9 +137,10 @@ def local_model_path(name: str) -> str | None:
     if folder is not None:
         return folder
     if "/" in name and not (hub_cache_dir() / ("models--" + name.replace("/", "--"))).is_dir():
-        return None          # not in the hub's cache: known without importing huggingface_hub (0.4 s)
+        return None  # not in the hub's cache: known without importing huggingface_hub (0.4 s)
     try:
         from huggingface_hub import snapshot_download
+
         return snapshot_download(name, local_files_only=True)
     except Exception:
         return None
@@ -156,6 +165,7 @@ class Downloads:
 
     def __init__(self):
         import threading
+
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
         self._errors: dict[str, str] = {}
@@ -174,7 +184,7 @@ class Downloads:
         try:
             _write_atomically(download_memory_path(), json.dumps(failures).encode())
         except OSError:
-            pass        # a read-only home only costs the next process a retry
+            pass  # a read-only home only costs the next process a retry
 
     def _forget_failure(self, name: str) -> None:
         failures = self._failures()
@@ -193,16 +203,21 @@ class Downloads:
         if time.time() >= retry_at:
             return None
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(retry_at))
-        return (f"downloading {name} failed at {time.strftime('%H:%M', time.localtime(failure['at']))} "
-                f"({failure.get('error', 'unknown error')}); it is tried again after {when} (KB_DOWNLOAD_RETRY_S), "
-                "or now with `kb-engine models --download`")
+        return (
+            f"downloading {name} failed at {time.strftime('%H:%M', time.localtime(failure['at']))} "
+            f"({failure.get('error', 'unknown error')}); it is tried again after {when} (KB_DOWNLOAD_RETRY_S), "
+            "or now with `kb-engine models --download`"
+        )
 
     def fetch(self, name: str, wait_s: float, force: bool = False) -> str:
         """The model's local folder, downloading it for at most ``wait_s`` seconds."""
         import threading
+
         if offline_mode():
-            raise ModelUnavailable(f"{name} is not in the local model cache and HF_HUB_OFFLINE=1 forbids "
-                                   "downloading it; copy the model folder locally and point the variable at it")
+            raise ModelUnavailable(
+                f"{name} is not in the local model cache and HF_HUB_OFFLINE=1 forbids "
+                "downloading it; copy the model folder locally and point the variable at it"
+            )
         remembered = None if force or self.in_progress(name) else self.recent_failure(name)
         if remembered:
             raise ModelUnavailable(remembered)
@@ -210,17 +225,18 @@ class Downloads:
             thread = self._threads.get(name)
             if thread is None or (not thread.is_alive() and name in self._errors):
                 self._errors.pop(name, None)
-                thread = threading.Thread(target=self._download, args=(name,), daemon=True,
-                                          name=f"kb-download-{name}")
+                thread = threading.Thread(target=self._download, args=(name,), daemon=True, name=f"kb-download-{name}")
                 self._threads[name] = thread
                 thread.start()
         thread.join(wait_s)
         if thread.is_alive():
             if wait_s > 0:
                 self._remember_failure(name, f"not finished within {wait_s:.0f}s")
-            raise ModelUnavailable(f"downloading {name} did not finish within {wait_s:.0f}s; it goes on in the "
-                                   "background while this process runs (`kb-engine models --download` fetches "
-                                   "models ahead of time; HF_ENDPOINT selects a mirror, KB_DOWNLOAD_TIMEOUT the wait)")
+            raise ModelUnavailable(
+                f"downloading {name} did not finish within {wait_s:.0f}s; it goes on in the "
+                "background while this process runs (`kb-engine models --download` fetches "
+                "models ahead of time; HF_ENDPOINT selects a mirror, KB_DOWNLOAD_TIMEOUT the wait)"
+            )
         if name in self._errors:
             self._remember_failure(name, self._errors[name])
             raise ModelUnavailable(f"{name} could not be downloaded: {self._errors[name]}")
@@ -237,6 +253,7 @@ class Downloads:
     def _download(self, name: str) -> None:
         try:
             from huggingface_hub import snapshot_download
+
             snapshot_download(name)
         except Exception as exc:
             self._errors[name] = _short_error(exc)
@@ -246,14 +263,16 @@ def is_device_error(exc: BaseException) -> bool:
     """Errors of the accelerator itself (out of memory, driver, kernel), as opposed to bugs or bad input."""
     try:
         import torch
+
         if isinstance(exc, torch.cuda.OutOfMemoryError):
             return True
     except Exception:
         pass
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("cuda", "cudnn", "cublas", "out of memory", "device-side", "hip error",
-                                      "nccl", "mps backend"))
+        marker in text
+        for marker in ("cuda", "cudnn", "cublas", "out of memory", "device-side", "hip error", "nccl", "mps backend")
+    )
 
 
 def nvidia_driver_present() -> bool:
@@ -263,8 +282,11 @@ def nvidia_driver_present() -> bool:
     if sys.platform.startswith("win"):
         system = os.path.join(os.environ.get("SYSTEMROOT", r"C:\Windows"), "System32")
         return os.path.exists(os.path.join(system, "nvcuda.dll"))
-    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0") \
+    return (
+        os.path.exists("/proc/driver/nvidia/version")
+        or os.path.exists("/dev/nvidia0")
         or os.path.exists("/dev/nvidiactl")
+    )
 
 
 class DeviceManager:
@@ -293,10 +315,11 @@ class DeviceManager:
         if self.requested == "cpu":
             return "cpu"
         if self.requested == "auto" and not nvidia_driver_present():
-            report["probe"] = "no NVIDIA driver"       # decided without importing torch (over 2 s of a one-shot call)
+            report["probe"] = "no NVIDIA driver"  # decided without importing torch (over 2 s of a one-shot call)
             return "cpu"
         try:
             import torch
+
             report["cuda_available"] = bool(torch.cuda.is_available())
         except Exception as exc:
             report["gpu_disabled_reason"] = f"torch could not be imported: {_short_error(exc)}"
@@ -355,7 +378,7 @@ class _DeviceBoundModel:
         out: list = []
         i = 0
         while i < len(items):
-            chunk = items[i:i + self.batch]
+            chunk = items[i : i + self.batch]
             try:
                 out.extend(step(chunk, self.batch))
                 i += len(chunk)
@@ -381,6 +404,7 @@ class _DeviceBoundModel:
     def _to_cpu(self) -> None:
         try:
             import torch
+
             self.model.to("cpu")
             torch.cuda.empty_cache()
         except Exception:
@@ -395,6 +419,7 @@ class ModelPrompts:
 
     Asymmetric models are trained with these prefixes; without them their vectors drift (on the full-text
     questions multilingual-e5-small scored MRR@10 0.23 with none and 0.77 with both, issue 18)."""
+
     query: str = ""
     passage: str = ""
     source: str = "none"
@@ -471,6 +496,7 @@ MIN_EMBEDDING_NORM = 1e-6
 def unusable_rows(matrix):
     """Which rows of an encoder's output are no embeddings: a value that is not finite, or (nearly) all zero."""
     import numpy as np
+
     finite = np.isfinite(matrix).all(axis=1)
     norms = np.linalg.norm(np.where(finite[:, None], matrix, 0.0), axis=1)
     return ~finite | (norms < MIN_EMBEDDING_NORM)
@@ -482,7 +508,7 @@ class Embedder(_DeviceBoundModel):
     def __init__(self, name: str, devices: DeviceManager, model, device: str, prompts: ModelPrompts | None = None):
         super().__init__(name, devices, model, device)
         self.prompts = prompts or model_prompts(name, None)
-        self.refused: str | None = None       # why this process last refused the model's vectors
+        self.refused: str | None = None  # why this process last refused the model's vectors
 
     @property
     def dim(self) -> int:
@@ -491,18 +517,27 @@ class Embedder(_DeviceBoundModel):
 
     def _encode(self, texts: list[str], batch: int, prompt: str) -> list:
         import numpy as np
+
         # prompt="" (not None) also stops sentence-transformers adding a folder's default prompt a second time
-        vectors = self.model.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True,
-                                    show_progress_bar=False, prompt=prompt)
+        vectors = self.model.encode(
+            texts,
+            batch_size=batch,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+            prompt=prompt,
+        )
         return list(np.asarray(vectors, dtype=np.float32))
 
     def _encode_texts(self, texts: list[str], prompt: str):
         """Unit vectors in input order; texts are batched by length so padding stays small. Raises
         UnusableEmbeddings when the model gave rows that are no embeddings (every backend passes here)."""
         import numpy as np
-        if getattr(self.model, "plans_batches", False):       # the ONNX runner groups by token count itself
-            return self._checked(np.asarray(self._encode(texts, len(texts) or 1, prompt), dtype=np.float32)
-                                 .reshape(len(texts), self.dim))
+
+        if getattr(self.model, "plans_batches", False):  # the ONNX runner groups by token count itself
+            return self._checked(
+                np.asarray(self._encode(texts, len(texts) or 1, prompt), dtype=np.float32).reshape(len(texts), self.dim)
+            )
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         encoded = self._run([texts[i] for i in order], lambda chunk, batch: self._encode(chunk, batch, prompt))
         out: Any = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -513,19 +548,24 @@ class Embedder(_DeviceBoundModel):
     def _checked(self, matrix):
         """The matrix, once every row is known to be an embedding; else UnusableEmbeddings naming the model."""
         import numpy as np
+
         bad = unusable_rows(matrix)
         if not bad.any():
             return matrix
         broken = int((~np.isfinite(matrix[bad])).any(axis=1).sum())
-        kinds = [f"{broken} with NaN or infinite values" if broken else "",
-                 f"{int(bad.sum()) - broken} all zero" if int(bad.sum()) > broken else ""]
+        kinds = [
+            f"{broken} with NaN or infinite values" if broken else "",
+            f"{int(bad.sum()) - broken} all zero" if int(bad.sum()) > broken else "",
+        ]
         causes = ["its weights may be damaged"]
         if self.device != "cpu":
             causes.append(f"its arithmetic overflowed on {self.device} (KB_DEVICE=cpu rules that out)")
         elif getattr(self.model, "cpu_bf16", False):
             causes.append("its bfloat16 arithmetic overflowed (KB_CPU_BF16=0 rules that out)")
-        self.refused = (f"the embedding model {self.model_id} gave {int(bad.sum())} of {len(matrix)} vectors that "
-                        f"are not embeddings ({', '.join(k for k in kinds if k)}): {' or '.join(causes)}")
+        self.refused = (
+            f"the embedding model {self.model_id} gave {int(bad.sum())} of {len(matrix)} vectors that "
+            f"are not embeddings ({', '.join(k for k in kinds if k)}): {' or '.join(causes)}"
+        )
         raise UnusableEmbeddings(self.refused, matrix, ~bad)
 
     def encode_passages(self, texts: list[str], prompt: str | None = None):
@@ -543,6 +583,7 @@ class Embedder(_DeviceBoundModel):
     def unrelated_similarity(self) -> float:
         """The mean cosine between unrelated passages under this model (measured once per process)."""
         import numpy as np
+
         vectors = self.encode_passages(list(UNRELATED_PROBES))
         pairs = (vectors @ vectors.T)[~np.eye(len(UNRELATED_PROBES), dtype=bool)]
         baseline = float(pairs.mean()) if pairs.size else 0.0
@@ -580,6 +621,7 @@ class Reranker(_DeviceBoundModel):
         def step(chunk, batch):
             scores = self.model.predict([(query, p) for p in chunk], batch_size=batch, show_progress_bar=False)
             return [float(s) for s in list(scores)]
+
         return [s if math.isfinite(s) else 0.0 for s in self._run(passages, step)]
 
 

@@ -2,6 +2,7 @@
 
 May import: text.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,40 +14,42 @@ from ..text import _CJK_RANGES, cjk_ratio, is_cjk
 # reading order, each with a role) plus the text of each page.  A block's text
 # is an exact slice of its page's text, which is what makes offsets checkable.
 
+
 @dataclass
 class Block:
     text: str
-    page: int | None            # 1-based physical page; None where a format has no pages
-    offset: int = 0             # start of ``text`` within its page text
-    role: str = "body"          # body | heading | caption | title | noise
-    level: int = 0              # heading depth (1 = top level)
-    size: float = 0.0           # dominant font size (PDF only)
+    page: int | None  # 1-based physical page; None where a format has no pages
+    offset: int = 0  # start of ``text`` within its page text
+    role: str = "body"  # body | heading | caption | title | noise
+    level: int = 0  # heading depth (1 = top level)
+    size: float = 0.0  # dominant font size (PDF only)
     bold: bool = False
     n_lines: int = 1
-    italic: bool = False        # every line set in italics (PDF only)
-    gapped: bool = False        # a line with spans set far apart, or lines side by side: table columns (PDF only)
-    lead: str = ""              # the first line's bold or italic opening words (PDF only)
-    bbox: tuple | None = None   # where it is on its page, and where its first line is (PDF only)
+    italic: bool = False  # every line set in italics (PDF only)
+    gapped: bool = False  # a line with spans set far apart, or lines side by side: table columns (PDF only)
+    lead: str = ""  # the first line's bold or italic opening words (PDF only)
+    bbox: tuple | None = None  # where it is on its page, and where its first line is (PDF only)
     first_line: tuple | None = None
-    in_figure: bool = False     # drawn over a picture: a figure's labels, never a heading (PDF only)
-    coloured: bool = False      # its first line is set in a colour (PDF only)
-    run_in: str = ""            # the run-in heading this paragraph opens with
-    evidence: str = ""          # why a heading is one: numbered, known (a section name), outline, style, run_in
-    index: int = -1             # position in the document's block list (reading order)
-    in_table: bool = False      # a cell or column header of a table (PDF only): never a heading
-    closed_by: str = ""         # the closing section (references, acknowledgements) that kept it out of the index
+    in_figure: bool = False  # drawn over a picture: a figure's labels, never a heading (PDF only)
+    coloured: bool = False  # its first line is set in a colour (PDF only)
+    run_in: str = ""  # the run-in heading this paragraph opens with
+    evidence: str = ""  # why a heading is one: numbered, known (a section name), outline, style, run_in
+    index: int = -1  # position in the document's block list (reading order)
+    in_table: bool = False  # a cell or column header of a table (PDF only): never a heading
+    closed_by: str = ""  # the closing section (references, acknowledgements) that kept it out of the index
 
 
 @dataclass(frozen=True)
 class HeaderLine:
     """One typeset line of a PDF's first pages, with what the front-matter reader needs to know about it."""
+
     page: int
-    text: str          # the line as it reads
-    header: str        # the same line with raised spans and wide gaps turned into NAME_BREAK
+    text: str  # the line as it reads
+    header: str  # the same line with raised spans and wide gaps turned into NAME_BREAK
     size: float
     bold: bool
     bbox: tuple
-    block: int         # lines of one layout block share this number
+    block: int  # lines of one layout block share this number
     page_height: float
 
 
@@ -58,13 +61,13 @@ class Extracted:
     page_labels: list[str] = field(default_factory=list)
     raw_meta: dict = field(default_factory=dict)
     body_size: float = 0.0
-    references: list = field(default_factory=list)   # (number, raw text) of each reference-list entry
+    references: list = field(default_factory=list)  # (number, raw text) of each reference-list entry
     numbered_references: bool = False
-    header: list = field(default_factory=list)       # HeaderLine of the first two PDF pages, for the metadata reader
-    ocr_pages: list = field(default_factory=list)    # numbers of the pages whose text came from OCR
-    ocr_capped: int = 0                              # pages without a text layer past KB_OCR_MAX_PAGES
-    ocr_timed_out: int = 0                           # pages whose OCR ran past KB_OCR_PAGE_SECONDS
-    notes: list = field(default_factory=list)        # the reader's word on how it read the file, for the entry
+    header: list = field(default_factory=list)  # HeaderLine of the first two PDF pages, for the metadata reader
+    ocr_pages: list = field(default_factory=list)  # numbers of the pages whose text came from OCR
+    ocr_capped: int = 0  # pages without a text layer past KB_OCR_MAX_PAGES
+    ocr_timed_out: int = 0  # pages whose OCR ran past KB_OCR_PAGE_SECONDS
+    notes: list = field(default_factory=list)  # the reader's word on how it read the file, for the entry
 
     @property
     def pages(self) -> int | None:
@@ -76,24 +79,90 @@ class Extracted:
 SECTION_ALIASES = {
     "abstract": ("abstract", "summary", "摘要", "内容摘要", "内容提要", "提要"),
     "introduction": ("introduction", "background", "引言", "前言", "绪论", "导言", "研究背景"),
-    "methods": ("methods", "method", "materials and methods", "material and methods", "methods and materials",
-                "patients and methods", "subjects and methods", "participants and methods",
-                "methodology", "experimental", "experimental section", "experimental procedures",
-                "experimental methods", "experiments", "experimental setup", "online methods",
-                "方法", "研究方法", "实验方法", "材料与方法", "材料和方法", "实验", "实验部分"),
-    "results": ("results", "result", "results and discussion", "findings", "evaluation", "结果", "实验结果",
-                "结果与讨论", "结果与分析"),
+    "methods": (
+        "methods",
+        "method",
+        "materials and methods",
+        "material and methods",
+        "methods and materials",
+        "patients and methods",
+        "subjects and methods",
+        "participants and methods",
+        "methodology",
+        "experimental",
+        "experimental section",
+        "experimental procedures",
+        "experimental methods",
+        "experiments",
+        "experimental setup",
+        "online methods",
+        "方法",
+        "研究方法",
+        "实验方法",
+        "材料与方法",
+        "材料和方法",
+        "实验",
+        "实验部分",
+    ),
+    "results": (
+        "results",
+        "result",
+        "results and discussion",
+        "findings",
+        "evaluation",
+        "结果",
+        "实验结果",
+        "结果与讨论",
+        "结果与分析",
+    ),
     "discussion": ("discussion", "discussions", "analysis", "讨论", "分析"),
-    "conclusion": ("conclusion", "conclusions", "concluding remarks", "summary and conclusions",
-                   "conclusions and future work", "conclusion and future work", "outlook", "结论", "总结",
-                   "结论与展望", "总结与展望", "结语"),
+    "conclusion": (
+        "conclusion",
+        "conclusions",
+        "concluding remarks",
+        "summary and conclusions",
+        "conclusions and future work",
+        "conclusion and future work",
+        "outlook",
+        "结论",
+        "总结",
+        "结论与展望",
+        "总结与展望",
+        "结语",
+    ),
     "related work": ("related work", "related works", "prior work", "literature review", "相关工作", "文献综述"),
-    "references": ("references", "reference", "bibliography", "literature cited", "works cited", "references and notes",
-                   "notes and references", "cited literature", "参考文献", "参考资料", "引用文献"),
-    "acknowledgements": ("acknowledgements", "acknowledgments", "acknowledgement", "acknowledgment", "funding",
-                         "致谢", "谢辞", "鸣谢"),
-    "appendix": ("appendix", "appendices", "supplementary material", "supplementary materials",
-                 "supplementary information", "supporting information", "附录"),
+    "references": (
+        "references",
+        "reference",
+        "bibliography",
+        "literature cited",
+        "works cited",
+        "references and notes",
+        "notes and references",
+        "cited literature",
+        "参考文献",
+        "参考资料",
+        "引用文献",
+    ),
+    "acknowledgements": (
+        "acknowledgements",
+        "acknowledgments",
+        "acknowledgement",
+        "acknowledgment",
+        "funding",
+        "致谢",
+        "谢辞",
+        "鸣谢",
+    ),
+    "appendix": (
+        "appendix",
+        "appendices",
+        "supplementary material",
+        "supplementary materials",
+        "supplementary information",
+        "supporting information",
+        "附录",
+    ),
 }
 # Sections that close the body: kept out of the search index (a reference list feeds citation linking instead).
 # Appendices are indexed: researchers ask about what papers put there.
@@ -107,12 +176,17 @@ _NUMBERING = re.compile(
     rf"|(?P<letter>[A-H])(?:\.\d{{1,2}})*\.?(?=\s)"
     rf"|(?P<cnchap>第[{_CN_NUM}\d]+[章节部分篇])"
     rf"|(?P<cn>[{_CN_NUM}]+)[、.．]"
-    rf"|[（(](?P<cnsub>[{_CN_NUM}\d]+)[）)])\s*")
-_CAPTION = re.compile(r"^\s*(?:fig(?:ure)?s?\.?|table|tab\.|scheme|chart|plate|图|表)\s*"
-                      r"(?:[A-Z]\.\d+|[A-Z]?\d+|[IVX]+|S\d+)(?:[.:：\-—–]|\s|$)", re.IGNORECASE)
+    rf"|[（(](?P<cnsub>[{_CN_NUM}\d]+)[）)])\s*"
+)
+_CAPTION = re.compile(
+    r"^\s*(?:fig(?:ure)?s?\.?|table|tab\.|scheme|chart|plate|图|表)\s*"
+    r"(?:[A-Z]\.\d+|[A-Z]?\d+|[IVX]+|S\d+)(?:[.:：\-—–]|\s|$)",
+    re.IGNORECASE,
+)
 _RUN_IN_HEADING = re.compile(
     r"^\s*(?:(?i:abstract|summary|keywords?|key words|index terms)|摘\s*要|关键词)\s*[:：.—–\-]+\s*"
-    r"|^\s*(?:Abstract|ABSTRACT|摘\s*要)\s+(?=[A-Z\"“(\u4e00-\u9fff])")
+    r"|^\s*(?:Abstract|ABSTRACT|摘\s*要)\s+(?=[A-Z\"“(\u4e00-\u9fff])"
+)
 
 
 def run_in_abstract(text: str) -> int | None:
@@ -124,12 +198,14 @@ def run_in_abstract(text: str) -> int | None:
 
 
 _BARE_NUMBER = re.compile(r"^\s*\d{1,2}(?:\.\d{1,2}){0,3}\.?\s*$")
-_TERMINAL_PUNCT = tuple(".!?。！？;；:：)]\"”’")
+_TERMINAL_PUNCT = tuple('.!?。！？;；:：)]"”’')
 
 
-_APPENDIX_TITLE = re.compile(r"^(?:appendix|appendices|supplementary (?:material|information|note|methods|text)s?|"
-                             r"supporting information|附录)"
-                             r"(?:\s+(?:[a-h]|\d{1,2}|[ivx]{1,4})\b)?(?:\s*[:.\-—–]\s*|\s+|$)")
+_APPENDIX_TITLE = re.compile(
+    r"^(?:appendix|appendices|supplementary (?:material|information|note|methods|text)s?|"
+    r"supporting information|附录)"
+    r"(?:\s+(?:[a-h]|\d{1,2}|[ivx]{1,4})\b)?(?:\s*[:.\-—–]\s*|\s+|$)"
+)
 
 
 def canonical_section(name: str) -> str | None:
@@ -140,15 +216,19 @@ def canonical_section(name: str) -> str | None:
     cleaned = re.sub(r"\s+", " ", cleaned.replace("&", "and"))
     cleaned = cleaned.replace(" ", "") if cjk_ratio(cleaned) > 0.5 else cleaned
     known = _ALIAS_TO_CANONICAL.get(cleaned)
-    if known is None and _APPENDIX_TITLE.match(cleaned) and len(cleaned.split()) <= 10 and not name.rstrip().endswith(
-            (".", ",", ")")):
+    if (
+        known is None
+        and _APPENDIX_TITLE.match(cleaned)
+        and len(cleaned.split()) <= 10
+        and not name.rstrip().endswith((".", ",", ")"))
+    ):
         return "appendix"
     return known
 
 
 def strip_numbering(text: str) -> str:
     match = _NUMBERING.match(text)
-    return text[match.end():].strip() if match and match.end() < len(text) else text.strip()
+    return text[match.end() :].strip() if match and match.end() < len(text) else text.strip()
 
 
 def numbering_depth(text: str) -> int:
@@ -164,7 +244,7 @@ def numbering_depth(text: str) -> int:
         return 1
     if match.group("cnchap"):
         return 2 if match.group("cnchap").endswith("节") else 1
-    return 2   # letters (A. ...) and (一) style sub-headings
+    return 2  # letters (A. ...) and (一) style sub-headings
 
 
 def in_capitals(text: str, least: int = 3) -> bool:
@@ -179,8 +259,9 @@ def section_display_name(heading: str) -> str:
     """Heading text as a section label: numbering removed, ALL CAPS made readable."""
     name = strip_numbering(heading).rstrip(" :：.")
     if in_capitals(name, 1) and len(name) > 3:
-        name = " ".join(word.capitalize() if len(word) > 3 or i == 0 else word.lower()
-                        for i, word in enumerate(name.split()))
+        name = " ".join(
+            word.capitalize() if len(word) > 3 or i == 0 else word.lower() for i, word in enumerate(name.split())
+        )
     return re.sub(r"\s+", " ", name)[:120]
 
 
@@ -194,8 +275,10 @@ SMALL_PRINT_SHARE = 0.75
 # "HasAsthma(x) ⇒ LowerRisk(x)"), a clock-like value ("5:02") a cell read out of a figure, and an identifier joined
 # by underscores ("BANK_SCHEMA.CUSTOMERS") a line of code; all were taken for headings and named the sections
 # after them. So was a block without one word of three letters ("Θψ2 θl", "Z f m": symbols of a display formula).
-_NOT_A_HEADING = re.compile(r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅⇒⇔∀∃⊂⊆∧∨¬·∑∏∫√∂∇]|\d:\d{2}\b|[^\W_]_[^\W_]|\w\[\w+,\s*\w+\]"
-                             r"|\S@\S+\.\w|https?://|www\.")
+_NOT_A_HEADING = re.compile(
+    r"[=<>±≈≤≥⩽⩾∈∉→←↔∝∼≃≅⇒⇔∀∃⊂⊆∧∨¬·∑∏∫√∂∇]|\d:\d{2}\b|[^\W_]_[^\W_]|\w\[\w+,\s*\w+\]"
+    r"|\S@\S+\.\w|https?://|www\."
+)
 _A_WORD = re.compile(r"[^\W\d_]{3,}")
 
 
@@ -208,8 +291,8 @@ def numbering_scheme(text: str) -> str | None:
     for scheme in ("arabic", "roman", "letter", "cnchap", "cn", "cnsub"):
         if match.group(scheme):
             if scheme == "roman" and match.group("roman") in ("C", "L"):
-                return "letter"         # "C. Node Mobility" follows "B.", it is not section 100
-            if scheme == "arabic" and text[match.end("arabic"):match.end("arabic") + 1] == ")":
+                return "letter"  # "C. Node Mobility" follows "B.", it is not section 100
+            if scheme == "arabic" and text[match.end("arabic") : match.end("arabic") + 1] == ")":
                 return "arabic)"
             return scheme
     return None
@@ -225,30 +308,33 @@ def looks_like_heading(text: str, size: float, bold: bool, n_lines: int, body_si
     if not stripped or len(stripped) > 150 or n_lines > 3:
         return 0
     if canonical_section(stripped):
-        return max(1, numbering_depth(stripped))        # "4.2 Results" is a subsection
+        return max(1, numbering_depth(stripped))  # "4.2 Results" is a subsection
     words = stripped.split()
     letters = [ch for ch in stripped if ch.isalpha()]
     if len(letters) < 2 or stripped[-1] in ",;" or _CAPTION.match(stripped):
         return 0
-    if _NOT_A_HEADING.search(stripped) or (len(letters) < 3 and not numbering_depth(stripped)
-                                           and not is_cjk(letters[0])):
-        return 0          # a formula, an axis or panel label, a data value read out of a figure
+    if _NOT_A_HEADING.search(stripped) or (
+        len(letters) < 3 and not numbering_depth(stripped) and not is_cjk(letters[0])
+    ):
+        return 0  # a formula, an axis or panel label, a data value read out of a figure
     if size and body_size and size < SMALL_PRINT_SHARE * body_size:
-        return 0          # set well below the body text: a label inside a figure or a table, a legend
+        return 0  # set well below the body text: a label inside a figure or a table, a legend
     title_text = strip_numbering(stripped).lstrip("[(\"'“‘")
-    identifier = numbering_depth(stripped) and re.match(r"[a-z]+[A-Z_(\d]\w*", title_text)    # "3.1. readData"
-    greek = numbering_depth(stripped) and title_text[:1] and "\u0370" <= title_text[0] <= "\u03ff"   # "3.3. β-..."
+    identifier = numbering_depth(stripped) and re.match(r"[a-z]+[A-Z_(\d]\w*", title_text)  # "3.1. readData"
+    greek = numbering_depth(stripped) and title_text[:1] and "\u0370" <= title_text[0] <= "\u03ff"  # "3.3. β-..."
     if not title_text or not (title_text[0].isupper() or is_cjk(title_text[0]) or identifier or greek):
         return 0
     if not _A_WORD.search(title_text) and not any(is_cjk(ch) for ch in title_text):
         return 0
-    if "。" in stripped or (cjk_ratio(stripped) > 0.3 and (len(stripped) > 40 or re.search(r"[,;:!?]", stripped)
-                                                         or _CJK_SENTENCE_STOP.search(title_text))):
+    if "。" in stripped or (
+        cjk_ratio(stripped) > 0.3
+        and (len(stripped) > 40 or re.search(r"[,;:!?]", stripped) or _CJK_SENTENCE_STOP.search(title_text))
+    ):
         return 0
     if "," in stripped and len(words) > 8:
         return 0
     if numbering_depth(stripped) and re.search(r"(?:\s|\.{2,}|…)\s*(?:\d{1,4}|[ivxlc]{1,6})$", stripped):
-        return 0          # a table-of-contents line ("2. Methods ..... 4")
+        return 0  # a table-of-contents line ("2. Methods ..... 4")
     ends_like_sentence = stripped.endswith(".") and len(words) > 8
     larger = body_size > 0 and size >= body_size * 1.15
     caps = in_capitals(stripped, 4)

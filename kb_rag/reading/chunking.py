@@ -2,6 +2,7 @@
 
 May import: config, reading.blocks, reading.structure, text.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,11 +27,12 @@ from ..text import is_cjk
 @dataclass
 class Piece:
     """A run of chunk text that is an exact slice of one page text."""
+
     text: str
     page: int | None
     offset: int
-    joiner: str = ""            # text placed before this piece inside its chunk
-    block_index: int = -1       # source block; consecutive blocks are contiguous in the page text
+    joiner: str = ""  # text placed before this piece inside its chunk
+    block_index: int = -1  # source block; consecutive blocks are contiguous in the page text
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Chunk:
     page: int | None
     page_end: int | None
     page_label: str | None
-    char_start: int | None      # offsets into the page text; None for text that is on no page (annotations)
+    char_start: int | None  # offsets into the page text; None for text that is on no page (annotations)
     char_end: int | None
     page_map: list
 
@@ -52,7 +54,7 @@ class _Para:
     pieces: list[Piece]
     section: str
     canonical: str | None
-    kind: str                  # text | caption | abstract
+    kind: str  # text | caption | abstract
 
     @property
     def text(self) -> str:
@@ -69,8 +71,13 @@ def _piece_of(block: Block, start: int = 0) -> Piece:
 def _continues(para: _Para, block: Block) -> bool:
     """True when ``block`` carries on the paragraph cut by a column or page break just before it."""
     last = para.pieces[-1]
-    return (block.index == last.block_index + 1 and block.text[:1].islower() and para.open_ended()
-            and len(para.text) >= 60 and re.search(r"[^\W\d_][-,]?$", last.text) is not None)
+    return (
+        block.index == last.block_index + 1
+        and block.text[:1].islower()
+        and para.open_ended()
+        and len(para.text) >= 60
+        and re.search(r"[^\W\d_][-,]?$", last.text) is not None
+    )
 
 
 def _continue_para(para: _Para, block: Block) -> None:
@@ -87,7 +94,7 @@ def _continue_para(para: _Para, block: Block) -> None:
 _LETTERED_PART = re.compile(r"^\s*[A-H]((?:\.\d{1,2})*)\.?\s")
 
 
-MAX_LABEL_PARTS = 4      # a label names the section and at most three levels under it ("A > B > C > D")
+MAX_LABEL_PARTS = 4  # a label names the section and at most three levels under it ("A > B > C > D")
 
 
 class SectionTracker:
@@ -100,22 +107,22 @@ class SectionTracker:
     def __init__(self):
         self.top: str = ""
         self.top_canonical: str | None = None
-        self.subs: list[tuple[int, str]] = []   # (level, name) under the top section, shallowest first
-        self.run_ins: list[str] = []            # the run-in heading ("Participants.") the text is under, and an
-                                                # enumerated one inside it ("(a) Aggregation.")
+        self.subs: list[tuple[int, str]] = []  # (level, name) under the top section, shallowest first
+        self.run_ins: list[str] = []  # the run-in heading ("Participants.") the text is under, and an
+        # enumerated one inside it ("(a) Aggregation.")
         self.seen_heading = False
-        self.body_started = False     # a section other than the abstract has begun
-        self.before_closing: tuple = ("", None, [])   # the section a References/Acknowledgements heading closed
-        self.after_references = False    # a References heading has been passed: lettered parts are appendices
-        self.top_lettered = False        # the current top section is a lettered appendix part ("B Proofs")
+        self.body_started = False  # a section other than the abstract has begun
+        self.before_closing: tuple = ("", None, [])  # the section a References/Acknowledgements heading closed
+        self.after_references = False  # a References heading has been passed: lettered parts are appendices
+        self.top_lettered = False  # the current top section is a lettered appendix part ("B Proofs")
 
     @property
     def label(self) -> str:
         if not self.top:
             return "Front matter" if self.seen_heading and not self.body_started else ""
         parts = [self.top, *(name for _, name in self.subs), *self.run_ins]
-        if len(parts) > MAX_LABEL_PARTS:          # keep the top and the deepest ones
-            parts = [parts[0], *parts[len(parts) - MAX_LABEL_PARTS + 1:]]
+        if len(parts) > MAX_LABEL_PARTS:  # keep the top and the deepest ones
+            parts = [parts[0], *parts[len(parts) - MAX_LABEL_PARTS + 1 :]]
         return " > ".join(parts)
 
     @property
@@ -155,7 +162,7 @@ class SectionTracker:
             canonical = None
         name = section_display_name(heading)
         if canonical == "abstract" and self.body_started:
-            canonical = "conclusion"      # a "Summary" after the body sums the paper up at its end
+            canonical = "conclusion"  # a "Summary" after the body sums the paper up at its end
         self.body_started = self.body_started or canonical != "abstract"
         lettered = _LETTERED_PART.match(heading) if numbering_depth(heading) else None
         top_before = self.top
@@ -167,9 +174,10 @@ class SectionTracker:
     def _enter(self, heading: str, level: int, canonical: str | None, name: str, lettered) -> bool:
         """Move to the heading's section; True when it opened a lettered appendix part."""
         if canonical in NOT_INDEXED_SECTIONS and _numbered_subsection(heading, level) and self.top:
-            canonical = None        # "（五）参考文献", "7.2 References": a part of the text about them
-        if canonical and (level <= 1 or canonical in NOT_INDEXED_SECTIONS or not self.top
-                          or self.top_canonical == "abstract"):
+            canonical = None  # "（五）参考文献", "7.2 References": a part of the text about them
+        if canonical and (
+            level <= 1 or canonical in NOT_INDEXED_SECTIONS or not self.top or self.top_canonical == "abstract"
+        ):
             if canonical in NOT_INDEXED_SECTIONS and self.indexed:
                 self.before_closing = (self.top, self.top_canonical, list(self.subs))
             self.after_references = self.after_references or canonical == "references"
@@ -187,17 +195,21 @@ class SectionTracker:
             # After the reference list: a numbered chapter opens the body; an unnumbered sub-heading ("Primary
             # sources") stays inside the list. After acknowledgements, a top-level heading opens a section of
             # its own (an "Ethical Considerations" or "Author Contributions" set after them).
-            if (numbering_depth(heading) == 1 and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I)
-                    or self.top_canonical == "acknowledgements" and level <= 1):
+            if (
+                numbering_depth(heading) == 1
+                and re.match(r"^\s*(?:\d|第|chapter\b)", heading, re.I)
+                or self.top_canonical == "acknowledgements"
+                and level <= 1
+            ):
                 self._open_top(name, None)
             else:
                 self._open_sub(name, 2)
         elif self.top_canonical == "appendix" and level > 1:
             self._open_sub(name, level)
-        elif level <= 1 or not self.top or self.top_canonical == "abstract":     # an abstract has no subsections
+        elif level <= 1 or not self.top or self.top_canonical == "abstract":  # an abstract has no subsections
             self._open_top(name, canonical)
         else:
-            self._open_sub(name, level)      # a known name set as a subsection ("3.2 Results") stays one
+            self._open_sub(name, level)  # a known name set as a subsection ("3.2 Results") stays one
         return False
 
     def enter_abstract(self, name: str = "Abstract") -> None:
@@ -230,9 +242,12 @@ def _promoted_abstract(blocks: list[Block]) -> Block | None:
     first_heading = next((i for i, b in enumerate(blocks) if b.role == "heading"), None)
     if first_heading is None:
         return None
-    for block in blocks[:min(first_heading, 15)]:
-        if block.role == "body" and ABSTRACT_MIN_CHARS <= len(block.text) <= ABSTRACT_MAX_CHARS \
-                and (block.page is None or block.page <= 2):
+    for block in blocks[: min(first_heading, 15)]:
+        if (
+            block.role == "body"
+            and ABSTRACT_MIN_CHARS <= len(block.text) <= ABSTRACT_MAX_CHARS
+            and (block.page is None or block.page <= 2)
+        ):
             return block
     return None
 
@@ -251,7 +266,7 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
     promoted = _promoted_abstract(blocks)
     paras: list[_Para] = []
     open_para: _Para | None = None
-    abstract_start, abstract_chars = None, 0       # where the abstract began, and how long it has run
+    abstract_start, abstract_chars = None, 0  # where the abstract began, and how long it has run
     for index, block in enumerate(blocks):
         block.index = index
         if block.role in ("title", "noise", "reference"):
@@ -267,7 +282,7 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
         if block.run_in:
             tracker.enter_run_in(block.run_in)
             open_para = None
-        if block.role == "caption":      # figures and tables are content wherever they float
+        if block.role == "caption":  # figures and tables are content wherever they float
             paras.append(_Para([_piece_of(block)], tracker.label, tracker.top_canonical, "caption"))
             continue
         if not tracker.indexed and _resumes_body(tracker.top_canonical, block):
@@ -293,8 +308,7 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
                 open_para = None
         else:
             abstract_start, abstract_chars = None, 0
-        if (open_para is not None and start == 0 and open_para.section == tracker.label
-                and _continues(open_para, block)):
+        if open_para is not None and start == 0 and open_para.section == tracker.label and _continues(open_para, block):
             _continue_para(open_para, block)
             continue
         kind = "abstract" if tracker.top_canonical == "abstract" else "text"
@@ -303,8 +317,9 @@ def paragraphs(blocks: list[Block]) -> list[_Para]:
     return paras
 
 
-_ABBREVIATIONS = frozenset("fig figs eq eqs ref refs al e.g i.e vs no nos dr prof approx ca cf sec tab vol pp ch"
-                           .split())
+_ABBREVIATIONS = frozenset(
+    "fig figs eq eqs ref refs al e.g i.e vs no nos dr prof approx ca cf sec tab vol pp ch".split()
+)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"“(\[]?[A-Z0-9])|(?<=[。！？；])")
 
 
@@ -312,7 +327,7 @@ def sentence_bounds(text: str) -> list[int]:
     """Offsets where sentences start (excluding 0), skipping common abbreviations."""
     bounds = []
     for match in _SENTENCE_END.finditer(text):
-        before = text[:match.start()].rstrip()
+        before = text[: match.start()].rstrip()
         last_word = re.search(r"([\w.]+)\.$", before)
         if last_word and last_word.group(1).lower() in _ABBREVIATIONS:
             continue
@@ -347,8 +362,9 @@ def _slice_pieces(pieces: list[Piece], start: int, end: int) -> list[Piece]:
         lo, hi = max(start, pos), min(end, pos + len(piece.text))
         if lo < hi:
             joiner = piece.joiner if lo == pos and out else ""
-            out.append(Piece(piece.text[lo - pos:hi - pos], piece.page, piece.offset + lo - pos, joiner,
-                             piece.block_index))
+            out.append(
+                Piece(piece.text[lo - pos : hi - pos], piece.page, piece.offset + lo - pos, joiner, piece.block_index)
+            )
         pos += len(piece.text)
     # Cut boundaries fall after whitespace: trim it so every piece stays an exact page slice.
     if out:
@@ -372,9 +388,18 @@ def _make_chunk(pieces: list[Piece], para: _Para, labels: list[str]) -> Chunk:
     weight = SECTION_WEIGHTS.get(para.canonical or "", 1.0)
     if para.kind == "abstract":
         weight = SECTION_WEIGHTS["abstract"]
-    return Chunk(text=text, section=para.section, block=para.kind, weight=weight, page=first_page,
-                 page_end=pages[-1] if pages else None, page_label=label, char_start=pieces[0].offset,
-                 char_end=pieces[-1].offset + len(pieces[-1].text), page_map=page_map)
+    return Chunk(
+        text=text,
+        section=para.section,
+        block=para.kind,
+        weight=weight,
+        page=first_page,
+        page_end=pages[-1] if pages else None,
+        page_label=label,
+        char_start=pieces[0].offset,
+        char_end=pieces[-1].offset + len(pieces[-1].text),
+        page_map=page_map,
+    )
 
 
 def chunk_document(extracted: Extracted, max_chars: int = CHUNK_MAX_CHARS) -> list[Chunk]:
@@ -391,8 +416,12 @@ def chunk_document(extracted: Extracted, max_chars: int = CHUNK_MAX_CHARS) -> li
 
     for para in paragraphs(extracted.blocks):
         text = para.text
-        same_group = (pending_para is not None and pending_para.section == para.section
-                      and pending_para.kind == para.kind and para.kind != "caption")
+        same_group = (
+            pending_para is not None
+            and pending_para.section == para.section
+            and pending_para.kind == para.kind
+            and para.kind != "caption"
+        )
         if not same_group or len(_joined(pending)) + 2 + len(text) > max_chars:
             flush()
         if len(text) > max_chars:
@@ -418,8 +447,8 @@ def _joined(pieces: list[Piece]) -> str:
     return "".join(p.joiner + p.text for p in pieces)
 
 
-TEXT_PAGE_MIN_CHARS = 100       # letters and digits that make a page a text page
-PAGES_LOST_NOTE_SHARE = 0.1     # ingest notes a document when more of its text pages than this have no passage
+TEXT_PAGE_MIN_CHARS = 100  # letters and digits that make a page a text page
+PAGES_LOST_NOTE_SHARE = 0.1  # ingest notes a document when more of its text pages than this have no passage
 CLOSING_PAGES_NOTE_SHARE = 0.5  # ... or when a reference list / acknowledgements hold more of them than this
 
 
@@ -431,14 +460,20 @@ def page_coverage(extracted: Extracted, chunks: list[Chunk]) -> dict | None:
     if extracted.kind != "pdf":
         return None
     chunked = {entry[1] for chunk in chunks for entry in chunk.page_map if entry[1] is not None}
-    text_pages = [n for n, text in enumerate(extracted.page_texts, start=1)
-                  if sum(ch.isalnum() for ch in text) >= TEXT_PAGE_MIN_CHARS]
+    text_pages = [
+        n
+        for n, text in enumerate(extracted.page_texts, start=1)
+        if sum(ch.isalnum() for ch in text) >= TEXT_PAGE_MIN_CHARS
+    ]
     without = []
     for page in (n for n in text_pages if n not in chunked):
         held: dict[str, int] = {}
         for block in (b for b in extracted.blocks if b.page == page):
-            kind = ("references" if block.role == "reference" else block.closed_by
-                    or ("content" if block.role in ("body", "caption") else ""))
+            kind = (
+                "references"
+                if block.role == "reference"
+                else block.closed_by or ("content" if block.role in ("body", "caption") else "")
+            )
             if kind:
                 held[kind] = held.get(kind, 0) + len(block.text)
         if not held:
@@ -448,9 +483,12 @@ def page_coverage(extracted: Extracted, chunks: list[Chunk]) -> dict | None:
         else:
             reason = max(held, key=held.__getitem__)
         without.append({"page": page, "reason": reason})
-    return {"text_pages": len(text_pages), "pages_with_chunks": len(text_pages) - len(without),
-            "without_chunks": without,
-            **({"ocr_pages": list(extracted.ocr_pages)} if extracted.ocr_pages else {})}
+    return {
+        "text_pages": len(text_pages),
+        "pages_with_chunks": len(text_pages) - len(without),
+        "without_chunks": without,
+        **({"ocr_pages": list(extracted.ocr_pages)} if extracted.ocr_pages else {}),
+    }
 
 
 def page_coverage_note(coverage: dict | None) -> str | None:
@@ -461,11 +499,15 @@ def page_coverage_note(coverage: dict | None) -> str | None:
     lost = [p["page"] for p in coverage["without_chunks"] if p["reason"] == "no passage"]
     closing = [p["page"] for p in coverage["without_chunks"] if p["reason"] in NOT_INDEXED_SECTIONS]
     if lost and len(lost) > PAGES_LOST_NOTE_SHARE * total:
-        return (f"{len(lost)} of {total} text pages produced no passage (pages {page_ranges(lost)}); "
-                "their text may be missing from search")
+        return (
+            f"{len(lost)} of {total} text pages produced no passage (pages {page_ranges(lost)}); "
+            "their text may be missing from search"
+        )
     if len(closing) > 2 and len(closing) > CLOSING_PAGES_NOTE_SHARE * total:
-        return (f"{len(closing)} of {total} text pages were read as references or acknowledgements and are not "
-                f"searchable (pages {page_ranges(closing)}); check that the headings were read correctly")
+        return (
+            f"{len(closing)} of {total} text pages were read as references or acknowledgements and are not "
+            f"searchable (pages {page_ranges(closing)}); check that the headings were read correctly"
+        )
     return None
 
 

@@ -1,7 +1,8 @@
 """Citations: reference fields, citation markers, in-library matches.
 
-May import: reading.blocks, reading.chunking, reading.metadata, reading.structure, records, storage.
+May import: reading.blocks, reading.chunking, reading.identifiers, reading.structure, records, storage.
 """
+
 from __future__ import annotations
 
 import re
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 from ..reading.blocks import Extracted
 from ..reading.chunking import Chunk
-from ..reading.metadata import arxiv_doi, find_doi
+from ..reading.identifiers import arxiv_doi, find_doi
 from ..reading.structure import _numbers_of
 from ..records import CaptionRecord, CitationRecord
 from ..storage import Library, surname_key, title_key
@@ -23,8 +24,10 @@ from ..storage import Library, surname_key, title_key
 CITATIONS_PER_HIT = 8
 _BRACKET_MARKER = re.compile(r"\[(\d{1,3}(?:\s*[,\u2013\u2014-]\s*\d{1,3})*)\]")
 _AUTHOR = r"[A-Z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\u2019-]+(?: [A-Z][A-Za-z'-]+)?"
-_AUTHOR_YEAR = re.compile(rf"^(?:see |e\.g\.,? |cf\. )?({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})?,? "
-                          r"((?:19|20)\d{2})[a-z]?$")
+_AUTHOR_YEAR = re.compile(
+    rf"^(?:see |e\.g\.,? |cf\. )?({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})?,? "
+    r"((?:19|20)\d{2})[a-z]?$"
+)
 _NARRATIVE = re.compile(rf"({_AUTHOR})(?: et al\.?| (?:and|&) {_AUTHOR})? \(((?:19|20)\d{{2}})[a-z]?\)")
 _PARENTHESES = re.compile(r"\(([^()]{6,300})\)")
 
@@ -40,8 +43,10 @@ class Reference:
 
 
 _NAME = r"(?:[A-Z][\w'\u2019-]+(?:\s+(?:van|von|de|der|den|da|di|la|le)\s+[A-Z][\w'\u2019-]+)?)"
-_AUTHOR_ITEM = (rf"(?:{_NAME},?\s+(?:[A-Z]\.\s?-?\s?)+|(?:[A-Z]\.\s?-?\s?)+{_NAME}|{_NAME}\s+[A-Z]{{1,3}}\b"
-                rf"|{_NAME},\s+[A-Z][a-z]+(?:\s+[A-Z]\.)?)")
+_AUTHOR_ITEM = (
+    rf"(?:{_NAME},?\s+(?:[A-Z]\.\s?-?\s?)+|(?:[A-Z]\.\s?-?\s?)+{_NAME}|{_NAME}\s+[A-Z]{{1,3}}\b"
+    rf"|{_NAME},\s+[A-Z][a-z]+(?:\s+[A-Z]\.)?)"
+)
 _AUTHOR_LIST = re.compile(rf"^\s*(?:{_AUTHOR_ITEM}\s*(?:,|;|&|\band\b)?\s*)+(?:et\s+al\.?,?\s*)?")
 _VENUE_START = re.compile(r"^(?:in[:\s]|proc|vol\b|pp\b|doi|https?:|arxiv|preprint|journal|phys\.|rev\.|j\.\s)", re.I)
 
@@ -51,30 +56,39 @@ def parse_reference(num: int, raw: str) -> Reference:
     text = re.sub(r"(?<=[a-z])-\s+(?=[a-z])", "", re.sub(r"\s+", " ", raw)).strip()
     year_match = re.search(r"(?<!\d)((?:19|20)\d{2})[a-z]?(?!\d)", text)
     first_segment = re.split(r"\s*(?:[,;，]|\band\b|&|\bet al)\s*", text, maxsplit=1)[0]
-    return Reference(num=num, raw=text[:1000], doi=find_doi(text) or arxiv_doi(text), title=_reference_title(text),
-                     first_author=surname_key(first_segment) if len(first_segment) < 60 else None,
-                     year=int(year_match.group(1)) if year_match else None)
+    return Reference(
+        num=num,
+        raw=text[:1000],
+        doi=find_doi(text) or arxiv_doi(text),
+        title=_reference_title(text),
+        first_author=surname_key(first_segment) if len(first_segment) < 60 else None,
+        year=int(year_match.group(1)) if year_match else None,
+    )
 
 
 def _reference_title(text: str) -> str | None:
     quoted = re.search(r"[\"\u201c]([^\"\u201d]{10,300})[\"\u201d]", text)
     if quoted:
         return quoted.group(1).strip(" ,.")
-    chinese = re.search(r"[.．。]\s*([^.．。\[]{4,120})\[[JMCDRPSNZ]\]", text)      # GB/T 7714: 题名[J]
+    chinese = re.search(r"[.．。]\s*([^.．。\[]{4,120})\[[JMCDRPSNZ]\]", text)  # GB/T 7714: 题名[J]
     if chinese:
         return chinese.group(1).strip()
-    dated = re.search(r"[.,]\s*\(?(?:19|20)\d{2}[a-z]?\)?\.\s+(?=\S)", text[:400])     # "Authors. 2020. Title."
+    dated = re.search(r"[.,]\s*\(?(?:19|20)\d{2}[a-z]?\)?\.\s+(?=\S)", text[:400])  # "Authors. 2020. Title."
     authors = _AUTHOR_LIST.match(text)
     if dated:
-        rest = text[dated.end():]
+        rest = text[dated.end() :]
     else:
-        rest = text[authors.end():] if authors and authors.end() > 3 else text
+        rest = text[authors.end() :] if authors and authors.end() > 3 else text
     rest = re.sub(r"^[\s.,:;]*(?:\(?(?:19|20)\d{2}[a-z]?\)?[.,:;]?\s*)?", "", rest)
     match = re.match(r"(.{8,300}?[^A-Z\s])(?:[.?!]\s|[.?!]?$)", rest)
     title = (match.group(1) if match else "").strip(" ,.")
     digits = sum(ch.isdigit() for ch in title)
-    if (len(title.split()) < 3 or _VENUE_START.match(title) or digits > len(title) * 0.15
-            or re.search(r"\b[A-Z][a-z]{0,4}\.\s", title + " ")):
+    if (
+        len(title.split()) < 3
+        or _VENUE_START.match(title)
+        or digits > len(title) * 0.15
+        or re.search(r"\b[A-Z][a-z]{0,4}\.\s", title + " ")
+    ):
         return None
     return title
 
@@ -96,7 +110,7 @@ def citation_markers(text: str, references: list[Reference], numbered: bool) -> 
 
     def resolve(author: str, year: str) -> list[int]:
         candidates = by_author_year.get((surname_key(author) or "", int(year)), [])
-        return candidates if len(candidates) == 1 else []     # only where it resolves unambiguously
+        return candidates if len(candidates) == 1 else []  # only where it resolves unambiguously
 
     for group in _PARENTHESES.finditer(text):
         for part in group.group(1).split(";"):
@@ -113,8 +127,9 @@ def document_references(extracted: Extracted) -> list[Reference]:
     return [parse_reference(num, raw) for num, raw in extracted.references]
 
 
-def link_chunk_citations(chunks: list[Chunk], references: list[Reference],
-                         numbered: bool) -> list[list[tuple[str, int]]]:
+def link_chunk_citations(
+    chunks: list[Chunk], references: list[Reference], numbered: bool
+) -> list[list[tuple[str, int]]]:
     """For each chunk, (marker, index into ``references``) of every reference it cites, first mention first."""
     index_of = {ref.num: i for i, ref in enumerate(references)}
     linked = []
@@ -137,8 +152,15 @@ def _title_words_in(title: str | None, text: str) -> bool:
     return sum(w in haystack for w in words) >= 0.6 * len(words)
 
 
-def in_library(lib: Library, doi: str | None, title: str | None, first_author: str | None, year: int | None,
-               exclude_doc: int, raw: str = "") -> dict | None:
+def in_library(
+    lib: Library,
+    doi: str | None,
+    title: str | None,
+    first_author: str | None,
+    year: int | None,
+    exclude_doc: int,
+    raw: str = "",
+) -> dict | None:
     """The library document a cited work is, by DOI, then normalised title, then first author + year."""
     rows = []
     if doi:
@@ -157,8 +179,9 @@ def in_library(lib: Library, doi: str | None, title: str | None, first_author: s
     return {"doc_id": row["id"], "title": row["title"], "doi": row["doi"], "path": row["path"]}
 
 
-_FIGURE_MENTION = re.compile(r"\b(fig(?:ure)?s?\.?|tables?|tab\.|schemes?|图|表)\s*([A-Z]?\d{1,3}|S\d{1,3})\b",
-                             re.IGNORECASE)
+_FIGURE_MENTION = re.compile(
+    r"\b(fig(?:ure)?s?\.?|tables?|tab\.|schemes?|图|表)\s*([A-Z]?\d{1,3}|S\d{1,3})\b", re.IGNORECASE
+)
 
 
 def figure_label(kind: str, number: str) -> str:
@@ -183,8 +206,16 @@ def hit_captions(lib: Library, text: str, doc_id: int, chunk_id: int) -> list[Ca
         head = _FIGURE_MENTION.match(row["text"].lstrip())
         if head:
             captions.setdefault(figure_label(head.group(1), head.group(2)), row)
-    return [CaptionRecord(label=label, chunk_id=captions[label]["id"], page=captions[label]["page"],
-                          text=captions[label]["text"][:400]) for label in wanted if label in captions]
+    return [
+        CaptionRecord(
+            label=label,
+            chunk_id=captions[label]["id"],
+            page=captions[label]["page"],
+            text=captions[label]["text"][:400],
+        )
+        for label in wanted
+        if label in captions
+    ]
 
 
 def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[CitationRecord], int]:
@@ -192,8 +223,16 @@ def hit_citations(lib: Library, chunk_id: int, doc_id: int) -> tuple[list[Citati
     rows = lib.chunk_citations(chunk_id)
     citations = []
     for row in rows[:CITATIONS_PER_HIT]:
-        citations.append(CitationRecord(marker=row["marker"], ref=row["num"], text=row["raw"][:300], doi=row["doi"],
-                                        title=row["title"], in_library=in_library(lib, row["doi"], row["title"],
-                                                                                  row["first_author"], row["year"],
-                                                                                  doc_id, row["raw"])))
+        citations.append(
+            CitationRecord(
+                marker=row["marker"],
+                ref=row["num"],
+                text=row["raw"][:300],
+                doi=row["doi"],
+                title=row["title"],
+                in_library=in_library(
+                    lib, row["doi"], row["title"], row["first_author"], row["year"], doc_id, row["raw"]
+                ),
+            )
+        )
     return citations, max(0, len(rows) - CITATIONS_PER_HIT)

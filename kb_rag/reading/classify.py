@@ -2,6 +2,7 @@
 
 May import: reading.blocks, reading.structure.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,11 +59,15 @@ def _outline_matches(blocks: list[Block], outline: list[tuple[int, str, int]]) -
         key = _outline_key(title)
         if len(key) < 2:
             continue
-        candidates = [i for i in by_page.get(page, [])
-                      if i not in taken and not _TOC_ENTRY.match(blocks[i].text.strip())]
+        candidates = [
+            i for i in by_page.get(page, []) if i not in taken and not _TOC_ENTRY.match(blocks[i].text.strip())
+        ]
         exact = [i for i in candidates if _outline_key(blocks[i].text) == key]
-        close = [i for i in candidates if _outline_key(blocks[i].text).startswith(key)
-                 and len(key) >= 0.6 * len(_outline_key(blocks[i].text))]
+        close = [
+            i
+            for i in candidates
+            if _outline_key(blocks[i].text).startswith(key) and len(key) >= 0.6 * len(_outline_key(blocks[i].text))
+        ]
         for i in (exact or close)[:1]:
             found.append((i, level))
             taken.add(i)
@@ -80,17 +85,30 @@ def join_wrapped_headings(blocks: list[Block], body_size: float) -> list[Block]:
             previous.text = join_lines([previous.text, block.text])
             previous.n_lines += block.n_lines
             if previous.bbox is not None and block.bbox is not None:
-                previous.bbox = (min(previous.bbox[0], block.bbox[0]), previous.bbox[1],
-                                 max(previous.bbox[2], block.bbox[2]), max(previous.bbox[3], block.bbox[3]))
+                previous.bbox = (
+                    min(previous.bbox[0], block.bbox[0]),
+                    previous.bbox[1],
+                    max(previous.bbox[2], block.bbox[2]),
+                    max(previous.bbox[3], block.bbox[3]),
+                )
             continue
         out.append(block)
     return out
 
 
 def _continues_heading(first: Block, second: Block, body_size: float) -> bool:
-    if (first.page != second.page or first.bbox is None or second.bbox is None or first.n_lines > 2
-            or second.n_lines > 2 or len(first.text) + len(second.text) > 160 or first.in_table or second.in_table
-            or block_style(first) != block_style(second) or numbering_depth(second.text)):
+    if (
+        first.page != second.page
+        or first.bbox is None
+        or second.bbox is None
+        or first.n_lines > 2
+        or second.n_lines > 2
+        or len(first.text) + len(second.text) > 160
+        or first.in_table
+        or second.in_table
+        or block_style(first) != block_style(second)
+        or numbering_depth(second.text)
+    ):
         return False
     height = first.first_line[3] - first.first_line[1] if first.first_line else 10.0
     if not 0 <= second.bbox[1] - first.bbox[3] <= 0.6 * height or _CAPTION.match(first.text):
@@ -113,7 +131,7 @@ def apply_outline(blocks: list[Block], outline: list[tuple[int, str, int]]) -> N
     if len(found) < max(2, OUTLINE_MIN_AGREEMENT * len(entries)):
         return
     if sum(_looks_like_person(blocks[i].text, blocks[i].page) or "@" in blocks[i].text for i, _ in found) >= 1:
-        return        # an outline made of the title page's lines (authors, e-mail): its levels mean nothing
+        return  # an outline made of the title page's lines (authors, e-mail): its levels mean nothing
     top = min((level for i, level in found if blocks[i].role != "title"), default=1)
     for i, level in found:
         block = blocks[i]
@@ -129,16 +147,19 @@ def _not_a_section_number(block: Block, arabic_seen: bool, body_size: float) -> 
     label, as OCR reads them from the picture)."""
     scheme = numbering_scheme(block.text)
     return (scheme == "arabic)" and arabic_seen) or (
-        scheme in ("arabic", "arabic)") and not block.bold and body_size > 0
-        and block.size < STYLE_HEADING_MIN_SIZE * body_size)
+        scheme in ("arabic", "arabic)")
+        and not block.bold
+        and body_size > 0
+        and block.size < STYLE_HEADING_MIN_SIZE * body_size
+    )
 
 
 def classify_blocks(blocks: list[Block], body_size: float) -> None:  # noqa: C901
     """Assign roles in place: heading, caption, noise or body."""
     numbering = HeadingNumbering()
     in_front_matter = True
-    detached_number: list[int] | None = None     # "1.3" typeset on its own line before the heading text
-    arabic_seen = False                          # a heading numbered "1 ..." or "2.1 ..." was accepted
+    detached_number: list[int] | None = None  # "1.3" typeset on its own line before the heading text
+    arabic_seen = False  # a heading numbered "1 ..." or "2.1 ..." was accepted
     for i, block in enumerate(blocks):
         number, detached_number = detached_number, None
         if block.role == "heading":
@@ -157,11 +178,10 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:  # noqa: C90
             block.role = "noise"
             continue
         if block.in_table or block.in_figure:
-            continue        # a table's cells and column headers, a figure's labels: content, never headings
+            continue  # a table's cells and column headers, a figure's labels: content, never headings
         if _runs_on(block, blocks[i + 1] if i + 1 < len(blocks) else None):
             continue
-        if (number and looks_like_heading(text, block.size, True, block.n_lines, body_size)
-                and numbering.accept(number)):
+        if number and looks_like_heading(text, block.size, True, block.n_lines, body_size) and numbering.accept(number):
             block.role, block.level, block.evidence = "heading", len(number), "numbered"
             in_front_matter = False
             continue
@@ -175,8 +195,11 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:  # noqa: C90
         known = canonical_section(text) is not None
         if canonical_section(text) in NOT_INDEXED_SECTIONS and not _closing_heading_typeset(block, body_size):
             continue
-        if parts is not None and not known and (_not_a_section_number(block, arabic_seen, body_size)
-                                                or not numbering.accept(parts)):
+        if (
+            parts is not None
+            and not known
+            and (_not_a_section_number(block, arabic_seen, body_size) or not numbering.accept(parts))
+        ):
             continue
         if parts is not None and known:
             numbering.follow(parts)
@@ -186,15 +209,16 @@ def classify_blocks(blocks: list[Block], body_size: float) -> None:  # noqa: C90
             big = body_size and block.size >= body_size * 1.3
             if in_front_matter and block.page in (None, 1) or not (big or len(text.split()) >= 2):
                 continue
-        block.evidence = "known" if known else "numbered" if numbering_depth(text) or _CHAPTER_LABEL.match(text) \
-            else "typeset"
+        block.evidence = (
+            "known" if known else "numbered" if numbering_depth(text) or _CHAPTER_LABEL.match(text) else "typeset"
+        )
         block.role, block.level = "heading", level
         in_front_matter = False
         if chapter := _CHAPTER_LABEL.match(text):
             numbering.open_chapter(int(chapter.group(1)))
         elif parts is None and numbering_depth(text):
-            numbering.restart()          # under "二、" or "II." the arabic numbers may begin again at 1
-    if body_size:         # typography to learn from: PDF (DOCX and Markdown name their heading levels)
+            numbering.restart()  # under "二、" or "II." the arabic numbers may begin again at 1
+    if body_size:  # typography to learn from: PDF (DOCX and Markdown name their heading levels)
         apply_heading_styles(blocks, body_size)
         apply_run_in_headings(blocks, body_size)
         apply_numbering_levels(blocks)
@@ -205,8 +229,11 @@ def apply_numbering_levels(blocks: list[Block]) -> None:
     """Levels of numbered headings in a document whose top level is not arabic ("一、" then "（一）" then "1.";
     "I." then "A." then "1)"): each numbering takes the level of its rank in the order the document first uses
     them. Arabic numbers that carry their parents ("1.2") keep the depth they spell."""
-    numbered = [b for b in blocks if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
-                and numbering_scheme(b.text)]
+    numbered = [
+        b
+        for b in blocks
+        if b.role == "heading" and b.evidence in ("numbered", "known", "outline") and numbering_scheme(b.text)
+    ]
     order: list[str] = []
     for block in numbered:
         scheme = numbering_scheme(block.text)

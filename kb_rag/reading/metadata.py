@@ -1,24 +1,25 @@
-"""Metadata: title, authors, year, DOI, language.
+"""Metadata: title, authors, venue and language from a paper's first pages (its DOI and year: reading.identifiers).
 
-May import: reading.blocks, reading.pdf, reading.structure, text.
+May import: reading.blocks, reading.identifiers, reading.pdf, reading.structure, text.
 """
+
 from __future__ import annotations
 
 import html
 import re
-import time
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..reading.blocks import Block, Extracted, HeaderLine, canonical_section, run_in_abstract
+from ..reading.identifiers import _CN_JOURNAL, _doi_from_text, arxiv_doi, find_doi, guess_year
 from ..reading.pdf import NAME_BREAK
 from ..reading.structure import _BANNER, _SUPERSCRIPT_GROUP, is_running_prose, join_lines
 from ..text import _CJK_RUN_OR_WORD, cjk_ratio, clean_field, is_cjk, text_language
 
 METADATA_FIELDS = ("title", "authors", "year", "journal", "doi")
-METADATA_SOURCES = ("extracted", "crossref", "zotero")     # where a stored field came from (docs.metadata_source)
+METADATA_SOURCES = ("extracted", "crossref", "zotero")  # where a stored field came from (docs.metadata_source)
 
 
 @dataclass
@@ -38,14 +39,11 @@ class DocMeta:
         self.doi = clean_field(self.doi).replace(" ", "").lower() or None if self.doi else None
 
 
-# A DOI may hold "<" and ">" (a SICI: 10.1002/(SICI)1097-4636(199706)35:4<517::AID-JBM12>3.0.CO;2-B): a bracket
-# pair holding "number:" belongs to it; any other "<" ends it (an HTML tag after a DOI).
-_DOI = re.compile(r"\b(10\.\d{4,9}/(?:[^\s\"<>{}]|<\d+:[^\s\"<>{}]*>)+)", re.IGNORECASE)
-_ARXIV_ID = re.compile(r"(?:arxiv[:\s]*|^|/)(\d{2})(\d{2})\.\d{4,5}(?:v\d+)?", re.IGNORECASE)
-_DATED_YEAR = re.compile(r"(?:©|\(c\)|copyright|published|received|accepted|available online|submitted)"
-                         r"[^\n]{0,60}?\b((?:19|20)\d{2})\b", re.IGNORECASE)
-_JUNK_TITLE = re.compile(r"^(?:microsoft word|untitled|title|document\d*|slide \d+|proceedings template|"
-                         r"paper template)\b|\.(?:pdf|docx?|tex|dvi|ps|txt)$", re.IGNORECASE)
+_JUNK_TITLE = re.compile(
+    r"^(?:microsoft word|untitled|title|document\d*|slide \d+|proceedings template|"
+    r"paper template)\b|\.(?:pdf|docx?|tex|dvi|ps|txt)$",
+    re.IGNORECASE,
+)
 
 
 def _plausible_title(text: str | None) -> bool:
@@ -65,11 +63,12 @@ def _clean_title(text: str) -> str:
 def _printed(value: str, text: str) -> bool:
     """Most of a file-metadata value (its words, or the character pairs of its CJK runs) is printed in ``text``:
     a PDF's Title and Author are often a template's or a machine's ("番茄花园", "Administrator")."""
+
     def pieces(t: str) -> set[str]:
         found: set[str] = set()
         for run in _CJK_RUN_OR_WORD.findall(t.casefold()):
             if is_cjk(run[0]):
-                found.update(run[i:i + 2] for i in range(max(1, len(run) - 1)))
+                found.update(run[i : i + 2] for i in range(max(1, len(run) - 1)))
             else:
                 found.add(run)
         return found
@@ -93,114 +92,17 @@ def _split_authors(raw: str) -> list[str]:
     return names if any(" " in n or "," in n or cjk_ratio(n) > 0.5 for n in names) else []
 
 
-_ARXIV_FULL = re.compile(r"arxiv[:\s]*(\d{4}\.\d{4,5})(?:v\d+)?", re.IGNORECASE)
-_DOI_YEAR = re.compile(r"[./(_-]((?:19|20)\d{2})[./)_-]")
-_AFFILIATION_WORDS = re.compile(r"\b(?:universit|department|dept\.|institut|laborator|school|college|centre|center|"
-                                r"faculty|hospital|academy|inc\.|ltd|gmbh|corporation|email|e-mail|@|"
-                                r"大学|学院|研究所|研究院|实验室|公司|医院)", re.IGNORECASE)
-_JOURNAL_LINE = re.compile(r"((?:journal of|proceedings of|transactions on|ieee transactions on|acm transactions on|"
-                           r"physical review|annals of|international journal of)[^\n,;()\d]{3,80})", re.IGNORECASE)
-_CN_JOURNAL = re.compile(r"《([^》]{2,30})》|^([\u4e00-\u9fff]{2,12}(?:学报|杂志|期刊|研究|通讯|科学))", re.MULTILINE)
-_BANNER_YEAR = re.compile(r"(?<![\d./-])((?:19|20)\d{2})(?![\d/-])")
-_CITATION_YEAR = re.compile(r"(?:et al\.?|and \w+|&\s*\w+),?\s*\(?$", re.IGNORECASE)
-
-
-def _doi_from_text(text: str) -> str | None:
-    """The DOI printed before any reference list: one labelled "doi" or "doi.org" first, else the first one."""
-    cut = re.search(r"\n\s*(?:references|bibliography|参考文献)\s*\n", text, re.IGNORECASE)
-    text = join_broken_dois(text[:cut.start()] if cut else text)
-    labelled = re.search(r"(?:\bdoi\b\s*[:.]?\s*|doi\.org/)(10\.\d{4,9}/\S+)", text, re.IGNORECASE)
-    return find_doi(labelled.group(1)) if labelled else find_doi(text)
-
-
-# A DOI cut at a line end after ".", "-", "/" or "_" continues on the next line with a piece that has a digit
-# and no capital at its start ("10.1371/journal." + "pone.0197919"); running text after a DOI does not.
-_BROKEN_DOI = re.compile(r"(10\.\d{4,9}/[^\s\"<>{}]*[./_-])\s+(?=[a-z0-9])([^\s\"<>{}]*\d[^\s\"<>{}]*)")
-
-
-def join_broken_dois(text: str) -> str:
-    return _BROKEN_DOI.sub(lambda m: m.group(1) + m.group(2), text or "")
-
-
-def find_doi(text: str) -> str | None:
-    match = _DOI.search(text or "")
-    if not match:
-        return None
-    doi = match.group(1)
-    # brackets belong to the DOI only when balanced inside it (10.1016/0021-9991(86)90196-1)
-    while doi and doi[-1] in ".,;:)]}>'\"”’":
-        if doi[-1] in ")]}" and doi.count({")": "(", "]": "[", "}": "{"}[doi[-1]]) >= doi.count(doi[-1]):
-            break
-        doi = doi[:-1]
-    return doi.lower() if len(doi) > 8 else None
-
-
-def arxiv_doi(text: str) -> str | None:
-    """The DataCite DOI of an arXiv id printed in the text (the file name does not count); an id cut at a line end
-    after its dot ("arXiv:2301." / "05883v2") is joined."""
-    text = re.sub(r"(arxiv[:\s]*\d{4}\.)\s+(?=\d{4,5}(?:v\d+)?\b)", r"\1", text or "", flags=re.IGNORECASE)
-    match = _ARXIV_FULL.search(text)
-    if not match:
-        return None
-    arxiv_id = match.group(1)
-    yy, mm = int(arxiv_id[:2]), int(arxiv_id[2:4])
-    if not (7 <= yy <= (time.gmtime().tm_year % 100) + 1 and 1 <= mm <= 12):
-        return None
-    return f"10.48550/arxiv.{arxiv_id}"
-
-
-def _banner_year(banner: str, plausible) -> int | None:
-    """The latest year printed in page 1's header and footer lines, ignoring citations ("Smith et al., 2010")."""
-    years = [int(m.group(1)) for m in _BANNER_YEAR.finditer(banner)
-             if plausible(int(m.group(1))) and not _CITATION_YEAR.search(banner[max(0, m.start() - 25):m.start()])]
-    return max(years) if years else None
-
-
-# notices a repository or reprint service adds to page 1: their dates are the download's, not the paper's
-_DISCLAIMER = re.compile(r"\bdownload(?:ed)?\b|digiti[sz]ed|reprint service|terms (?:and|&) conditions|"
-                         r"for personal use|all use subject to|this (?:content|article|copy|pdf) was|"
-                         r"uploaded by|digital archive", re.IGNORECASE)
-# the paper's own citation line: "Z. Naturforsch. 54a, 272-276 (1994)", "Phys. Rev. Lett. 98, 123001 (2007)"
-_CITATION_LINE_YEAR = re.compile(r"\b\d{1,4}\s*[a-zA-Z]?\s*(?:\(\d{1,3}\))?\s*[,:]\s*(?:pp?\.\s*)?"
-                                 r"(?:[a-zA-Z]?\d{1,6}\s*[-–]\s*[a-zA-Z]?\d{1,6}|e?\d{3,8})\s*[,;]?\s*"
-                                 r"\(((?:19|20)\d{2})\)")
-
-
-def without_disclaimers(text: str) -> str:
-    """The text without the paragraphs and lines that are repository or reprint notices."""
-    return "\n".join(part for part in re.split(r"\n", text or "") if not _DISCLAIMER.search(part))
-
-
-def guess_year(front_text: str, raw_meta: dict, path: str, doi: str | None, banner: str = "",
-               head: str = "") -> int | None:
-    """The paper's citation line on page 1, else its dated lines and header/footer (notices of downloads and
-    reprints do not count), else the DOI or arXiv id, else the file's dates."""
-    this_year = time.gmtime().tm_year + 1
-    plausible = lambda y: 1900 <= y <= this_year  # noqa: E731
-    front_text, banner = without_disclaimers(front_text), without_disclaimers(banner)
-    cited = next((int(m.group(1)) for m in _CITATION_LINE_YEAR.finditer(without_disclaimers(head))
-                  if plausible(int(m.group(1)))), None)
-    if cited:
-        return cited
-    dated = [int(m.group(1)) for m in _DATED_YEAR.finditer((front_text or "")[:6000]) if plausible(int(m.group(1)))]
-    printed = dated + ([y] if (y := _banner_year(banner, plausible)) else [])
-    if printed:
-        return max(printed)      # received, accepted, published, ©: the publication is the latest
-    if doi:
-        arxiv = re.match(r"10\.48550/arxiv\.(\d{2})\d{2}\.", doi)
-        if arxiv:
-            return 2000 + int(arxiv.group(1))
-        embedded = _DOI_YEAR.search(doi)
-        if embedded and plausible(int(embedded.group(1))):
-            return int(embedded.group(1))
-    for source in (front_text, Path(path).name):
-        match = _ARXIV_ID.search(source or "")
-        if match and 7 <= int(match.group(1)) <= this_year % 100 and 1 <= int(match.group(2)) <= 12:
-            return 2000 + int(match.group(1))
-    if isinstance(raw_meta.get("year"), int):
-        return raw_meta["year"]
-    created = re.match(r"D:((?:19|20)\d{2})", raw_meta.get("creationDate") or "")
-    return int(created.group(1)) if created else None
+_AFFILIATION_WORDS = re.compile(
+    r"\b(?:universit|department|dept\.|institut|laborator|school|college|centre|center|"
+    r"faculty|hospital|academy|inc\.|ltd|gmbh|corporation|email|e-mail|@|"
+    r"大学|学院|研究所|研究院|实验室|公司|医院)",
+    re.IGNORECASE,
+)
+_JOURNAL_LINE = re.compile(
+    r"((?:journal of|proceedings of|transactions on|ieee transactions on|acm transactions on|"
+    r"physical review|annals of|international journal of)[^\n,;()\d]{3,80})",
+    re.IGNORECASE,
+)
 
 
 def _front_blocks(extracted: Extracted) -> list[Block]:
@@ -243,12 +145,15 @@ def _authors_from_blocks(blocks: list[Block], title: str = "") -> list[str]:
 # 58th Annual Meeting of the ..., pages 4969-4983", "2010 International Conference on ...", "Findings of ...".
 # The words before "Conference on" are capitalised or numbers ("2010 International", "1st"): a sentence that
 # mentions a conference ("presented at the Conference on ...") is not the venue line.
-_VENUE_LINE = re.compile(r"^\s*(?:[Ii]n:?\s+)?((?:[Pp]roceedings of|PROCEEDINGS OF|[Ff]indings of the Association|"
-                         r"(?:(?:\d{1,4}(?:st|nd|rd|th)?|[A-Z][\w/&'-]*)\s+){0,6}?"
-                         r"(?:Conference|Workshop|Symposium|CONFERENCE|WORKSHOP|SYMPOSIUM)\s+(?:on|of|ON|OF)\s)"
-                         r"[^\n]{4,200})")
-_VENUE_TAIL = re.compile(r",\s*(?:pages|pp\.?|vol\.?|volume|no\.)\s.*$|(?<=\)),\s.*$|\s+(?:pages|pp\.)\s*\d.*$",
-                         re.IGNORECASE)
+_VENUE_LINE = re.compile(
+    r"^\s*(?:[Ii]n:?\s+)?((?:[Pp]roceedings of|PROCEEDINGS OF|[Ff]indings of the Association|"
+    r"(?:(?:\d{1,4}(?:st|nd|rd|th)?|[A-Z][\w/&'-]*)\s+){0,6}?"
+    r"(?:Conference|Workshop|Symposium|CONFERENCE|WORKSHOP|SYMPOSIUM)\s+(?:on|of|ON|OF)\s)"
+    r"[^\n]{4,200})"
+)
+_VENUE_TAIL = re.compile(
+    r",\s*(?:pages|pp\.?|vol\.?|volume|no\.)\s.*$|(?<=\)),\s.*$|\s+(?:pages|pp\.)\s*\d.*$", re.IGNORECASE
+)
 
 
 def _venue_from_page(page_one: list[Block]) -> str | None:
@@ -263,16 +168,23 @@ def _venue_from_page(page_one: list[Block]) -> str | None:
 
 
 # Journals whose names begin "Proceedings of ..." (an article there is not a conference paper).
-_JOURNAL_PROCEEDINGS = re.compile(r"^proceedings of the (?:national academy|royal society|ieee\b|vldb|acm on|"
-                                  r"american mathematical|london mathematical|edinburgh|cambridge philosophical|"
-                                  r"japan academy|indian academy|estonian academy|physical society)", re.IGNORECASE)
+_JOURNAL_PROCEEDINGS = re.compile(
+    r"^proceedings of the (?:national academy|royal society|ieee\b|vldb|acm on|"
+    r"american mathematical|london mathematical|edinburgh|cambridge philosophical|"
+    r"japan academy|indian academy|estonian academy|physical society)",
+    re.IGNORECASE,
+)
 _CONFERENCE_VENUE = re.compile(r"\b(?:proceedings|conference|workshop|symposium|findings of the)\b", re.IGNORECASE)
 
 
 def venue_is_proceedings(venue: str | None) -> bool:
     """The venue is a conference's proceedings (BibTeX @inproceedings), not a journal."""
-    return bool(venue and _CONFERENCE_VENUE.search(venue) and not _JOURNAL_PROCEEDINGS.match(venue)
-                and not re.search(r"\b(?:journal|transactions|letters)\b|conference series", venue, re.IGNORECASE))
+    return bool(
+        venue
+        and _CONFERENCE_VENUE.search(venue)
+        and not _JOURNAL_PROCEEDINGS.match(venue)
+        and not re.search(r"\b(?:journal|transactions|letters)\b|conference series", venue, re.IGNORECASE)
+    )
 
 
 # Above this share of numbers among its words, page 1 is a table (a supplement's results), not a paper's front
@@ -282,15 +194,16 @@ TABLE_NUMBER_SHARE = 0.15
 
 def number_share(text: str) -> float:
     words = text.split()
-    return sum(1 for w in words if re.fullmatch(r"[\d.,%±()+\-–]+", w) and any(c.isdigit() for c in w)) / \
-        max(1, len(words))
+    return sum(1 for w in words if re.fullmatch(r"[\d.,%±()+\-–]+", w) and any(c.isdigit() for c in w)) / max(
+        1, len(words)
+    )
 
 
 def _journal_from_text(front: str, blocks: list[Block]) -> str | None:
     head = "\n".join(b.text for b in blocks[:8])
     match = _JOURNAL_LINE.search(head) or _JOURNAL_LINE.search(front[:1500])
     name = re.sub(r"\s+", " ", match.group(1)).strip(" .:")[:120] if match else ""
-    if name and not re.search(r"\b(?:of|the|on|in|for|and)$", name, re.IGNORECASE):    # not cut at a number
+    if name and not re.search(r"\b(?:of|the|on|in|for|and)$", name, re.IGNORECASE):  # not cut at a number
         return name
     match = _CN_JOURNAL.search(front[:800])
     if match:
@@ -303,59 +216,108 @@ def _journal_from_text(front: str, blocks: list[Block]) -> str | None:
 # of the header that is not a banner, a label or a journal line; the byline is the run of name lines under it,
 # with raised affiliation marks and wide gaps keeping the names apart.
 
-_COVER_PAGE = re.compile(r"see discussions, stats,? and author profiles|all content following this page was uploaded|"
-                         r"your use of the jstor archive|jstor is a not-for-profit|brought to you by core|"
-                         r"is brought to you for free and open access by", re.IGNORECASE)
-_HEADER_LABELS = ("research article", "original research article", "original article", "review article",
-                  "open access", "original research", "research paper", "full paper", "short communication",
-                  "brief report", "brief communication", "rapid communication", "case report", "technical note",
-                  "mini review", "article", "review", "letter", "letters", "perspective", "commentary", "editorial",
-                  "communication", "research", "report", "notes", "selected for a viewpoint in physics",
-                  "editors' suggestion", "editor's suggestion", "featured in physics", "accepted manuscript",
-                  "author manuscript", "check for updates", "peer reviewed", "open")
+_COVER_PAGE = re.compile(
+    r"see discussions, stats,? and author profiles|all content following this page was uploaded|"
+    r"your use of the jstor archive|jstor is a not-for-profit|brought to you by core|"
+    r"is brought to you for free and open access by",
+    re.IGNORECASE,
+)
+_HEADER_LABELS = (
+    "research article",
+    "original research article",
+    "original article",
+    "review article",
+    "open access",
+    "original research",
+    "research paper",
+    "full paper",
+    "short communication",
+    "brief report",
+    "brief communication",
+    "rapid communication",
+    "case report",
+    "technical note",
+    "mini review",
+    "article",
+    "review",
+    "letter",
+    "letters",
+    "perspective",
+    "commentary",
+    "editorial",
+    "communication",
+    "research",
+    "report",
+    "notes",
+    "selected for a viewpoint in physics",
+    "editors' suggestion",
+    "editor's suggestion",
+    "featured in physics",
+    "accepted manuscript",
+    "author manuscript",
+    "check for updates",
+    "peer reviewed",
+    "open",
+)
 _LABEL_LINE = re.compile(r"^(?:(?:" + "|".join(map(re.escape, _HEADER_LABELS)) + r")\b[\s|•·,:;/-]*)+$", re.IGNORECASE)
 # a multi-word label printed on the title's own line ("Research Article Patient Experiences of ...")
-_GLUED_LABEL = re.compile(r"^(?i:research article|original (?:research )?article|review article|open access|"
-                          r"original research|research paper|short communication|brief report|case report|"
-                          r"technical note)\s*[:|•·—–-]?\s+(?=[A-Z0-9\u4e00-\u9fff])")
-_HEADER_NOISE = re.compile(r"\b(?:doi\b|https?://|www\.|e-?mail|@|issn|isbn|vol\.|volume \d|©|copyright|"
-                           r"arxiv:|preprint|submitted to|accepted for|received\b|published\b|available online|"
-                           r"typeset using|draft version|licen[cs]e)", re.IGNORECASE)
-_FRONT_MATTER_END = re.compile(r"^\s*(?:abstract|summary|a\s?b\s?s\s?t\s?r\s?a\s?c\s?t|key\s?words|index terms|"
-                               r"article info|article history|received\b|accepted\b|published\b|citation:|"
-                               r"cite this|correspondence|introduction|摘\s*要|关键词|引\s*言)", re.IGNORECASE)
-_ORGANISATION_WORDS = re.compile(r"\b(?:research|labs?|laboratories|group|foundation|team|project|consortium|"
-                                 r"technology|technologies|consulting|software|"   # "PA Technology" is a firm
-                                 r"society|council|agency|ministry|office|clinic|museum|observatory|network|"
-                                 r"google|microsoft|facebook|meta ai|amazon|ibm|nvidia|deepmind|openai|"
-                                 r"allen institute|press|publishing|journal|editor|avenue|street|road|"
-                                 r"usa|u\.s\.a|china|japan|germany|france|korea|india|italy|spain|canada|brazil)\b",
-                                 re.IGNORECASE)
-_NAME_SEPARATOR = re.compile(r"\s*(?:[,;&，、·•]|\band\b|\bund\b|\bet\b(?!\s*al)|\s{3,}|" + NAME_BREAK + r")\s*",
-                             re.IGNORECASE)
+_GLUED_LABEL = re.compile(
+    r"^(?i:research article|original (?:research )?article|review article|open access|"
+    r"original research|research paper|short communication|brief report|case report|"
+    r"technical note)\s*[:|•·—–-]?\s+(?=[A-Z0-9\u4e00-\u9fff])"
+)
+_HEADER_NOISE = re.compile(
+    r"\b(?:doi\b|https?://|www\.|e-?mail|@|issn|isbn|vol\.|volume \d|©|copyright|"
+    r"arxiv:|preprint|submitted to|accepted for|received\b|published\b|available online|"
+    r"typeset using|draft version|licen[cs]e)",
+    re.IGNORECASE,
+)
+_FRONT_MATTER_END = re.compile(
+    r"^\s*(?:abstract|summary|a\s?b\s?s\s?t\s?r\s?a\s?c\s?t|key\s?words|index terms|"
+    r"article info|article history|received\b|accepted\b|published\b|citation:|"
+    r"cite this|correspondence|introduction|摘\s*要|关键词|引\s*言)",
+    re.IGNORECASE,
+)
+_ORGANISATION_WORDS = re.compile(
+    r"\b(?:research|labs?|laboratories|group|foundation|team|project|consortium|"
+    r"technology|technologies|consulting|software|"  # "PA Technology" is a firm
+    r"society|council|agency|ministry|office|clinic|museum|observatory|network|"
+    r"google|microsoft|facebook|meta ai|amazon|ibm|nvidia|deepmind|openai|"
+    r"allen institute|press|publishing|journal|editor|avenue|street|road|"
+    r"usa|u\.s\.a|china|japan|germany|france|korea|india|italy|spain|canada|brazil)\b",
+    re.IGNORECASE,
+)
+_NAME_SEPARATOR = re.compile(
+    r"\s*(?:[,;&，、·•]|\band\b|\bund\b|\bet\b(?!\s*al)|\s{3,}|" + NAME_BREAK + r")\s*", re.IGNORECASE
+)
 # degrees and titles: a piece made only of these is dropped; the unambiguous ones are also cut out of a name
 # ("MD" or "MA" inside a name may be initials written after the family name)
-_DEGREE_PIECE = re.compile(r"^(?:(?:ph\.?\s?d|m\.?\s?d|m\.?\s?sc|b\.?\s?sc|m\.?\s?phil|m\.?\s?p\.?\s?h|mbbs|"
-                           r"dr\.?\s?p\.?\s?h|m\.?\s?a|m\.?\s?s|b\.?\s?a|b\.?\s?s|r\.?\s?n|dr|prof|professor|"
-                           r"(?:senior |life |student )?(?:fellow|member)|ieee|acm|frcp\w*|facs|mrcp)\b\.?\s*)+$",
-                           re.IGNORECASE)
-_DEGREE_WORD = re.compile(r"(?:^|\s)(?:ph\.?\s?d|m\.?\s?sc|b\.?\s?sc|m\.?\s?phil|mbbs|dr|prof|frcp\w*|facs)\.?(?=\s|$)",
-                          re.IGNORECASE)
+_DEGREE_PIECE = re.compile(
+    r"^(?:(?:ph\.?\s?d|m\.?\s?d|m\.?\s?sc|b\.?\s?sc|m\.?\s?phil|m\.?\s?p\.?\s?h|mbbs|"
+    r"dr\.?\s?p\.?\s?h|m\.?\s?a|m\.?\s?s|b\.?\s?a|b\.?\s?s|r\.?\s?n|dr|prof|professor|"
+    r"(?:senior |life |student )?(?:fellow|member)|ieee|acm|frcp\w*|facs|mrcp)\b\.?\s*)+$",
+    re.IGNORECASE,
+)
+_DEGREE_WORD = re.compile(
+    r"(?:^|\s)(?:ph\.?\s?d|m\.?\s?sc|b\.?\s?sc|m\.?\s?phil|mbbs|dr|prof|frcp\w*|facs)\.?(?=\s|$)", re.IGNORECASE
+)
 _NAME_SUFFIX = re.compile(r"^(?:jr|sr|ii|iii|iv)\.?$", re.IGNORECASE)
 _NAME_PARTICLES = frozenset("de van von der den da di do le la del della dos das du ten ter bin ibn al el e y".split())
 # words of a thesis cover or an imprint that are never part of a name
-_NOT_NAME_WORDS = re.compile(r"\b(?:thesis|dissertation|disserta\w*|these|tese|mestrado|doutorado|master|doctor\w*|"
-                             r"bachelor|orientador\w*|co-orientador\w*|supervisor|advisor|adviser|committee|"
-                             r"submitted|presented|degree|program\w*|gradua\w*|faculdade|facultad|abstract|"
-                             r"introduction|contents|chapter|volume|issue|edition|copyright|version|draft|"
-                             r"county|city|province|district|prefecture|region|state|street|strasse|road|avenue|"
-                             r"box|rua|calle|town|village|campus|independent|researcher|scholar|student|lecturer|"
-                             r"engineer|scientist|candidate|corresponding|equal contribution|contributed|"
-                             # words of titles, never of names ("Fifth-order Shallow Water-wave Models")
-                             r"analysis|study|studies|methods?|models?|solutions?|approach|theory|systems?|"
-                             r"learning|effects?|review|survey|evaluation|algorithms?|equations?|waves?|order|"
-                             r"dynamics|properties|structures?|towards?|using|based|via|novel)\b",
-                             re.IGNORECASE)
+_NOT_NAME_WORDS = re.compile(
+    r"\b(?:thesis|dissertation|disserta\w*|these|tese|mestrado|doutorado|master|doctor\w*|"
+    r"bachelor|orientador\w*|co-orientador\w*|supervisor|advisor|adviser|committee|"
+    r"submitted|presented|degree|program\w*|gradua\w*|faculdade|facultad|abstract|"
+    r"introduction|contents|chapter|volume|issue|edition|copyright|version|draft|"
+    r"county|city|province|district|prefecture|region|state|street|strasse|road|avenue|"
+    r"box|rua|calle|town|village|campus|independent|researcher|scholar|student|lecturer|"
+    r"engineer|scientist|candidate|corresponding|equal contribution|contributed|"
+    # words of titles, never of names ("Fifth-order Shallow Water-wave Models")
+    r"analysis|study|studies|methods?|models?|solutions?|approach|theory|systems?|"
+    r"learning|effects?|review|survey|evaluation|algorithms?|equations?|waves?|order|"
+    r"dynamics|properties|structures?|towards?|using|based|via|novel)\b",
+    re.IGNORECASE,
+)
 _MARKER_CHARS = frozenset("*†‡§¶#∗⋆★☆✉☯♢♦♠♣♥□■○●◆◇⊥‖^~_")
 _CN_BYLINE_TAIL = re.compile(r"\s*(?:执笔|著|编著|撰)\s*$")
 
@@ -368,13 +330,23 @@ def _letter_spaced(text: str) -> bool:
 
 def _banner_line(text: str) -> bool:
     text = text.strip()
-    return (not text or _LABEL_LINE.match(text) is not None or _letter_spaced(text) or _BANNER.search(text) is not None
-            or _HEADER_NOISE.search(text) is not None or _COVER_PAGE.search(text) is not None)
+    return (
+        not text
+        or _LABEL_LINE.match(text) is not None
+        or _letter_spaced(text)
+        or _BANNER.search(text) is not None
+        or _HEADER_NOISE.search(text) is not None
+        or _COVER_PAGE.search(text) is not None
+    )
 
 
 def _title_banner(text: str) -> bool:
-    return (_LABEL_LINE.match(text) is not None or _letter_spaced(text) or _BANNER.search(text) is not None
-            or _COVER_PAGE.search(text) is not None)
+    return (
+        _LABEL_LINE.match(text) is not None
+        or _letter_spaced(text)
+        or _BANNER.search(text) is not None
+        or _COVER_PAGE.search(text) is not None
+    )
 
 
 def _header_text(line: HeaderLine) -> str:
@@ -388,8 +360,12 @@ def _title_runs(lines: list[HeaderLine]) -> list[list[HeaderLine]]:
         if runs:
             last = runs[-1][-1]
             gap = line.bbox[1] - last.bbox[3]
-            if abs(line.size - last.size) <= 0.6 and (line.bold == last.bold or gap <= 0.6 * line.size) \
-                    and -line.size <= gap <= 1.5 * line.size and not _banner_line(_header_text(line)):
+            if (
+                abs(line.size - last.size) <= 0.6
+                and (line.bold == last.bold or gap <= 0.6 * line.size)
+                and -line.size <= gap <= 1.5 * line.size
+                and not _banner_line(_header_text(line))
+            ):
                 runs[-1].append(line)
                 continue
         runs.append([line])
@@ -399,28 +375,35 @@ def _title_runs(lines: list[HeaderLine]) -> list[list[HeaderLine]]:
 def _run_title(run: list[HeaderLine]) -> str:
     while len(run) > 1 and _title_banner(_header_text(run[0])):
         run = run[1:]
-    text = join_lines(_SUPERSCRIPT_GROUP.sub(" ", line.text) for line in run)     # footnote numbers dropped
+    text = join_lines(_SUPERSCRIPT_GROUP.sub(" ", line.text) for line in run)  # footnote numbers dropped
     return _clean_title(_GLUED_LABEL.sub("", text))
 
 
 def name_case(name: str) -> str:
     """Capitals set as a name's typography ("DARRICK E. CHANG", "LIU Bingqian") in name case; initials kept."""
+
     def fix(word: str, shortest: int = 3) -> str:
         letters = [ch for ch in word if ch.isalpha()]
-        if len(letters) < shortest or not all(ch.isupper() for ch in letters) or _NAME_SUFFIX.match(word) \
-                or re.fullmatch(r"(?:[A-Z]\.)+", word):
+        if (
+            len(letters) < shortest
+            or not all(ch.isupper() for ch in letters)
+            or _NAME_SUFFIX.match(word)
+            or re.fullmatch(r"(?:[A-Z]\.)+", word)
+        ):
             return word
         pieces = re.split(r"([-'\u2019])", word.lower())
         cased = "".join(p[:1].upper() + p[1:] if p[:1].isalpha() else p for p in pieces)
         return re.sub(r"^Mc([a-z])", lambda m: "Mc" + m.group(1).upper(), cased)
+
     if all(ch.isupper() for ch in name if ch.isalpha()) and sum(ch.isalpha() for ch in name) >= 3:
-        return " ".join(fix(w, shortest=2) for w in name.split())      # all capitals: "LU" is a name too
-    return " ".join(fix(w) for w in name.split())       # mixed: a two-letter "HA" is more likely initials
+        return " ".join(fix(w, shortest=2) for w in name.split())  # all capitals: "LU" is a name too
+    return " ".join(fix(w) for w in name.split())  # mixed: a two-letter "HA" is more likely initials
 
 
 def _clean_name(piece: str) -> str:
-    piece = "".join(" " if ch in _MARKER_CHARS or unicodedata.category(ch) in ("So", "Sm", "Sk", "Co", "Cc") else ch
-                    for ch in piece)
+    piece = "".join(
+        " " if ch in _MARKER_CHARS or unicodedata.category(ch) in ("So", "Sm", "Sk", "Co", "Cc") else ch for ch in piece
+    )
     # affiliation numbers set on the line; a longer number (a postal code) stays and marks an address
     piece = re.sub(r"(?<=[^\W\d_])\d{1,2}\b|\b\d{1,2}\b", " ", piece)
     piece = re.sub(r"\s+", " ", _CN_BYLINE_TAIL.sub("", piece)).strip(" .,:;-–—'\"")
@@ -439,14 +422,18 @@ _CN_SURNAMES = frozenset(
     "钟谭陆汪范金石廖贾夏韦付傅方白邹孟熊秦邱江尹薛闫段雷侯龙史陶黎贺顾毛郝龚邵万钱严覃武戴莫孔向汤常温康施文牛樊"
     "葛邢安齐易乔伍庞颜倪庄聂章鲁岳翟殷詹申欧耿关兰焦俞左柳甘祝包宁尚符舒阮柯纪梅童凌毕单季裴霍涂成苗谷盛曲翁冉骆"
     "蓝路游辛靳管柴蒙鲍华喻祁蒲房滕屈饶解牟艾尤阳时穆农司卓古吉缪简车项连芦麦褚娄窦戚岑景党宫费卜冷晏席卫米柏宗瞿"
-    "桂全佟应臧闵苟邬边卞姬师和仇栾隋商刁沙荣巫寇桑郎甄丛仲虞敖巩明佘池查麻苑迟邝")
+    "桂全佟应臧闵苟邬边卞姬师和仇栾隋商刁沙荣巫寇桑郎甄丛仲虞敖巩明佘池查麻苑迟邝"
+)
 _CN_COMPOUND_SURNAMES = ("欧阳", "司马", "上官", "诸葛", "东方", "皇甫", "尉迟", "公孙", "慕容", "长孙", "令狐", "夏侯")
 
 
 def _chinese_name(name: str) -> bool:
     name = name.replace(" ", "")
-    return 2 <= len(name) <= 4 and all(is_cjk(ch) for ch in name) and \
-        (name[0] in _CN_SURNAMES or name.startswith(_CN_COMPOUND_SURNAMES))
+    return (
+        2 <= len(name) <= 4
+        and all(is_cjk(ch) for ch in name)
+        and (name[0] in _CN_SURNAMES or name.startswith(_CN_COMPOUND_SURNAMES))
+    )
 
 
 def is_person_name(name: str) -> bool:
@@ -454,29 +441,38 @@ def is_person_name(name: str) -> bool:
         return False
     if cjk_ratio(name) > 0.5:
         return _chinese_name(name)
-    if any(ch.isdigit() for ch in name) or ":" in name or _AFFILIATION_WORDS.search(name) \
-            or _ORGANISATION_WORDS.search(name) or _NOT_NAME_WORDS.search(name):
+    if (
+        any(ch.isdigit() for ch in name)
+        or ":" in name
+        or _AFFILIATION_WORDS.search(name)
+        or _ORGANISATION_WORDS.search(name)
+        or _NOT_NAME_WORDS.search(name)
+    ):
         return False
     words = _name_words(name)
     if not 2 <= len(words) <= 6 or len({w.casefold() for w in words}) < len(words):
-        return False       # a name does not repeat a word: "Frozen Finetune Frozen Finetune" is a table header
+        return False  # a name does not repeat a word: "Frozen Finetune Frozen Finetune" is a table header
     capitalised = [w for w in words if w.lower().strip(".") not in _NAME_PARTICLES]
-    return bool(capitalised) and all(w[0].isupper() for w in capitalised) and \
-        sum(len(w.strip(".")) > 1 for w in words) >= 1
+    return (
+        bool(capitalised)
+        and all(w[0].isupper() for w in capitalised)
+        and sum(len(w.strip(".")) > 1 for w in words) >= 1
+    )
 
 
 _COLLABORATION = re.compile(r"\bcollaborations?\b", re.IGNORECASE)
 _BYLINE_LEAD = re.compile(r"^\s*(?:authors?|by|written by|作者)\s*[:：]?\s+", re.IGNORECASE)
-_BYLINE_DATE = re.compile(r"\s+on\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d.*$",
-                          re.IGNORECASE)
+_BYLINE_DATE = re.compile(
+    r"\s+on\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d.*$", re.IGNORECASE
+)
 
 
 @dataclass
 class _BylinePieces:
     pieces: list[str]
-    open_end: bool          # the text stops inside a name (no separator after its last piece)
-    hyphen: bool            # ... and inside a word broken with a hyphen ("Paulo Ro-")
-    affiliated: bool        # the text also names an institution ("TAL AUGUST, University of Washington")
+    open_end: bool  # the text stops inside a name (no separator after its last piece)
+    hyphen: bool  # ... and inside a word broken with a hyphen ("Paulo Ro-")
+    affiliated: bool  # the text also names an institution ("TAL AUGUST, University of Washington")
 
 
 def _byline_pieces(text: str) -> _BylinePieces | None:
@@ -493,8 +489,9 @@ def _byline_pieces(text: str) -> _BylinePieces | None:
     hyphen = bool(re.search(r"[^\W\d_]-$", stripped))
     open_end = hyphen or not (stripped[-1:] in (NAME_BREAK, ",", ";", "&") or re.search(r"\band$", stripped))
     pieces = [p for p in (_clean_name(p) for p in _NAME_SEPARATOR.split(text)) if p and p.lower() != "by"]
-    return _BylinePieces(pieces, open_end, hyphen,
-                         bool(_AFFILIATION_WORDS.search(plain) or _ORGANISATION_WORDS.search(plain)))
+    return _BylinePieces(
+        pieces, open_end, hyphen, bool(_AFFILIATION_WORDS.search(plain) or _ORGANISATION_WORDS.search(plain))
+    )
 
 
 def _judge_names(pieces: list[str], affiliated: bool) -> list[str] | None:
@@ -510,15 +507,18 @@ def _judge_names(pieces: list[str], affiliated: bool) -> list[str] | None:
             names.extend(piece.split())
         else:
             names.append(piece)
-    if affiliated:      # "NAME, Institution, Country": the names that lead the line, then the affiliation
+    if affiliated:  # "NAME, Institution, Country": the names that lead the line, then the affiliation
         leading = []
         for name in names:
             if not (name == "et al." or is_person_name(name)):
                 break
             leading.append(name)
         return [name_case(n) for n in leading] or None
-    good = [n if n == "et al." or _COLLABORATION.search(n) else name_case(n) for n in names
-            if n == "et al." or _COLLABORATION.search(n) or is_person_name(n)]
+    good = [
+        n if n == "et al." or _COLLABORATION.search(n) else name_case(n)
+        for n in names
+        if n == "et al." or _COLLABORATION.search(n) or is_person_name(n)
+    ]
     if not good or len(good) < 0.6 * len(names):
         return None
     return good
@@ -533,8 +533,9 @@ def names_in_text(text: str) -> list[str] | None:
 def _cover_page(lines: list[HeaderLine]) -> bool:
     """Page 1 is a repository's cover page, or blank, and the paper starts on page 2."""
     first = [line for line in lines if line.page == 1]
-    return any(line.page == 2 for line in lines) and \
-        (any(_COVER_PAGE.search(line.text) for line in first) or sum(len(line.text.strip()) for line in first) < 20)
+    return any(line.page == 2 for line in lines) and (
+        any(_COVER_PAGE.search(line.text) for line in first) or sum(len(line.text.strip()) for line in first) < 20
+    )
 
 
 def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | None, list[str]]:
@@ -544,11 +545,16 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
     if not lines:
         return None, []
     height = lines[0].page_height or max(line.bbox[3] for line in lines)
-    runs = [run for run in _title_runs(lines) if run[0].bbox[1] < 0.7 * height and len(run) <= 6
-            and (run[0].size >= max(body_size * 1.08, 1.0) or (run[0].bold and run[0].size >= body_size))]
-    for run in sorted(runs, key=lambda r: (-round(r[0].size * 2), not r[0].bold)):   # bold wins a tie in size
+    runs = [
+        run
+        for run in _title_runs(lines)
+        if run[0].bbox[1] < 0.7 * height
+        and len(run) <= 6
+        and (run[0].size >= max(body_size * 1.08, 1.0) or (run[0].bold and run[0].size >= body_size))
+    ]
+    for run in sorted(runs, key=lambda r: (-round(r[0].size * 2), not r[0].bold)):  # bold wins a tie in size
         found = _title_and_byline(run, lines)
-        if found and (found[1] or run[0].size >= body_size * 1.08):     # bold body text needs names under it
+        if found and (found[1] or run[0].size >= body_size * 1.08):  # bold body text needs names under it
             return found
     # a title set at body size (all capitals, say): the lines right above the first byline
     for index, line in enumerate(lines):
@@ -557,9 +563,10 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
         if index == 0 or not names_in_text(line.header):
             continue
         run = []
-        for above in reversed(lines[max(0, index - 4):index]):
-            if _title_banner(_header_text(above)) or (run and (abs(above.size - run[0].size) > 0.6
-                                                                or above.bold != run[0].bold)):
+        for above in reversed(lines[max(0, index - 4) : index]):
+            if _title_banner(_header_text(above)) or (
+                run and (abs(above.size - run[0].size) > 0.6 or above.bold != run[0].bold)
+            ):
                 break
             run.insert(0, above)
         found = _title_and_byline(run, lines) if run else None
@@ -573,36 +580,54 @@ def _reads_as_words(text: str) -> bool:
     if cjk_ratio(text) > 0.5:
         return True
     tokens = text.split()
-    words = [t for t in tokens if re.fullmatch(r"[(\"'“‘]?[^\W\d_][^\W_]*(?:[-'’][^\W_]+)*[)\"'”’:;,.?!]*", t)
-             and sum(ch.isalpha() for ch in t) >= 2 or t.lower() in ("a", "i")]
+    words = [
+        t
+        for t in tokens
+        if re.fullmatch(r"[(\"'“‘]?[^\W\d_][^\W_]*(?:[-'’][^\W_]+)*[)\"'”’:;,.?!]*", t)
+        and sum(ch.isalpha() for ch in t) >= 2
+        or t.lower() in ("a", "i")
+    ]
     return bool(tokens) and len(words) >= 0.6 * len(tokens)
 
 
 def _title_and_byline(run: list[HeaderLine], lines: list[HeaderLine]) -> tuple[str, list[str]] | None:
     title = _run_title(run)
-    if not title or len(title) < 2 or len(title) > 300 or _title_banner(title) or canonical_section(title) \
-            or not _reads_as_words(title) \
-            or not any(ch.isalpha() for ch in title) or _JUNK_TITLE.search(title) \
-            or len(names_in_text(title) or []) >= 2:
+    if (
+        not title
+        or len(title) < 2
+        or len(title) > 300
+        or _title_banner(title)
+        or canonical_section(title)
+        or not _reads_as_words(title)
+        or not any(ch.isalpha() for ch in title)
+        or _JUNK_TITLE.search(title)
+        or len(names_in_text(title) or []) >= 2
+    ):
         return None
     authors = _byline(_byline_zone(run, lines))
     if len(title.split()) <= 2 and cjk_ratio(title) < 0.5 and not authors:
-        return None      # a journal logo or a label, unless names follow as they follow a title
+        return None  # a journal logo or a label, unless names follow as they follow a title
     return title, authors
 
 
 def _ends_front_matter(line: HeaderLine) -> bool:
     plain = _header_text(line)
-    return bool(_FRONT_MATTER_END.match(plain) or run_in_abstract(plain) is not None or canonical_section(plain)
-                or (len(plain) > 150 and is_running_prose(plain)))
+    return bool(
+        _FRONT_MATTER_END.match(plain)
+        or run_in_abstract(plain) is not None
+        or canonical_section(plain)
+        or (len(plain) > 150 and is_running_prose(plain))
+    )
 
 
 def _byline_zone(title: list[HeaderLine], lines: list[HeaderLine]) -> list[list[HeaderLine]]:
     """The lines between the title and the abstract (or first heading, or first paragraph), row by row from the
     top and left to right in a row: the order in which author grids and side-by-side author blocks are read."""
     bottom = max(line.bbox[3] for line in title)
-    below = sorted((line for line in lines if line.bbox[1] >= bottom - 2 and line not in title),
-                   key=lambda line: (line.bbox[1], line.bbox[0]))
+    below = sorted(
+        (line for line in lines if line.bbox[1] >= bottom - 2 and line not in title),
+        key=lambda line: (line.bbox[1], line.bbox[0]),
+    )
     zone: list[HeaderLine] = []
     for line in below:
         if _ends_front_matter(line):
@@ -622,7 +647,7 @@ def _byline(rows: list[list[HeaderLine]]) -> list[str]:
     names can add more (affiliations and addresses are set apart); a name broken over two lines is joined."""
     names: list[str] = []
     sizes: list[float] = []
-    pending: tuple[HeaderLine, _BylinePieces] | None = None     # the line before, when it stopped inside a name
+    pending: tuple[HeaderLine, _BylinePieces] | None = None  # the line before, when it stopped inside a name
     misses = 0
     for row in rows:
         first_row = not sizes
@@ -636,8 +661,9 @@ def _byline(rows: list[list[HeaderLine]]) -> list[str]:
                 tail, before = pending[1].pieces[-1], pending[1]
                 joined = tail + pieces[0] if before.hyphen else f"{tail} {pieces[0]}"
                 rest_are_names = len(pieces) > 1 and parsed is not None and _judge_names(pieces[1:], parsed.affiliated)
-                if is_person_name(joined) and (before.hyphen or not is_person_name(tail) or
-                                               (not is_person_name(pieces[0]) and rest_are_names)):
+                if is_person_name(joined) and (
+                    before.hyphen or not is_person_name(tail) or (not is_person_name(pieces[0]) and rest_are_names)
+                ):
                     if names and names[-1] == name_case(tail):
                         names.pop()
                     pieces[0] = joined
@@ -658,20 +684,26 @@ def _byline(rows: list[list[HeaderLine]]) -> list[str]:
 def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     """The identifier ladder: what page 1 prints first, then identifiers, then the file's own metadata."""
     raw = extracted.raw_meta
-    front_page = 2 if _cover_page(extracted.header) else 1      # the paper starts behind a cover page
+    front_page = 2 if _cover_page(extracted.header) else 1  # the paper starts behind a cover page
     first_page = [b for b in extracted.blocks if b.page in (front_page, None) and b.role != "reference"]
     front = "\n\n".join(b.text for b in first_page)[:8000]
     cover = "\n\n".join(b.text for b in extracted.blocks if b.page == 1) if front_page == 2 else ""
     blocks = _front_blocks(extracted)
-    first_text = next((b.text for b in extracted.blocks if b.role == "body"
-                       or (b.role == "heading" and not canonical_section(b.text))), "")
+    first_text = next(
+        (
+            b.text
+            for b in extracted.blocks
+            if b.role == "body" or (b.role == "heading" and not canonical_section(b.text))
+        ),
+        "",
+    )
     styled = next((b.text for b in extracted.blocks if b.role == "title"), "") if extracted.kind != "pdf" else ""
     header_title, header_authors = read_pdf_header(extracted.header, extracted.body_size)
     sample = " ".join(extracted.page_texts)[:200_000]
     opening_pages = " ".join(extracted.page_texts[:2])
-    titled = True       # the title is one the document marks as such (not its first line taken for want of one)
+    titled = True  # the title is one the document marks as such (not its first line taken for want of one)
     if styled.strip() and not _JUNK_TITLE.search(styled):
-        title = _clean_title(styled)      # a Markdown "# Title" or a DOCX Title style says what the title is
+        title = _clean_title(styled)  # a Markdown "# Title" or a DOCX Title style says what the title is
     elif header_title:
         title = header_title
     else:
@@ -680,21 +712,32 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
             if _plausible_title(candidate) and not _BANNER.search(candidate):
                 title = _clean_title(candidate)
                 break
-        else:     # the first line stands in: no byline follows one that starts in mid-sentence, or a table's head
+        else:  # the first line stands in: no byline follows one that starts in mid-sentence, or a table's head
             title = _clean_title(first_text) if first_text and len(first_text) <= 200 else Path(path).stem
-            titled = bool(first_text) and not first_text.lstrip()[:1].islower() and \
-                number_share(" ".join(b.text for b in first_page)) < TABLE_NUMBER_SHARE
+            titled = (
+                bool(first_text)
+                and not first_text.lstrip()[:1].islower()
+                and number_share(" ".join(b.text for b in first_page)) < TABLE_NUMBER_SHARE
+            )
     margin = raw.get("margin_text", "")
-    doi = (_doi_from_text(front) or find_doi(margin) or _doi_from_text(cover)
-           or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
-           or arxiv_doi(front) or arxiv_doi(margin))
+    doi = (
+        _doi_from_text(front)
+        or find_doi(margin)
+        or _doi_from_text(cover)
+        or find_doi(" ".join(str(raw.get(k) or "") for k in ("subject", "keywords")))
+        or arxiv_doi(front)
+        or arxiv_doi(margin)
+    )
     opening = [b for b in extracted.blocks if b.page in (front_page, None)][:60]
     meta_authors = [name for name in _split_authors(raw.get("author", "")) if _printed(name, opening_pages)]
     authors = header_authors or (_authors_from_blocks(opening, title) if titled else []) or meta_authors
     page_one = [b for b in first_page if b.page == front_page]
     banner = "\n".join(b.text for b in page_one[:6] + page_one[-4:] if b.role != "title" and len(b.text) < 400)
-    head = "\n".join(b.text for b in page_one[:12]       # footnotes citing other works do not count
-                     if b.role != "title" and len(b.text) < 400 and not re.match(r"\d{1,2}\s", b.text))
+    head = "\n".join(
+        b.text
+        for b in page_one[:12]  # footnotes citing other works do not count
+        if b.role != "title" and len(b.text) < 400 and not re.match(r"\d{1,2}\s", b.text)
+    )
     return DocMeta(
         title=readable_title(title, sample) if title else Path(path).stem,
         authors=authors,
@@ -706,8 +749,10 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
 
 
 # Words a title in title case leaves in lower case (unless first, or after a colon).
-_MINOR_TITLE_WORDS = frozenset("a an the and or nor but of in on at to for by with from as via vs versus into "
-                               "onto per than over under upon".split())
+_MINOR_TITLE_WORDS = frozenset(
+    "a an the and or nor but of in on at to for by with from as via vs versus into "
+    "onto per than over under upon".split()
+)
 
 
 def readable_title(title: str, text: str) -> str:
@@ -720,22 +765,22 @@ def readable_title(title: str, text: str) -> str:
     seen: dict[str, Counter] = {}
     for line in text.splitlines():
         words = re.findall(r"[^\W\d_]+", line)
-        if sum(w.isupper() for w in words) < 0.5 * len(words):      # running text, not a heading in capitals
+        if sum(w.isupper() for w in words) < 0.5 * len(words):  # running text, not a heading in capitals
             for word in words:
                 seen.setdefault(word.casefold(), Counter())[word] += 1
 
     def spell(part: str, first: bool) -> str:
         if not part.isalpha() or not part.isupper():
-            return part          # "3.9", "GHz", "S2ORC": as printed
-        if len(part) == 1:       # "A" opens sentences: the text cannot say it is an acronym
+            return part  # "3.9", "GHz", "S2ORC": as printed
+        if len(part) == 1:  # "A" opens sentences: the text cannot say it is an acronym
             return part if first or part != "A" else "a"
         forms = seen.get(part.casefold(), Counter())
         upper = forms.get(part, 0)
         other = sum(n for form, n in forms.items() if form != part)
         if upper > 0 and upper >= other:
-            return part          # printed in capitals in the text too: an acronym
+            return part  # printed in capitals in the text too: an acronym
         if other == 0 and len(part) <= 3 and part.casefold() not in _MINOR_TITLE_WORDS:
-            return part          # never written otherwise, and short: take it for an acronym
+            return part  # never written otherwise, and short: take it for an acronym
         lower = part.lower()
         return lower if lower in _MINOR_TITLE_WORDS and not first else lower.capitalize()
 

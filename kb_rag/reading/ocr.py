@@ -2,6 +2,7 @@
 
 May import: config, text.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,26 +28,26 @@ from ..text import _CJK_CHAR, _CJK_RANGES, normalize_text
 # order, columns, running heads, headings, chunking, citations and glyph boxes all come from the same code.
 
 OCR_MODES = ("auto", "off", "force")
-OCR_DPI = 250                 # render resolution for recognition
+OCR_DPI = 250  # render resolution for recognition
 # A page whose picture at OCR_DPI would be over KB_OCR_MAX_MEGAPIXELS is read at the highest whole dpi within it:
 # the picture, its copy and the line crops cut from it grow with its pixels (a 5,000-point page at 250 dpi is 301
 # million pixels, 2 GB resident), and MuPDF refuses a picture over 1 GiB (a square page of 76 inches at 250 dpi).
 # Below OCR_MIN_DPI the page is too large to read: the largest page a PDF may have (200 inches a side) fits the
 # default budget at 31 dpi, where letters 2 cm tall are still 24 pixels, so only a page past that limit gets here.
 OCR_MIN_DPI = 30
-OCR_DETECT_SIDE = 2400        # pixels: the long side of the page picture the line detector sees
-OCR_DETECT_PIXELS = 2400 * 1860   # ... and its area at most (US Letter, the widest usual page, at that side): the
-                                  # detector's working memory grows with it, about 0.9 GB at this size
-OCR_RECOGNISE_STEP = 24       # lines recognised between two looks at the page's clock
-OCR_MIN_CONFIDENCE = 0.5      # recognised lines below this confidence are dropped
-OCR_LINES_REVISION = 2        # bumped when the lines kept from the recognizer change: cached pages are OCR'd again
-OCR_PAGE_MIN_CHARS = 40       # a page with fewer letters and digits than this, and an image on it, is OCR'd
-OCR_GARBLED_SHARE = 0.3       # ... as is one where this share of the visible characters cannot be read
-OCR_SYMBOL_SHARE = 0.2        # ... or where this share are ASCII symbols: a font map that points letters at them
-OCR_BYTE_MAP_SHARE = 0.25     # ... or this share what a font read byte by byte leaves (_byte_map_share)
+OCR_DETECT_SIDE = 2400  # pixels: the long side of the page picture the line detector sees
+OCR_DETECT_PIXELS = 2400 * 1860  # ... and its area at most (US Letter, the widest usual page, at that side): the
+# detector's working memory grows with it, about 0.9 GB at this size
+OCR_RECOGNISE_STEP = 24  # lines recognised between two looks at the page's clock
+OCR_MIN_CONFIDENCE = 0.5  # recognised lines below this confidence are dropped
+OCR_LINES_REVISION = 2  # bumped when the lines kept from the recognizer change: cached pages are OCR'd again
+OCR_PAGE_MIN_CHARS = 40  # a page with fewer letters and digits than this, and an image on it, is OCR'd
+OCR_GARBLED_SHARE = 0.3  # ... as is one where this share of the visible characters cannot be read
+OCR_SYMBOL_SHARE = 0.2  # ... or where this share are ASCII symbols: a font map that points letters at them
+OCR_BYTE_MAP_SHARE = 0.25  # ... or this share what a font read byte by byte leaves (_byte_map_share)
 OCR_BYTE_MAP_CONTROLS = 0.02  # ... with at least this share of control characters among them
 OCR_EXTRA_NOTE = "install the OCR extra to index it: pip install 'kb-rag[ocr]'"
-OCR_CACHE_FILENAME = "ocr-cache.sqlite"     # beside kb.sqlite in a library; in the cache folder for page_texts
+OCR_CACHE_FILENAME = "ocr-cache.sqlite"  # beside kb.sqlite in a library; in the cache folder for page_texts
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class ReadOptions:
     reader also says when it starts each step (``on_step(kind, number, total)``: a ``page`` read, a page's
     ``ocr``, the ``describe`` step after the pages), the heartbeat its reader process is timed by. Both are set in
     the process that reads, never pickled."""
+
     ocr: str | None = None
     ocr_cache: str | None = None
     ocr_threads: int = 0
@@ -75,6 +77,7 @@ def ocr_mode(value: str | None = None) -> str:
 
 def ocr_available() -> bool:
     import importlib.util
+
     try:
         return importlib.util.find_spec("rapidocr_onnxruntime") is not None
     except (ImportError, ValueError):
@@ -88,6 +91,7 @@ def _ocr_reader(threads: int = 0) -> Any:
     RapidOCR's own call would shrink the whole page to 2,000 pixels, at which its recognizer drops many spaces
     between English words (page similarity 0.86 against 0.96 at full size)."""
     from rapidocr_onnxruntime import RapidOCR
+
     return RapidOCR(**({"intra_op_num_threads": threads} if threads > 0 else {}))
 
 
@@ -96,12 +100,15 @@ def ocr_engine_version(dpi: int = OCR_DPI) -> str:
     """What the cached OCR text depends on: the OCR package's version and the render settings (the page's dpi:
     a large page read within KB_OCR_MAX_MEGAPIXELS is read again when the limit changes)."""
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         release = version("rapidocr-onnxruntime")
     except PackageNotFoundError:
         release = "unknown"
-    return (f"rapidocr-onnxruntime {release}; dpi {dpi}; detect {OCR_DETECT_SIDE} / {OCR_DETECT_PIXELS}; "
-            f"min confidence {OCR_MIN_CONFIDENCE}; lines {OCR_LINES_REVISION}")
+    return (
+        f"rapidocr-onnxruntime {release}; dpi {dpi}; detect {OCR_DETECT_SIDE} / {OCR_DETECT_PIXELS}; "
+        f"min confidence {OCR_MIN_CONFIDENCE}; lines {OCR_LINES_REVISION}"
+    )
 
 
 def _ocr_budget() -> str:
@@ -111,7 +118,7 @@ def _ocr_budget() -> str:
 def ocr_page_dpi(page) -> int | None:
     """The resolution a page is OCR'd at: OCR_DPI, or for a page whose picture at OCR_DPI would be over
     KB_OCR_MAX_MEGAPIXELS, the highest whole dpi within it; None below OCR_MIN_DPI (too large to read)."""
-    square_inches = abs(page.rect) / 72 ** 2
+    square_inches = abs(page.rect) / 72**2
     if square_inches <= 0:
         return OCR_DPI
     fits = math.sqrt(document_limit("KB_OCR_MAX_MEGAPIXELS") * 1e6 / square_inches)
@@ -122,12 +129,20 @@ def ocr_page_dpi(page) -> int | None:
 def _ocr_lines_valid(lines: Any) -> bool:
     """Whether a cached value is what ocr_page_lines returns: ``[text, [x0, y0, x1, y1], confidence]`` lines
     with finite numbers (a row written by another program, or damaged, is not)."""
+
     def number(value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
     return isinstance(lines, list) and all(
-        isinstance(line, list) and len(line) == 3 and isinstance(line[0], str) and isinstance(line[1], list)
-        and len(line[1]) == 4 and all(number(v) for v in line[1]) and number(line[2]) for line in lines)
+        isinstance(line, list)
+        and len(line) == 3
+        and isinstance(line[0], str)
+        and isinstance(line[1], list)
+        and len(line[1]) == 4
+        and all(number(v) for v in line[1])
+        and number(line[2])
+        for line in lines
+    )
 
 
 def _create_unlinked(path: str) -> None:
@@ -158,7 +173,7 @@ class OcrCache:
     def __init__(self, path: str):
         self.path = path
         self.conn: sqlite3.Connection | None = None
-        self.problem: str | None = None       # why the cache could not be used, the first time it could not
+        self.problem: str | None = None  # why the cache could not be used, the first time it could not
 
     def _connect(self) -> sqlite3.Connection | None:
         """The open cache, or None once it could not be opened (not tried again for each page)."""
@@ -169,8 +184,10 @@ class OcrCache:
                 _create_unlinked(self.path)
                 conn = sqlite3.connect(self.path, timeout=30)
                 conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("CREATE TABLE IF NOT EXISTS ocr_pages (sha256 TEXT, engine TEXT, page INTEGER, "
-                             "lines TEXT NOT NULL, PRIMARY KEY (sha256, engine, page)) WITHOUT ROWID")
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS ocr_pages (sha256 TEXT, engine TEXT, page INTEGER, "
+                    "lines TEXT NOT NULL, PRIMARY KEY (sha256, engine, page)) WITHOUT ROWID"
+                )
                 self.conn = conn
             except (sqlite3.Error, OSError) as exc:
                 if conn is not None:
@@ -187,16 +204,18 @@ class OcrCache:
         if conn is None:
             return None
         try:
-            row = conn.execute("SELECT lines FROM ocr_pages WHERE sha256 = ? AND engine = ? AND page = ?",
-                               (sha256, ocr_engine_version(dpi), page)).fetchone()
-        except sqlite3.Error as exc:        # a damaged page of the cache file
+            row = conn.execute(
+                "SELECT lines FROM ocr_pages WHERE sha256 = ? AND engine = ? AND page = ?",
+                (sha256, ocr_engine_version(dpi), page),
+            ).fetchone()
+        except sqlite3.Error as exc:  # a damaged page of the cache file
             self._failed(exc)
             return None
         if row is None:
             return None
         try:
             lines = json.loads(row[0])
-        except (ValueError, TypeError, RecursionError):      # not JSON, not text, nested past the parser's depth
+        except (ValueError, TypeError, RecursionError):  # not JSON, not text, nested past the parser's depth
             return None
         return lines if _ocr_lines_valid(lines) else None
 
@@ -206,10 +225,12 @@ class OcrCache:
             return
         try:
             with conn:
-                conn.execute("INSERT OR REPLACE INTO ocr_pages VALUES (?, ?, ?, ?)",
-                             (sha256, ocr_engine_version(dpi), page, json.dumps(lines, ensure_ascii=False)))
+                conn.execute(
+                    "INSERT OR REPLACE INTO ocr_pages VALUES (?, ?, ?, ?)",
+                    (sha256, ocr_engine_version(dpi), page, json.dumps(lines, ensure_ascii=False)),
+                )
         except sqlite3.Error as exc:
-            self._failed(exc)           # a cache that cannot be written costs a second OCR, nothing else
+            self._failed(exc)  # a cache that cannot be written costs a second OCR, nothing else
 
     def close(self) -> None:
         if self.conn is not None:
@@ -265,6 +286,7 @@ def _page_has_picture(page, share: float = 0.25) -> bool:
     except Exception:
         return False
     import pymupdf
+
     return any(abs(page.rect & pymupdf.Rect(info["bbox"])) >= share * area for info in infos if info.get("bbox"))
 
 
@@ -275,8 +297,11 @@ def ocr_reason(page, blocks: list, mode: str) -> str | None:
     if mode == "force":
         return "forced"
     text = "".join(b.text for b in blocks)
-    if (_unreadable_share(text) >= OCR_GARBLED_SHARE or _symbol_share(text) >= OCR_SYMBOL_SHARE
-            or _byte_map_share(text) >= OCR_BYTE_MAP_SHARE):
+    if (
+        _unreadable_share(text) >= OCR_GARBLED_SHARE
+        or _symbol_share(text) >= OCR_SYMBOL_SHARE
+        or _byte_map_share(text) >= OCR_BYTE_MAP_SHARE
+    ):
         return "garbled"
     if sum(ch.isalnum() for ch in text) < OCR_PAGE_MIN_CHARS and _page_has_picture(page):
         return "no_text"
@@ -297,7 +322,7 @@ def ocr_line_text(text: str) -> str:
     text = _OCR_GLUED_NUMBER.sub(r"\1 ", text)
     glued = _OCR_GLUED_CJK_NUMBER.match(text)
     if glued and ("." in glued.group(1) or len(text) <= OCR_SHORT_LINE) and text[glued.end()] not in _MEASURE_WORDS:
-        text = f"{glued.group(1)} {text[glued.end():]}"
+        text = f"{glued.group(1)} {text[glued.end() :]}"
     return text
 
 
@@ -310,6 +335,7 @@ def _ocr_image(page, dpi: int = OCR_DPI):
     """The page rendered for recognition: RGB at ``dpi``, as a (height, width, 3) array."""
     import numpy as np
     import pymupdf
+
     zoom = dpi / 72.0
     pix = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB, alpha=False)
     return np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.width, pix.n)[:, :, :3]
@@ -321,10 +347,14 @@ def _detect_lines(reader, image):
     at half the cost, and the recognizer still reads each line cut from the full-size picture."""
     import cv2
     import numpy as np
+
     height, width = image.shape[:2]
     scale = min(1.0, OCR_DETECT_SIDE / max(height, width), math.sqrt(OCR_DETECT_PIXELS / (height * width)))
-    small = image if scale >= 1.0 else cv2.resize(image, (round(width * scale), round(height * scale)),
-                                                  interpolation=cv2.INTER_AREA)
+    small = (
+        image
+        if scale >= 1.0
+        else cv2.resize(image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
+    )
     boxes, _ = reader.text_det(small)
     if boxes is None or len(boxes) == 0:
         return []
@@ -342,7 +372,7 @@ def _recognise(reader, crops: list, deadline: float | None) -> list:
     for start in range(0, len(order), OCR_RECOGNISE_STEP):
         if deadline is not None and time.monotonic() > deadline:
             raise OcrTimeout
-        part = order[start:start + OCR_RECOGNISE_STEP]
+        part = order[start : start + OCR_RECOGNISE_STEP]
         results, _ = reader.text_rec([crops[i] for i in part])
         for i, result in zip(part, results):
             found[i] = (result[0], result[1])
@@ -353,6 +383,7 @@ def _recognise(reader, crops: list, deadline: float | None) -> list:
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, where the C library is glibc (else None)."""
     import ctypes
+
     try:
         return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
@@ -373,6 +404,7 @@ def ocr_page_lines(page, deadline: float | None = None, threads: int = 0, dpi: i
     the detector found them (reading order is decided later, from the boxes), read from its picture at ``dpi``.
     Past ``deadline`` (a time.monotonic() value) it raises OcrTimeout."""
     import pymupdf
+
     reader = _ocr_reader(threads)
     image = _ocr_image(page, dpi)
     boxes = _detect_lines(reader, image)
@@ -391,11 +423,20 @@ def ocr_page_lines(page, deadline: float | None = None, threads: int = 0, dpi: i
         text = normalize_text(str(text)).strip()
         if not text or float(confidence) < OCR_MIN_CONFIDENCE:
             continue
-        points = [pymupdf.Point(float(x), float(y)) * back if back is not None
-                  else pymupdf.Point(float(x) / zoom, float(y) / zoom) for x, y in box]
+        points = [
+            pymupdf.Point(float(x), float(y)) * back
+            if back is not None
+            else pymupdf.Point(float(x) / zoom, float(y) / zoom)
+            for x, y in box
+        ]
         xs, ys = [p.x for p in points], [p.y for p in points]
-        lines.append([text, [round(min(xs), 2), round(min(ys), 2), round(max(xs), 2), round(max(ys), 2)],
-                      round(float(confidence), 4)])
+        lines.append(
+            [
+                text,
+                [round(min(xs), 2), round(min(ys), 2), round(max(xs), 2), round(max(ys), 2)],
+                round(float(confidence), 4),
+            ]
+        )
     return lines
 
 
@@ -464,9 +505,10 @@ def layer_ocr_lines(page, lines: list[list]) -> None:
     clearly larger lines (titles, headings) stand out. The font size is 0.8 of the box height: larger, and the
     gaps between lines shrink until a heading's line joins the paragraph below it."""
     import pymupdf
+
     if not lines:
         return
-    font = pymupdf.Font("cjk")          # Droid Sans Fallback: Latin, Greek, Cyrillic and CJK in one font
+    font = pymupdf.Font("cjk")  # Droid Sans Fallback: Latin, Greek, Cyrillic and CJK in one font
     page.insert_font(fontname="kbocr", fontbuffer=font.buffer)
     heights = sorted(_ocr_line_height(text, box) for text, box, _ in lines)
     median = heights[len(heights) // 2]
@@ -480,12 +522,26 @@ def layer_ocr_lines(page, lines: list[list]) -> None:
         if width <= 0 or x1 <= x0:
             continue
         origin = pymupdf.Point(x0, y0 + (y1 - y0) * 0.8)
-        page.insert_text(origin, text, fontsize=size, fontname="kbocr", render_mode=3,
-                         morph=(origin, pymupdf.Matrix((x1 - x0) / width, 1)))
+        page.insert_text(
+            origin,
+            text,
+            fontsize=size,
+            fontname="kbocr",
+            render_mode=3,
+            morph=(origin, pymupdf.Matrix((x1 - x0) / width, 1)),
+        )
 
 
-def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None, deadline: float | None = None,
-              threads: int = 0, clear: bool = False, dpi: int = OCR_DPI) -> list[list]:
+def _ocr_page(
+    page,
+    number: int,
+    sha256: str | None,
+    cache: OcrCache | None,
+    deadline: float | None = None,
+    threads: int = 0,
+    clear: bool = False,
+    dpi: int = OCR_DPI,
+) -> list[list]:
     """The page's OCR lines (cached, else read from the page as drawn at ``dpi``), laid onto it as its text
     layer. ``clear`` removes the layer it has first (a broken one; every one under force), once the page was
     read: a broken map's glyphs still draw the text, and removed first, they would take it out of the picture."""
@@ -501,11 +557,20 @@ def _ocr_page(page, number: int, sha256: str | None, cache: OcrCache | None, dea
     return lines
 
 
-OCR_FIELD = Field("ocr", "string", "`\"auto\"` (or `KB_OCR`)",
-                  "`auto`: OCR the pages of a PDF that have no usable text layer (no text, or text that cannot be "
-                  "read) when the OCR extra is installed (`pip install 'kb-rag[ocr]'`); `off`: skip such PDFs as "
-                  "before; `force`: OCR every page. OCR'd text is cached beside the library by the file's checksum "
-                  "(`ocr-cache.sqlite`, never reached through a symbolic link; a cached page that cannot be used is "
-                  "OCR'd again)",
-                  cli=(Flag(("--ocr",), "OCR pages without a usable text layer: auto (default), off, force",
-                            {"choices": OCR_MODES, "default": None}),))
+OCR_FIELD = Field(
+    "ocr",
+    "string",
+    '`"auto"` (or `KB_OCR`)',
+    "`auto`: OCR the pages of a PDF that have no usable text layer (no text, or text that cannot be "
+    "read) when the OCR extra is installed (`pip install 'kb-rag[ocr]'`); `off`: skip such PDFs as "
+    "before; `force`: OCR every page. OCR'd text is cached beside the library by the file's checksum "
+    "(`ocr-cache.sqlite`, never reached through a symbolic link; a cached page that cannot be used is "
+    "OCR'd again)",
+    cli=(
+        Flag(
+            ("--ocr",),
+            "OCR pages without a usable text layer: auto (default), off, force",
+            {"choices": OCR_MODES, "default": None},
+        ),
+    ),
+)

@@ -1,7 +1,9 @@
-"""PDF reader: PyMuPDF structured text: lines, columns, tables, figures, running heads.
+"""PDF reader: PyMuPDF structured text: lines, columns, tables, figures (running heads: reading.furniture).
 
-May import: config, reading.blocks, reading.classify, reading.ocr, reading.structure, storage, text.
+May import: config, reading.blocks, reading.classify, reading.furniture, reading.ocr, reading.structure, storage,
+text.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from ..config import PDF_MIN_TEXT_CHARS, STATUS_ERROR, STATUS_SKIPPED, FileRejected, _short_error, document_limit
 from ..reading.blocks import Block, Extracted, HeaderLine, canonical_section, numbering_depth
 from ..reading.classify import apply_outline, classify_blocks, join_wrapped_headings
+from ..reading.furniture import _drop_running_heads
 from ..reading.ocr import (
     OCR_DPI,
     OCR_EXTRA_NOTE,
@@ -35,7 +38,6 @@ from ..reading.structure import (
     SUP_CLOSE,
     SUP_OPEN,
     PageTextBuilder,
-    _repeat_key,
     _run_in_name,
     _side_by_side,
     join_lines,
@@ -56,9 +58,9 @@ class _PdfLine:
     # every wide gap between spans replaced by NAME_BREAK, so "Roisin^a, Delhaye^a" keeps its names apart.
     header: str = ""
     italic: bool = False
-    gapped: bool = False     # spans set far apart on the line (table columns), past a leading section number
-    lead: str = ""           # the line's opening words when they alone are bold or italic ("Participants.")
-    coloured: bool = False   # set in a colour, not black or grey (headings of many templates are)
+    gapped: bool = False  # spans set far apart on the line (table columns), past a leading section number
+    lead: str = ""  # the line's opening words when they alone are bold or italic ("Participants.")
+    coloured: bool = False  # set in a colour, not black or grey (headings of many templates are)
 
 
 NAME_BREAK = "\u2016"
@@ -87,8 +89,12 @@ def _is_raised(span: dict, line_size: float, baseline: float) -> bool:
     if span.get("flags", 0) & 1:
         return True
     origin = span.get("origin")
-    return (line_size > 0 and span.get("size", line_size) <= 0.85 * line_size and origin is not None
-            and origin[1] < baseline - 0.15 * line_size)
+    return (
+        line_size > 0
+        and span.get("size", line_size) <= 0.85 * line_size
+        and origin is not None
+        and origin[1] < baseline - 0.15 * line_size
+    )
 
 
 def _pdf_line(line: dict) -> _PdfLine | None:
@@ -118,23 +124,31 @@ def _pdf_line(line: dict) -> _PdfLine | None:
         raised = bool(raw.strip()) and _is_raised(span, size, baseline)
         if raised and _SUPERSCRIPT_TEXT.fullmatch(raw):
             core = raw.strip()
-            lead, trail = raw[:len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()):]
+            lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()) :]
             parts.append(lead + SUP_OPEN + core + SUP_CLOSE + trail)
         else:
             parts.append(raw)
         bbox = span.get("bbox")
-        wide_gap = (previous_end is not None and bbox is not None and size > 0 and bbox[0] - previous_end > 1.5 * size)
+        wide_gap = previous_end is not None and bbox is not None and size > 0 and bbox[0] - previous_end > 1.5 * size
         header_parts.append(NAME_BREAK if raised else (NAME_BREAK + raw if wide_gap else raw))
         gapped = gapped or (wide_gap and not raised and not _DETACHED_SECTION_NUMBER.match("".join(parts[:-1])))
         if bbox is not None:
             previous_end = bbox[2]
     text = normalize_text(compose_spacing_accents("".join(parts)))
-    text = text.replace(SUP_CLOSE + SUP_OPEN, "")     # "1" "," "2" typeset as separate spans
+    text = text.replace(SUP_CLOSE + SUP_OPEN, "")  # "1" "," "2" typeset as separate spans
     lead = _emphasised_lead(spans)
     header = normalize_text(compose_spacing_accents("".join(header_parts)))
-    return _PdfLine(text, size, bold, tuple(line["bbox"]), header,
-                    total_chars > 0 and italic_chars >= 0.6 * total_chars, gapped, lead,
-                    total_chars > 0 and coloured_chars >= 0.6 * total_chars)
+    return _PdfLine(
+        text,
+        size,
+        bold,
+        tuple(line["bbox"]),
+        header,
+        total_chars > 0 and italic_chars >= 0.6 * total_chars,
+        gapped,
+        lead,
+        total_chars > 0 and coloured_chars >= 0.6 * total_chars,
+    )
 
 
 def _is_coloured(color) -> bool:
@@ -151,20 +165,20 @@ def _emphasised_lead(spans: list[dict]) -> str:
     if not spans:
         return ""
     kinds = [(_span_is_bold(s), _span_is_italic(s)) for s in spans[:2]]
-    start = 0           # a section number in the upright face may come first ("6.1.1 *Global citations.*")
+    start = 0  # a section number in the upright face may come first ("6.1.1 *Global citations.*")
     if len(spans) > 1 and not any(kinds[0]) and _DETACHED_SECTION_NUMBER.match(spans[0]["text"]):
         start = 1
     if len(spans) <= start or not any(kinds[start]):
-        return ""           # most lines: the first word is in the text face, nothing more to look at
+        return ""  # most lines: the first word is in the text face, nothing more to look at
     kinds += [(_span_is_bold(s), _span_is_italic(s)) for s in spans[2:]]
-    first = 0 if kinds[start][0] else 1          # the emphasis the line opens with: bold, else italic
+    first = 0 if kinds[start][0] else 1  # the emphasis the line opens with: bold, else italic
     n = start
     while n < len(spans) and (kinds[n][first] or not spans[n]["text"].strip()):
         n += 1
     lead = normalize_text("".join(s["text"] for s in spans[:n])).strip()
     rest = "".join(s["text"] for s in spans[n:]).strip()
     if rest[:1] in (".", ":", "：") and not lead.endswith((".", ":", "：")):
-        lead, rest = lead + rest[0], rest[1:].strip()       # "Embedding Layer" bold, its full stop upright
+        lead, rest = lead + rest[0], rest[1:].strip()  # "Embedding Layer" bold, its full stop upright
     return lead if rest and 2 <= len(lead) <= 80 else ""
 
 
@@ -172,7 +186,8 @@ def _opens_run_in(line: _PdfLine) -> bool:
     """A line that starts a paragraph with a run-in heading ("1) Route Request: A zone head ..."), or with the
     section number such a heading carries on a line of its own ("6.1.1")."""
     return bool(line.lead and _run_in_name(line.lead, None)) or bool(
-        _DETACHED_SECTION_NUMBER.match(line.text) and numbering_depth(line.text) >= 2)
+        _DETACHED_SECTION_NUMBER.match(line.text) and numbering_depth(line.text) >= 2
+    )
 
 
 def _block_lead(lines: list[_PdfLine]) -> str:
@@ -192,7 +207,7 @@ def _block_lead(lines: list[_PdfLine]) -> str:
             parts.append(line.text.strip())
             emphasised = True
         else:
-            return " ".join(parts) if emphasised else ""      # the row goes on in the text face: a lead-in
+            return " ".join(parts) if emphasised else ""  # the row goes on in the text face: a lead-in
     return " ".join(parts) if emphasised and len(lines) > len(parts) else ""
 
 
@@ -208,8 +223,15 @@ def _isolated_rows(lines: list[_PdfLine]) -> set[int]:
             rows.append([i])
     if len(rows) < 2:
         return set()
-    boxes = [(min(lines[i].bbox[0] for i in row), min(lines[i].bbox[1] for i in row),
-              max(lines[i].bbox[2] for i in row), max(lines[i].bbox[3] for i in row)) for row in rows]
+    boxes = [
+        (
+            min(lines[i].bbox[0] for i in row),
+            min(lines[i].bbox[1] for i in row),
+            max(lines[i].bbox[2] for i in row),
+            max(lines[i].bbox[3] for i in row),
+        )
+        for row in rows
+    ]
     widest = max(b[2] - b[0] for b in boxes)
     cuts: set[int] = set()
     for n, box in enumerate(boxes):
@@ -232,9 +254,12 @@ def _split_line_groups(lines: list[_PdfLine]) -> list[list[_PdfLine]]:
             prev = groups[-1][-1]
             height = max(prev.bbox[3] - prev.bbox[1], 1.0)
             gap = line.bbox[1] - prev.bbox[3]
-            style_change = (abs(line.size - prev.size) > 0.9 or line.bold != prev.bold
-                            or (line.italic != prev.italic and len(groups[-1]) == 1 and len(prev.text) <= 80)
-                            or (prev.text.rstrip()[-1:] in ".:!?)" and _opens_run_in(line)))
+            style_change = (
+                abs(line.size - prev.size) > 0.9
+                or line.bold != prev.bold
+                or (line.italic != prev.italic and len(groups[-1]) == 1 and len(prev.text) <= 80)
+                or (prev.text.rstrip()[-1:] in ".:!?)" and _opens_run_in(line))
+            )
             if not style_change and gap < 2.0 * height and i not in cuts:
                 groups[-1].append(line)
                 continue
@@ -255,7 +280,8 @@ class _PdfBlock:
 def _pdf_page_blocks(page) -> tuple[list[_PdfBlock], str]:
     """Blocks in reading order, and the text set in other directions (margin stamps: arXiv id, DOI)."""
     import pymupdf
-    flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES     # PyMuPDF's own defaults, no images
+
+    flags = pymupdf.TEXTFLAGS_DICT & ~pymupdf.TEXT_PRESERVE_IMAGES  # PyMuPDF's own defaults, no images
     data = page.get_text("dict", flags=flags)
     text_blocks = [raw for raw in data.get("blocks", []) if raw.get("type") == 0]
     # Keep the page's main writing direction: drops rotated margin stamps (arXiv ids),
@@ -267,15 +293,25 @@ def _pdf_page_blocks(page) -> tuple[list[_PdfBlock], str]:
             weights[_line_direction(line)] = weights.get(_line_direction(line), 0) + chars
     main_direction = max(weights, key=weights.__getitem__) if weights else (1, 0)
     blocks: list[_PdfBlock] = []
-    margin = " ".join(normalize_text("".join(s.get("text", "") for s in line.get("spans", [])))
-                      for raw in text_blocks for line in raw.get("lines", [])
-                      if _line_direction(line) != main_direction)
+    margin = " ".join(
+        normalize_text("".join(s.get("text", "") for s in line.get("spans", [])))
+        for raw in text_blocks
+        for line in raw.get("lines", [])
+        if _line_direction(line) != main_direction
+    )
     for raw in text_blocks:
-        lines = [ln for ln in (_pdf_line(line) for line in raw.get("lines", [])
-                               if _line_direction(line) == main_direction) if ln]
+        lines = [
+            ln
+            for ln in (_pdf_line(line) for line in raw.get("lines", []) if _line_direction(line) == main_direction)
+            if ln
+        ]
         for group in _split_line_groups(lines):
-            bbox = (min(l.bbox[0] for l in group), min(l.bbox[1] for l in group),
-                    max(l.bbox[2] for l in group), max(l.bbox[3] for l in group))
+            bbox = (
+                min(l.bbox[0] for l in group),
+                min(l.bbox[1] for l in group),
+                max(l.bbox[2] for l in group),
+                max(l.bbox[3] for l in group),
+            )
             blocks.append(_PdfBlock(group, bbox))
     return _reading_order(blocks, page.rect.width), margin
 
@@ -295,12 +331,24 @@ def _numbers_before_titles(ordered: list[_PdfBlock]) -> list[_PdfBlock]:
         following = ordered[i + 1] if i + 1 < len(ordered) else None
         if following is not None and _side_by_side(block.bbox, following.bbox):
             number, text = (following, block) if following.bbox[2] <= block.bbox[0] else (block, following)
-            if (_DETACHED_SECTION_NUMBER.match(number.text) and not _DETACHED_SECTION_NUMBER.match(text.text)
-                    and number.bbox[2] <= text.bbox[0] and text.bbox[0] - number.bbox[2] < 6 * number.lines[0].size
-                    and len(text.lines) <= 3):
-                out.append(_PdfBlock(number.lines + text.lines,
-                                     (min(number.bbox[0], text.bbox[0]), min(number.bbox[1], text.bbox[1]),
-                                      max(number.bbox[2], text.bbox[2]), max(number.bbox[3], text.bbox[3]))))
+            if (
+                _DETACHED_SECTION_NUMBER.match(number.text)
+                and not _DETACHED_SECTION_NUMBER.match(text.text)
+                and number.bbox[2] <= text.bbox[0]
+                and text.bbox[0] - number.bbox[2] < 6 * number.lines[0].size
+                and len(text.lines) <= 3
+            ):
+                out.append(
+                    _PdfBlock(
+                        number.lines + text.lines,
+                        (
+                            min(number.bbox[0], text.bbox[0]),
+                            min(number.bbox[1], text.bbox[1]),
+                            max(number.bbox[2], text.bbox[2]),
+                            max(number.bbox[3], text.bbox[3]),
+                        ),
+                    )
+                )
                 i += 2
                 continue
         out.append(block)
@@ -321,8 +369,12 @@ def _column_order(blocks: list[_PdfBlock], column: Callable[[_PdfBlock], str]) -
         top = full[region - 1].bbox[1] if region else -math.inf
         bottom = full[region].bbox[1] if region < len(full) else math.inf
         for side in ("left", "right"):
-            ordered.extend(sorted((b for b, c in zip(blocks, columns) if c == side and top <= b.bbox[1] < bottom),
-                                  key=lambda b: b.bbox[1]))
+            ordered.extend(
+                sorted(
+                    (b for b, c in zip(blocks, columns) if c == side and top <= b.bbox[1] < bottom),
+                    key=lambda b: b.bbox[1],
+                )
+            )
         if region < len(full):
             ordered.append(full[region])
     return ordered
@@ -349,30 +401,35 @@ def _table_cells(blocks: list[_PdfBlock], width: float) -> set[int]:
     mates: dict[int, list[int]] = {i: [] for i in short}
     mid = width / 2
 
-    def side(box: tuple) -> int:         # -1 left half, 1 right half, 0 across the middle
+    def side(box: tuple) -> int:  # -1 left half, 1 right half, 0 across the middle
         return 0 if box[0] < mid < box[2] else (-1 if box[2] <= mid else 1)
 
     for n, i in enumerate(by_top):
-        for j in by_top[n + 1:]:
+        for j in by_top[n + 1 :]:
             if blocks[j].bbox[1] > blocks[i].bbox[3]:
-                break               # sorted by top: nothing further down shares i's row
+                break  # sorted by top: nothing further down shares i's row
             if side(blocks[i].bbox) * side(blocks[j].bbox) < 0:
-                continue            # one in each column of a two-column page: not one row
+                continue  # one in each column of a two-column page: not one row
             if _side_by_side(blocks[i].bbox, blocks[j].bbox) and not (
-                    _detached_number(blocks[i], blocks[j]) or _detached_number(blocks[j], blocks[i])):
+                _detached_number(blocks[i], blocks[j]) or _detached_number(blocks[j], blocks[i])
+            ):
                 mates[i].append(j)
                 mates[j].append(i)
     in_rows = [i for i in by_top if mates[i]]
     tolerance = 0.02 * width
 
     def aligned(a: tuple, b: tuple) -> bool:
-        return (abs(a[0] - b[0]) < tolerance or abs(a[2] - b[2]) < tolerance
-                or abs((a[0] + a[2]) - (b[0] + b[2])) < 2 * tolerance)
+        return (
+            abs(a[0] - b[0]) < tolerance
+            or abs(a[2] - b[2]) < tolerance
+            or abs((a[0] + a[2]) - (b[0] + b[2])) < 2 * tolerance
+        )
 
     def rows_line_up(i: int, k: int) -> bool:
         """Row of k lines up with row of i in two columns: i with k, and a row mate of i with one of k."""
         return aligned(blocks[i].bbox, blocks[k].bbox) and any(
-            aligned(blocks[a].bbox, blocks[b].bbox) for a in mates[i] for b in mates[k] if a != k and b != i)
+            aligned(blocks[a].bbox, blocks[b].bbox) for a in mates[i] for b in mates[k] if a != k and b != i
+        )
 
     cells = set()
     for i in in_rows:
@@ -384,7 +441,7 @@ def _table_cells(blocks: list[_PdfBlock], width: float) -> set[int]:
                 cells.add(i)
                 break
     for i, block in enumerate(blocks):
-        rows = {n for n, a in enumerate(block.lines) for b in block.lines[n + 1:] if _side_by_side(a.bbox, b.bbox)}
+        rows = {n for n, a in enumerate(block.lines) for b in block.lines[n + 1 :] if _side_by_side(a.bbox, b.bbox)}
         # one row of two (a number beside its heading, an equation and its label) is not a table's row, nor a
         # known section name set letter-spaced ("0", "引", "言" side by side)
         if len(rows) >= 2 and canonical_section(block.text) is None:
@@ -400,7 +457,7 @@ def _figure_areas(page) -> list[tuple]:
     figure's. Vector drawings are not looked at: finding their clusters costs ten times reading the text."""
     area = max(page.rect.width * page.rect.height, 1.0)
     try:
-        if not page.get_images():          # cheap: the page's resources, no second reading of its content
+        if not page.get_images():  # cheap: the page's resources, no second reading of its content
             return []
         boxes = [tuple(info["bbox"]) for info in page.get_image_info()]
     except Exception:
@@ -422,9 +479,13 @@ def _columns_in(block: _PdfBlock) -> bool:
     table's header row). A section number set apart from its heading's text does not count."""
     if any(line.gapped for line in block.lines):
         return True
-    return any(_side_by_side(a.bbox, b.bbox) and not _DETACHED_SECTION_NUMBER.match(a.text)
-               and min(abs(b.bbox[0] - a.bbox[2]), abs(a.bbox[0] - b.bbox[2])) > 1.5 * max(a.size, 1.0)
-               for n, a in enumerate(block.lines) for b in block.lines[n + 1:n + 3])
+    return any(
+        _side_by_side(a.bbox, b.bbox)
+        and not _DETACHED_SECTION_NUMBER.match(a.text)
+        and min(abs(b.bbox[0] - a.bbox[2]), abs(a.bbox[0] - b.bbox[2])) > 1.5 * max(a.size, 1.0)
+        for n, a in enumerate(block.lines)
+        for b in block.lines[n + 1 : n + 3]
+    )
 
 
 def _detached_number(number: _PdfBlock, text: _PdfBlock) -> bool:
@@ -434,133 +495,27 @@ def _detached_number(number: _PdfBlock, text: _PdfBlock) -> bool:
     return _DETACHED_SECTION_NUMBER.match(number.text) is not None and 0 <= gap < 3 * size
 
 
-# a page number as printed ("12", "Page 3 of 20", "- 4 -", "第7页"), or a Chinese journal's volume and issue
-_PAGE_NUMBER_LINE = re.compile(r"^\s*(?:page\s*)?[\divxlc]{1,6}(?:\s*(?:/|of)\s*\d{1,5})?\s*$"
-                               r"|^\s*[-–—]\s*\d{1,5}\s*[-–—]\s*$"
-                               r"|^\s*第\s*[\divxlc]{1,6}\s*页(?:\s*[,/]?\s*共\s*\d{1,5}\s*页)?\s*$"
-                               r"|^\s*第\s*\d{1,4}\s*[卷期](?:\s*第\s*\d{1,4}\s*期)?\s*$", re.IGNORECASE)
-
-
-def _margin_key(text: str) -> str:
-    return re.sub(r"\d+", "#", text.lower()).strip()
-
-
-# Some layouts (theses, reports, books) set the running head lower than the margin band above: "2 Introduction"
-# on one page, "1.1 TLB based approaches 3" on the next. Its page number gives it away, because it advances with
-# the page: physical page minus printed number is the same on most pages. Such a number, found this deep into the
-# page, is dropped with the running title on its row. Left in, the bare number read as the section number of
-# the title beside it, which then became a heading and threw the real numbered headings out of sequence.
-MARGIN_BAND = 0.09                # share of the page height at top and bottom searched for running heads
-PAGE_NUMBER_BAND = 0.15
-PAGE_NUMBER_MIN_SHARE = 0.3       # of the pages, with at least 3, must carry a number at the same offset
-PAGE_NUMBER_SLOT = 3.0            # points a page number may move from the height it holds on other pages
-RUNNING_TITLE_MAX_CHARS = 120
-
-
-def _bare_page_number(text: str) -> int | None:
-    stripped = text.strip()
-    return int(stripped) if stripped.isdigit() and len(stripped) <= 4 else None
-
-
-def _page_number_lines(blocks: list[_PdfBlock], height: float) -> list[tuple[int, _PdfLine]]:
-    """(number, line) for each line near the top or bottom of the page that is a bare number."""
-    return [(number, line) for block in blocks if _in_band(block, height, PAGE_NUMBER_BAND) for line in block.lines
-            if (number := _bare_page_number(line.text)) is not None]
-
-
-def _page_number_layout(pages: list[tuple[list[_PdfBlock], float]]) -> tuple[int, list[float]] | None:
-    """(physical page minus printed number, the heights at which those numbers are set), where the same difference
-    holds on enough pages; else None. A page number keeps its slot from page to page; a digit of a formula or a
-    table that happens to equal the page number does not."""
-    votes: dict[int, list[float]] = {}
-    for index, (blocks, height) in enumerate(pages, start=1):
-        seen: dict[int, float] = {}
-        for number, line in _page_number_lines(blocks, height):
-            seen.setdefault(index - number, line.bbox[1])
-        for offset, top in seen.items():
-            votes.setdefault(offset, []).append(top)
-    if not votes:
-        return None
-    offset = max(votes, key=lambda key: (len(votes[key]), -abs(key)))
-    tops = votes[offset]
-    if len(tops) < max(3, PAGE_NUMBER_MIN_SHARE * len(pages)):
-        return None
-    slots = [top for top in tops if sum(abs(top - other) <= PAGE_NUMBER_SLOT for other in tops) >= 2]
-    return offset, slots
-
-
-def _in_band(block: _PdfBlock, height: float, share: float) -> bool:
-    return block.bbox[3] < height * share or block.bbox[1] > height * (1 - share)
-
-
-def _running_head_row(blocks: list[_PdfBlock], height: float, printed: int, slots: list[float]) -> set[int]:
-    """ids of the blocks on the row of this page's printed number (the number and its running title), when the
-    number sits in a page-number slot."""
-    numbers = [line for number, line in _page_number_lines(blocks, height)
-               if number == printed and any(abs(line.bbox[1] - slot) <= PAGE_NUMBER_SLOT for slot in slots)]
-    if not numbers:
-        return set()
-    mark = min(numbers, key=lambda line: min(line.bbox[1], height - line.bbox[3]))
-    top, bottom = mark.bbox[1] - 2, mark.bbox[3] + 2
-    return {id(block) for block in blocks if len(block.text) <= RUNNING_TITLE_MAX_CHARS
-            and all(top <= (line.bbox[1] + line.bbox[3]) / 2 <= bottom for line in block.lines)}
-
-
-def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list[_PdfBlock]]:
-    """Remove page numbers and headers/footers repeated across pages."""
-    def in_margin(block: _PdfBlock, height: float) -> bool:
-        return _in_band(block, height, MARGIN_BAND)
-
-    counts: dict[str, int] = {}
-    for blocks, height in pages:
-        margin = [b.text for b in blocks if in_margin(b, height) and len(b.text) < 160]
-        for key in {_margin_key(text) for text in margin} | {"=" + _repeat_key(text) for text in margin}:
-            counts[key] = counts.get(key, 0) + 1
-    repeat_threshold = max(3, int(0.3 * len(pages)))
-    # by their letters too: an OCR'd page may read a running head with its neighbour on the row as one line
-    # ("通信学报 ·28·" on one page, "通信学报" on the next; "第4期" joined to the title or not)
-    heads = [key[1:] for key, n in counts.items() if key[:1] == "=" and len(key) >= 5 and n >= repeat_threshold]
-
-    def repeated(text: str) -> bool:
-        letters = _repeat_key(text)
-        return counts.get(_margin_key(text), 0) >= repeat_threshold or any(
-            head in letters and len(head) >= 0.6 * len(letters) for head in heads)
-
-    layout = _page_number_layout(pages)
-    kept_pages = []
-    for index, (blocks, height) in enumerate(pages, start=1):
-        running = _running_head_row(blocks, height, index - layout[0], layout[1]) if layout else set()
-        kept = []
-        for block in blocks:
-            if id(block) in running:
-                continue
-            if in_margin(block, height) and len(block.text) < 160 \
-                    and (_PAGE_NUMBER_LINE.match(block.text) or repeated(block.text)):
-                continue
-            kept.append(block)
-        kept_pages.append(kept)
-    return kept_pages
-
-
 def _open_pdf(path: str):
     import pymupdf
+
     if os.path.getsize(path) == 0:
         raise FileRejected(STATUS_ERROR, "empty", "the file is empty (0 bytes)")
     try:
-        if path_key(path) != path:      # MuPDF takes file names as UTF-8: hand it the bytes of such a file
+        if path_key(path) != path:  # MuPDF takes file names as UTF-8: hand it the bytes of such a file
             with open(path, "rb") as handle:
                 doc = pymupdf.open(stream=handle.read(), filetype="pdf")
         else:
             doc = pymupdf.open(path, filetype="pdf")
-    except Exception as exc:   # PyMuPDF raises several types for damaged files
+    except Exception as exc:  # PyMuPDF raises several types for damaged files
         raise FileRejected(STATUS_ERROR, "corrupt", f"not a readable PDF ({_short_error(exc)})") from None
     if doc.needs_pass and not doc.authenticate(""):
         doc.close()
-        raise FileRejected(STATUS_ERROR, "encrypted", "the PDF is protected by a password; "
-                                                      "save an unprotected copy to index it")
+        raise FileRejected(
+            STATUS_ERROR, "encrypted", "the PDF is protected by a password; save an unprotected copy to index it"
+        )
     try:
         pages = doc.page_count
-    except Exception:       # a damaged page tree
+    except Exception:  # a damaged page tree
         pages = 0
     if pages == 0:
         doc.close()
@@ -589,7 +544,7 @@ class _PdfOcr:
 
     def __init__(self, path: str, options: ReadOptions | None, pages: int = 0):
         options = options or ReadOptions()
-        self.threads, self.pages = options.ocr_threads, pages        # pages: the document's count, for progress
+        self.threads, self.pages = options.ocr_threads, pages  # pages: the document's count, for progress
         self.on_page = options.on_page or (lambda done, total: None)
         self.on_step = options.on_step or (lambda kind, number, total: None)
         self.mode = ocr_mode(options.ocr)
@@ -597,14 +552,14 @@ class _PdfOcr:
         self.path = path
         self.cache = OcrCache(options.ocr_cache) if options.ocr_cache and self.available else None
         self._sha256: str | None = None
-        self.wanted: list[int] = []        # pages without a usable text layer
-        self.read: list[int] = []          # pages whose text now comes from OCR
+        self.wanted: list[int] = []  # pages without a usable text layer
+        self.read: list[int] = []  # pages whose text now comes from OCR
         self.limit = document_limit("KB_OCR_MAX_PAGES")
-        self.capped = 0                    # pages past the limit, left without OCR
-        self.timed_out = 0                 # pages whose OCR ran past KB_OCR_PAGE_SECONDS, left without it
+        self.capped = 0  # pages past the limit, left without OCR
+        self.timed_out = 0  # pages whose OCR ran past KB_OCR_PAGE_SECONDS, left without it
         self.seconds = document_limit("KB_OCR_PAGE_SECONDS")
         self.low_dpi: dict[int, int] = {}  # large pages read below OCR_DPI (KB_OCR_MAX_MEGAPIXELS): their dpi
-        self.too_large: list[int] = []     # pages too large to read even at OCR_MIN_DPI, left without OCR
+        self.too_large: list[int] = []  # pages too large to read even at OCR_MIN_DPI, left without OCR
 
     def page_blocks(self, page, number: int, blocks: list, margin: str) -> tuple[list, str]:
         reason = ocr_reason(page, blocks, self.mode if self.available else "auto")
@@ -619,19 +574,27 @@ class _PdfOcr:
         dpi = ocr_page_dpi(page)
         if dpi is None:
             self.too_large.append(number)
-            return ([], margin) if reason == "garbled" else (blocks, margin)    # never the unreadable layer
+            return ([], margin) if reason == "garbled" else (blocks, margin)  # never the unreadable layer
         if self._sha256 is None:
             try:
                 self._sha256 = sha256_of_file(self.path)
             except OSError:
-                self._sha256 = ""           # read, not cached
+                self._sha256 = ""  # read, not cached
         self.on_step("ocr", number, self.pages)
         try:
-            lines = _ocr_page(page, number, self._sha256, self.cache, time.monotonic() + self.seconds, self.threads,
-                              clear=reason in ("garbled", "forced"), dpi=dpi)
+            lines = _ocr_page(
+                page,
+                number,
+                self._sha256,
+                self.cache,
+                time.monotonic() + self.seconds,
+                self.threads,
+                clear=reason in ("garbled", "forced"),
+                dpi=dpi,
+            )
         except OcrTimeout:
             self.timed_out += 1
-            return ([], margin) if reason == "garbled" else (blocks, margin)    # never the unreadable layer
+            return ([], margin) if reason == "garbled" else (blocks, margin)  # never the unreadable layer
         finally:
             self.on_page(number, self.pages)
         if dpi < OCR_DPI:
@@ -646,8 +609,10 @@ class _PdfOcr:
         read, a cache that could not be used."""
         notes = []
         if self.low_dpi:
-            notes.append(f"large pages were OCR'd below {OCR_DPI} dpi to keep their pictures within {_ocr_budget()}: "
-                         + _enumerated([f"page {page} at {dpi} dpi" for page, dpi in sorted(self.low_dpi.items())]))
+            notes.append(
+                f"large pages were OCR'd below {OCR_DPI} dpi to keep their pictures within {_ocr_budget()}: "
+                + _enumerated([f"page {page} at {dpi} dpi" for page, dpi in sorted(self.low_dpi.items())])
+            )
         if self.too_large:
             notes.append(f"{self.too_large_pages()}; left out")
         if self.cache is not None and self.cache.problem:
@@ -656,8 +621,10 @@ class _PdfOcr:
 
     def too_large_pages(self) -> str:
         one = len(self.too_large) == 1
-        return (f"{'page' if one else 'pages'} {_enumerated([str(page) for page in self.too_large])} "
-                f"{'is' if one else 'are'} too large to OCR (under {OCR_MIN_DPI} dpi within {_ocr_budget()})")
+        return (
+            f"{'page' if one else 'pages'} {_enumerated([str(page) for page in self.too_large])} "
+            f"{'is' if one else 'are'} too large to OCR (under {OCR_MIN_DPI} dpi within {_ocr_budget()})"
+        )
 
     def close(self) -> None:
         if self.cache is not None:
@@ -665,7 +632,7 @@ class _PdfOcr:
 
 
 def _enumerated(items: list[str], most: int = 5) -> str:
-    """"a", "a and b", "a, b and c", past ``most`` "a, b, c, d, e and 7 more"."""
+    """ "a", "a and b", "a, b and c", past ``most`` "a, b, c, d, e and 7 more"."""
     if len(items) > most:
         return f"{', '.join(items[:most])} and {len(items) - most} more"
     return " and ".join(filter(None, (", ".join(items[:-1]), items[-1]))) if items else ""
@@ -676,6 +643,7 @@ def _mupdf_errors() -> tuple[type[Exception], ...]:
     exception while a page is read is the engine's or its environment's (a bug, the OCR models): that fails the
     file, which stores nothing and keeps what was indexed, rather than pass for a damaged page."""
     import pymupdf
+
     return (pymupdf.mupdf.FzErrorBase, pymupdf.FileDataError)
 
 
@@ -712,27 +680,36 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
         raw_meta = dict(doc.metadata or {})
         raw_meta["margin_text"] = margin_text
         try:
-            outline = [(level, title, page) for level, title, page in doc.get_toc(simple=True)
-                       if isinstance(title, str) and title.strip() and 1 <= page <= len(raw_pages)]
-        except Exception:          # a damaged outline is no reason to lose the text
+            outline = [
+                (level, title, page)
+                for level, title, page in doc.get_toc(simple=True)
+                if isinstance(title, str) and title.strip() and 1 <= page <= len(raw_pages)
+            ]
+        except Exception:  # a damaged outline is no reason to lose the text
             outline = []
     finally:
         doc.close()
         ocr.close()
     text_chars = sum(ch.isalnum() for blocks, _ in raw_pages for b in blocks for ch in b.text)
     if len(failed_pages) == len(raw_pages):
-        raise FileRejected(STATUS_ERROR, "corrupt", f"no page of the PDF could be read (damaged file: "
-                                                    f"{failed_pages[0]})")
+        raise FileRejected(
+            STATUS_ERROR, "corrupt", f"no page of the PDF could be read (damaged file: {failed_pages[0]})"
+        )
     if text_chars < PDF_MIN_TEXT_CHARS or _is_mostly_unreadable(raw_pages):
         if ocr.too_large and not ocr.read:
-            raise FileRejected(STATUS_ERROR, "too_large",
-                               f"the PDF has no usable text layer, and {ocr.too_large_pages()}")
-        how = ("OCR is off (ocr: \"off\"); ocr: \"auto\" reads such pages" if ocr.mode == "off"
-               else OCR_EXTRA_NOTE if not ocr.available and not ocr.read
-               else f"OCR ran past KB_OCR_PAGE_SECONDS ({ocr.seconds}) on {ocr.timed_out} of its pages"
-               if ocr.timed_out else "OCR found no text on its pages")
-        raise FileRejected(STATUS_SKIPPED, "no_text_layer",
-                           f"the PDF has no usable text layer (scanned pages?); {how}")
+            raise FileRejected(
+                STATUS_ERROR, "too_large", f"the PDF has no usable text layer, and {ocr.too_large_pages()}"
+            )
+        how = (
+            'OCR is off (ocr: "off"); ocr: "auto" reads such pages'
+            if ocr.mode == "off"
+            else OCR_EXTRA_NOTE
+            if not ocr.available and not ocr.read
+            else f"OCR ran past KB_OCR_PAGE_SECONDS ({ocr.seconds}) on {ocr.timed_out} of its pages"
+            if ocr.timed_out
+            else "OCR found no text on its pages"
+        )
+        raise FileRejected(STATUS_SKIPPED, "no_text_layer", f"the PDF has no usable text layer (scanned pages?); {how}")
     pages = _drop_running_heads(raw_pages)
     kept = {id(b) for b in pages[0]} if pages else set()
     running_heads = " ".join(b.text for b in (raw_pages[0][0] if raw_pages else []) if id(b) not in kept)
@@ -741,12 +718,24 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
     blocks: list[Block] = []
     for number, (page_blocks, width, areas) in enumerate(zip(pages, widths, figures), start=1):
         cells = _table_cells(page_blocks, width)
-        blocks.extend(Block(text=strip_controls(raw.text), page=number, size=max(line.size for line in raw.lines),
-                            n_lines=len(raw.lines), bold=all(line.bold for line in raw.lines), in_table=i in cells,
-                            italic=all(line.italic for line in raw.lines), gapped=_columns_in(raw),
-                            lead=_block_lead(raw.lines), bbox=raw.bbox, first_line=raw.lines[0].bbox,
-                            in_figure=_inside_any(raw.bbox, areas), coloured=raw.lines[0].coloured)
-                      for i, raw in enumerate(page_blocks))
+        blocks.extend(
+            Block(
+                text=strip_controls(raw.text),
+                page=number,
+                size=max(line.size for line in raw.lines),
+                n_lines=len(raw.lines),
+                bold=all(line.bold for line in raw.lines),
+                in_table=i in cells,
+                italic=all(line.italic for line in raw.lines),
+                gapped=_columns_in(raw),
+                lead=_block_lead(raw.lines),
+                bbox=raw.bbox,
+                first_line=raw.lines[0].bbox,
+                in_figure=_inside_any(raw.bbox, areas),
+                coloured=raw.lines[0].coloured,
+            )
+            for i, raw in enumerate(page_blocks)
+        )
     _regular_when_all_bold(blocks, body_size)
     blocks = join_wrapped_headings(blocks, body_size)
     _mark_pdf_title(blocks, body_size)
@@ -761,12 +750,36 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
             builder.add(block)
         page_texts.append(builder.text())
     raw_meta["first_page_title"] = " ".join(b.text for b in blocks if b.role == "title")
-    header = [HeaderLine(number, strip_controls(line.text), strip_controls(line.header), line.size, line.bold,
-                         line.bbox, block_number, raw_pages[number - 1][1])
-              for number, page_blocks in enumerate(pages[:2], start=1)
-              for block_number, raw in enumerate(page_blocks) for line in raw.lines]
-    return Extracted("pdf", blocks, page_texts, labels, raw_meta, body_size, references, numbered, header,
-                     ocr_pages=ocr.read, ocr_capped=ocr.capped, ocr_timed_out=ocr.timed_out, notes=ocr.notes())
+    header = [
+        HeaderLine(
+            number,
+            strip_controls(line.text),
+            strip_controls(line.header),
+            line.size,
+            line.bold,
+            line.bbox,
+            block_number,
+            raw_pages[number - 1][1],
+        )
+        for number, page_blocks in enumerate(pages[:2], start=1)
+        for block_number, raw in enumerate(page_blocks)
+        for line in raw.lines
+    ]
+    return Extracted(
+        "pdf",
+        blocks,
+        page_texts,
+        labels,
+        raw_meta,
+        body_size,
+        references,
+        numbered,
+        header,
+        ocr_pages=ocr.read,
+        ocr_capped=ocr.capped,
+        ocr_timed_out=ocr.timed_out,
+        notes=ocr.notes(),
+    )
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:
@@ -778,13 +791,20 @@ def _is_mostly_unreadable(raw_pages) -> bool:
 def _mark_pdf_title(blocks: list[Block], body_size: float) -> None:
     """The largest short text on page 1 is the title (with its continuation lines), not a section."""
     first_page = [b for b in blocks if b.page == 1]
-    candidates = [b for b in first_page if 8 <= len(b.text) <= 300 and b.n_lines <= 4
-                  and b.size >= body_size * 1.2 and not canonical_section(b.text) and not _BANNER.search(b.text)]
+    candidates = [
+        b
+        for b in first_page
+        if 8 <= len(b.text) <= 300
+        and b.n_lines <= 4
+        and b.size >= body_size * 1.2
+        and not canonical_section(b.text)
+        and not _BANNER.search(b.text)
+    ]
     if not candidates:
         return
     title = max(candidates, key=lambda b: b.size)
     start = first_page.index(title)
-    for block in first_page[start:start + 3]:
+    for block in first_page[start : start + 3]:
         if abs(block.size - title.size) < 0.5 and len(block.text) <= 300:
             block.role = "title"
         else:

@@ -2,6 +2,7 @@
 
 May import: config, reading.blocks, reading.classify, reading.ocr, reading.pdf, reading.structure, text.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,6 +51,7 @@ def _docx_paragraphs_python_docx(path: str) -> tuple[list[tuple[str, int | str, 
     import docx  # python-docx
     from docx.table import Table
     from docx.text.paragraph import Paragraph
+
     document = docx.Document(path)
     items: list[tuple[str, int | str, bool]] = []
     for child in document.element.body.iterchildren():
@@ -66,8 +68,7 @@ def _docx_paragraphs_python_docx(path: str) -> tuple[list[tuple[str, int | str, 
                         cells.append(cell.text.strip())
                 items.append((" | ".join(cells), 0, False))
     core = document.core_properties
-    meta = {"title": core.title or "", "author": core.author or "",
-            "year": core.created.year if core.created else None}
+    meta = {"title": core.title or "", "author": core.author or "", "year": core.created.year if core.created else None}
     return items, meta
 
 
@@ -75,8 +76,11 @@ def _docx_paragraphs_xml(path: str) -> tuple[list[tuple[str, int | str, bool]], 
     """Reads word/document.xml directly: for files python-docx rejects (some WPS output)."""
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())
-        document_name = "word/document.xml" if "word/document.xml" in names else next(
-            (n for n in names if n.endswith("document.xml")), None)
+        document_name = (
+            "word/document.xml"
+            if "word/document.xml" in names
+            else next((n for n in names if n.endswith("document.xml")), None)
+        )
         if document_name is None:
             raise FileRejected(STATUS_ERROR, "corrupt", "not a Word document (word/document.xml is missing)")
         body = ElementTree.fromstring(archive.read(document_name))
@@ -106,8 +110,11 @@ def _docx_paragraphs_xml(path: str) -> tuple[list[tuple[str, int | str, bool]], 
     title = re.search(r"<dc:title>(.*?)</dc:title>", core, re.S)
     author = re.search(r"<dc:creator>(.*?)</dc:creator>", core, re.S)
     created = re.search(r"<dcterms:created[^>]*>(\d{4})", core)
-    meta = {"title": title.group(1) if title else "", "author": author.group(1) if author else "",
-            "year": int(created.group(1)) if created else None}
+    meta = {
+        "title": title.group(1) if title else "",
+        "author": author.group(1) if author else "",
+        "year": int(created.group(1)) if created else None,
+    }
     return items, meta
 
 
@@ -144,11 +151,17 @@ def check_docx_expansion(path: str) -> None:
                         too_big = expanded > cap
                         too_dense = expanded > 8 * 1024 * 1024 and expanded > ratio * max(info.compress_size, 1)
                         if too_big or too_dense:
-                            what = (f"more than {cap // (1024 * 1024)} MB (KB_DOCX_MAX_XML_MB)" if too_big else
-                                    f"over {ratio} times its compressed size (KB_DOCX_MAX_RATIO)")
-                            raise FileRejected(STATUS_ERROR, "too_large",
-                                               f"{info.filename} inside the DOCX expands to {what}; a document "
-                                               "this large is not indexed (raise the limit to index it)")
+                            what = (
+                                f"more than {cap // (1024 * 1024)} MB (KB_DOCX_MAX_XML_MB)"
+                                if too_big
+                                else f"over {ratio} times its compressed size (KB_DOCX_MAX_RATIO)"
+                            )
+                            raise FileRejected(
+                                STATUS_ERROR,
+                                "too_large",
+                                f"{info.filename} inside the DOCX expands to {what}; a document "
+                                "this large is not indexed (raise the limit to index it)",
+                            )
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
         raise FileRejected(STATUS_ERROR, "corrupt", f"the DOCX could not be read ({_short_error(exc)})") from None
 
@@ -190,6 +203,7 @@ def extract_docx(path: str) -> Extracted:
 
 
 # -- TXT / Markdown -------------------------------------------------------------
+
 
 def decode_text_file(data: bytes) -> str:
     if data.startswith(b"\xef\xbb\xbf"):
@@ -244,8 +258,11 @@ def _text_paragraphs(text: str, markdown: bool) -> Iterator[tuple[str, int]]:
 def extract_text_file(path: str, kind: str) -> Extracted:
     cap = document_limit("KB_TEXT_MAX_MB") * 1024 * 1024
     if os.path.getsize(path) > cap:
-        raise FileRejected(STATUS_ERROR, "too_large", f"the file is larger than {cap // (1024 * 1024)} MB "
-                                                      "(KB_TEXT_MAX_MB); a text this large is not indexed")
+        raise FileRejected(
+            STATUS_ERROR,
+            "too_large",
+            f"the file is larger than {cap // (1024 * 1024)} MB (KB_TEXT_MAX_MB); a text this large is not indexed",
+        )
     with open(path, "rb") as handle:
         data = handle.read()
     if not data.strip():
@@ -291,8 +308,11 @@ def extract_file(path: str, max_pages: int | None = None, options: ReadOptions |
         return extract_docx(path)
     if kind in ("txt", "md"):
         return extract_text_file(path, kind)
-    raise FileRejected(STATUS_ERROR, "unsupported", f"unsupported file type {Path(path).suffix or '(none)'}; "
-                                                    f"supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}")
+    raise FileRejected(
+        STATUS_ERROR,
+        "unsupported",
+        f"unsupported file type {Path(path).suffix or '(none)'}; supported: {', '.join(sorted(SUPPORTED_SUFFIXES))}",
+    )
 
 
 def page_texts(path: str) -> list[str]:

@@ -3,6 +3,7 @@ citations, page text.
 
 May import: reading.blocks, text.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,22 +30,31 @@ from ..text import cjk_ratio, is_cjk
 # every other short block set in such a style is a heading too, at that level. A style that only the uncertain
 # headings use (bold at body size, say) takes the level below the last certain style more prominent than it.
 
-HEADING_STYLE_MIN_USES = 2       # an emphasised style no certain heading uses counts when used this often
-_PUBLISHER_BOX = re.compile(r"submit your (?:next )?manuscript|take full advantage of|^open access$|this article is "
-                            r"(?:licensed|distributed)|creative commons|publisher['’]s note|remains neutral with|"
-                            r"reprints and permissions|©|\bcopyright\b|all rights reserved", re.IGNORECASE)
-_ENDS_UNFINISHED = re.compile(r"\b(?:of|the|a|an|and|or|to|in|for|by|with|on|as|at|from|is|are|that|which|"
-                              r"such as|including)$", re.IGNORECASE)
-_STATEMENT_LABEL = re.compile(r"^\s*(?:definition|définition|example|exemple|theorem|théorème|lemma|lemme|proposition|"
-                              r"corollary|corollaire|remark|remarque|proof|preuve|propriété|property|conjecture|"
-                              r"assumption|hypothesis|claim|algorithm|定义|定理|引理|推论|例)\s*\d", re.IGNORECASE)
-STYLE_HEADING_MIN_SIZE = 0.85    # of the body size: smaller text in an emphasised style is a figure's or a table's
+HEADING_STYLE_MIN_USES = 2  # an emphasised style no certain heading uses counts when used this often
+_PUBLISHER_BOX = re.compile(
+    r"submit your (?:next )?manuscript|take full advantage of|^open access$|this article is "
+    r"(?:licensed|distributed)|creative commons|publisher['’]s note|remains neutral with|"
+    r"reprints and permissions|©|\bcopyright\b|all rights reserved",
+    re.IGNORECASE,
+)
+_ENDS_UNFINISHED = re.compile(
+    r"\b(?:of|the|a|an|and|or|to|in|for|by|with|on|as|at|from|is|are|that|which|"
+    r"such as|including)$",
+    re.IGNORECASE,
+)
+_STATEMENT_LABEL = re.compile(
+    r"^\s*(?:definition|définition|example|exemple|theorem|théorème|lemma|lemme|proposition|"
+    r"corollary|corollaire|remark|remarque|proof|preuve|propriété|property|conjecture|"
+    r"assumption|hypothesis|claim|algorithm|定义|定理|引理|推论|例)\s*\d",
+    re.IGNORECASE,
+)
+STYLE_HEADING_MIN_SIZE = 0.85  # of the body size: smaller text in an emphasised style is a figure's or a table's
 
 
 def block_style(block: Block) -> tuple:
     """A block's typography as a document's headings share it: size to the half point, weight, slant, capitals,
     colour."""
-    head = block.text[:160]          # a heading's capitals show in its first words; a paragraph need not be read
+    head = block.text[:160]  # a heading's capitals show in its first words; a paragraph need not be read
     caps = in_capitals(head)
     return round(block.size * 2) / 2, block.bold, block.italic, caps, block.coloured
 
@@ -66,19 +76,19 @@ def _heading_shaped(text: str) -> bool:
     letters = [ch for ch in stripped if ch.isalpha()]
     if not words or len(stripped) > 120 or len(words) > 16 or len(letters) < 2:
         return False
-    first = re.sub(r"^\(?[a-z]\)\s*", "", strip_numbering(stripped))[:1]      # "(a) Intra-Metapath Aggregation"
+    first = re.sub(r"^\(?[a-z]\)\s*", "", strip_numbering(stripped))[:1]  # "(a) Intra-Metapath Aggregation"
     if not first or not (first.isupper() or first.isdigit() or is_cjk(first)):
         return False
     if stripped[0].isdigit() and not numbering_depth(stripped) or looks_like_reference_entry(stripped):
-        return False          # "590 (2000) 287-305 ...": a reference list's line, not a numbered heading
+        return False  # "590 (2000) 287-305 ...": a reference list's line, not a numbered heading
     if stripped[-1] in ",;" or "。" in stripped or _CAPTION.match(stripped) or _NOT_A_HEADING.search(stripped):
         return False
     if cjk_ratio(stripped) > 0.3 and (len(stripped) > 30 or re.search(r"[,;!?]|:\s*\S", stripped)):
-        return False          # a line of Chinese prose, or a form's field ("日期: 年 月 日")
+        return False  # a line of Chinese prose, or a form's field ("日期: 年 月 日")
     if not _A_WORD.search(stripped) and cjk_ratio(stripped) <= 0.3 or _STATEMENT_LABEL.match(stripped):
-        return False          # a symbol ("CW", "ΘΨ1"), or a theorem's or an example's label
+        return False  # a symbol ("CW", "ΘΨ1"), or a theorem's or an example's label
     if _PUBLISHER_BOX.search(stripped) or _ENDS_UNFINISHED.search(stripped.rstrip(".:： ")):
-        return False          # a publisher's box or banner, or a sentence cut before what it introduces
+        return False  # a publisher's box or banner, or a sentence cut before what it introduces
     body = stripped.rstrip(".:：")
     return not re.search(r"[a-z]{2,}[.!?]\s+\S", body) and not (body.endswith(".") and len(words) > 8)
 
@@ -87,8 +97,14 @@ def _body_style(blocks: list[Block]) -> tuple:
     """The style most of the running text is set in (tables and figures' text left out)."""
     weights: dict[tuple, int] = {}
     for block in blocks:
-        if (block.role == "body" and block.size and not block.in_table and not block.gapped and not block.in_figure
-                and not _numeric_row(block.text)):
+        if (
+            block.role == "body"
+            and block.size
+            and not block.in_table
+            and not block.gapped
+            and not block.in_figure
+            and not _numeric_row(block.text)
+        ):
             style = block_style(block)
             weights[style] = weights.get(style, 0) + len(block.text)
     return max(weights, key=weights.__getitem__) if weights else (0.0, False, False, False, False)
@@ -112,7 +128,7 @@ def _repeated_texts(blocks: list[Block]) -> set[str]:
 
 
 def _followed_by_text(blocks: list[Block], index: int) -> bool:
-    following = next((b for b in blocks[index + 1:index + 3] if b.role not in ("noise",)), None)
+    following = next((b for b in blocks[index + 1 : index + 3] if b.role not in ("noise",)), None)
     return following is not None and following.role in ("body", "heading") and not following.in_table
 
 
@@ -157,14 +173,24 @@ def _runs_on(block: Block, following: Block | None) -> bool:
     and ends no further right than it does. A paragraph's first line split off as a block of its own (producers
     that write each line as a block, OCR'd pages); a heading's line ends short of the text below, or the text
     below it is indented."""
-    if (following is None or block.n_lines != 1 or following.page != block.page or not block.bbox
-            or not following.bbox or block.text.rstrip()[-1:] in "。.!?:："):
+    if (
+        following is None
+        or block.n_lines != 1
+        or following.page != block.page
+        or not block.bbox
+        or not following.bbox
+        or block.text.rstrip()[-1:] in "。.!?:："
+    ):
         return False
     line, below = block.bbox, following.bbox
     height = max(line[3] - line[1], 1.0)
-    return (abs(block.size - following.size) < 0.5 and block.bold == following.bold
-            and -0.2 * height <= below[1] - line[3] <= height and below[0] <= line[0] + 1.0
-            and line[2] >= below[2] - max(block.size, 2.0))
+    return (
+        abs(block.size - following.size) < 0.5
+        and block.bold == following.bold
+        and -0.2 * height <= below[1] - line[3] <= height
+        and below[0] <= line[0] + 1.0
+        and line[2] >= below[2] - max(block.size, 2.0)
+    )
 
 
 def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
@@ -176,40 +202,75 @@ def apply_heading_styles(blocks: list[Block], body_size: float) -> None:
     certain = learned or any(b.role == "heading" and b.evidence in ("numbered", "known", "outline") for b in blocks)
     repeated = _repeated_texts(blocks)
     # before the first certain heading come the title, the byline and the affiliations: no style decides there
-    first = next((i for i, b in enumerate(blocks)
-                  if b.role == "heading" and b.evidence in ("numbered", "known", "outline")
-                  or b.role == "body" and len(b.text) >= 200 and block_style(b) == body), len(blocks))
-    if not certain:      # a report without a numbered or named heading: its styles begin after the title
+    first = next(
+        (
+            i
+            for i, b in enumerate(blocks)
+            if b.role == "heading"
+            and b.evidence in ("numbered", "known", "outline")
+            or b.role == "body"
+            and len(b.text) >= 200
+            and block_style(b) == body
+        ),
+        len(blocks),
+    )
+    if not certain:  # a report without a numbered or named heading: its styles begin after the title
         first = max((i for i, b in enumerate(blocks) if b.role == "title"), default=-1)
-    set_apart = _toc_entries(blocks) | _row_mates(blocks)      # contents lines, table cells
+    set_apart = _toc_entries(blocks) | _row_mates(blocks)  # contents lines, table cells
     for i, block in enumerate(blocks):
         if block.role != "heading" or block.evidence not in ("typeset", "known"):
             continue
-        plain_name = (block.evidence == "known" and learned and block_style(block) == body
-                      and not numbering_depth(block.text))      # "附录" in a list of a thesis's parts
-        if i in set_apart or plain_name or (block.evidence == "typeset" and (
-                block.gapped or _BANNER.search(block.text) or not _heading_shaped(block.text)
-                or _not_a_section(blocks, i) or _repeat_key(block.text) in repeated)):
+        plain_name = (
+            block.evidence == "known" and learned and block_style(block) == body and not numbering_depth(block.text)
+        )  # "附录" in a list of a thesis's parts
+        if (
+            i in set_apart
+            or plain_name
+            or (
+                block.evidence == "typeset"
+                and (
+                    block.gapped
+                    or _BANNER.search(block.text)
+                    or not _heading_shaped(block.text)
+                    or _not_a_section(blocks, i)
+                    or _repeat_key(block.text) in repeated
+                )
+            )
+        ):
             block.role, block.level, block.evidence = "body", 0, ""
-    candidates = [i for i, b in enumerate(blocks)
-                  if i > first and b.role in ("body", "heading") and b.evidence in ("", "typeset")
-                  and not b.in_table and not b.in_figure and not b.gapped and b.n_lines <= 2
-                  and _heading_shaped(b.text) and not _runs_on(b, blocks[i + 1] if i + 1 < len(blocks) else None)
-                  and b.page is not None and not _BANNER.search(b.text)
-                  and b.size >= (SMALL_PRINT_SHARE if numbering_depth(b.text) else STYLE_HEADING_MIN_SIZE) * body_size]
+    candidates = [
+        i
+        for i, b in enumerate(blocks)
+        if i > first
+        and b.role in ("body", "heading")
+        and b.evidence in ("", "typeset")
+        and not b.in_table
+        and not b.in_figure
+        and not b.gapped
+        and b.n_lines <= 2
+        and _heading_shaped(b.text)
+        and not _runs_on(b, blocks[i + 1] if i + 1 < len(blocks) else None)
+        and b.page is not None
+        and not _BANNER.search(b.text)
+        and b.size >= (SMALL_PRINT_SHARE if numbering_depth(b.text) else STYLE_HEADING_MIN_SIZE) * body_size
+    ]
     styles = {i: block_style(blocks[i]) for i in candidates}
     uses: dict[tuple, int] = {}
     for style in styles.values():
         uses[style] = uses.get(style, 0) + 1
-    for block in blocks:          # a known name takes the level of its style: "Analysis" set as a subsection
-        if block.role == "heading" and block.evidence == "known" and not numbering_depth(block.text) \
-                and block_style(block) in learned:
+    for block in blocks:  # a known name takes the level of its style: "Analysis" set as a subsection
+        if (
+            block.role == "heading"
+            and block.evidence == "known"
+            and not numbering_depth(block.text)
+            and block_style(block) in learned
+        ):
             block.level = learned[block_style(block)]
     for i in candidates:
         block, style = blocks[i], styles[i]
         if i in set_apart or _repeat_key(block.text) in repeated or _not_a_section(blocks, i):
             continue
-        recurring = (style != body and _emphasised(style, body) and uses.get(style, 0) >= HEADING_STYLE_MIN_USES)
+        recurring = style != body and _emphasised(style, body) and uses.get(style, 0) >= HEADING_STYLE_MIN_USES
         if style in learned or (recurring and _followed_by_text(blocks, i)):
             block.role, block.evidence = "heading", block.evidence or "style"
             block.level = numbering_depth(block.text) or _rank_level(style, learned)
@@ -226,18 +287,28 @@ def _run_in_name(lead: str, page: int | None) -> str | None:
     """The heading a bold or italic lead-in names, or None when it names none: a run-in ends with a full stop or
     a colon (or is numbered), is short, and reads as a name (not a field's label, a theorem, a person)."""
     name = lead.strip()
-    ends = (name.endswith((".", ":", "：", "—", " –", " -")) or bool(re.match(r"^\(?\d{1,2}\)|^\(?[a-z]\)", name))
-            or numbering_depth(name) > 1)
+    ends = (
+        name.endswith((".", ":", "：", "—", " –", " -"))
+        or bool(re.match(r"^\(?\d{1,2}\)|^\(?[a-z]\)", name))
+        or numbering_depth(name) > 1
+    )
     name = name.rstrip(".:：—–- ").strip()
     if not ends or not name or len(name.split()) > RUN_IN_MAX_WORDS or _BULLET.match(lead):
         return None
     if _ENDS_UNFINISHED.search(name):
-        return None           # a sentence cut before its list ("... consists of:"), not a name
-    if (_FIELD_LABEL.match(lead) or _STATEMENT_LABEL.match(name)
-            or re.match(r"(?i)(?:proof|note|notes|remarks?)$", name)):
+        return None  # a sentence cut before its list ("... consists of:"), not a name
+    if (
+        _FIELD_LABEL.match(lead)
+        or _STATEMENT_LABEL.match(name)
+        or re.match(r"(?i)(?:proof|note|notes|remarks?)$", name)
+    ):
         return None
-    if not _heading_shaped(name) or _looks_like_person(name, page) and re.search(r"\b[A-Z]\.", name) \
-            or canonical_section(name) == "abstract":
+    if (
+        not _heading_shaped(name)
+        or _looks_like_person(name, page)
+        and re.search(r"\b[A-Z]\.", name)
+        or canonical_section(name) == "abstract"
+    ):
         return None
     return name
 
@@ -246,8 +317,12 @@ def _one_row(block: Block) -> bool:
     """Set on one row: one line, or a few PyMuPDF lines side by side ("Instance-Based" "Prediction.")."""
     if block.n_lines == 1:
         return True
-    return block.n_lines <= 3 and block.first_line is not None and block.bbox is not None and (
-        block.bbox[3] - block.bbox[1]) <= 1.6 * (block.first_line[3] - block.first_line[1])
+    return (
+        block.n_lines <= 3
+        and block.first_line is not None
+        and block.bbox is not None
+        and (block.bbox[3] - block.bbox[1]) <= 1.6 * (block.first_line[3] - block.first_line[1])
+    )
 
 
 def _text_continues_on_its_row(blocks: list[Block], index: int) -> bool:
@@ -257,38 +332,51 @@ def _text_continues_on_its_row(blocks: list[Block], index: int) -> bool:
     following = blocks[index + 1] if index + 1 < len(blocks) else None
     if following is None or block.bbox is None or following.first_line is None or following.page != block.page:
         return False
-    return following.role == "body" and following.first_line[0] >= block.bbox[2] - 1 and _side_by_side(
-        block.bbox, following.first_line)
+    return (
+        following.role == "body"
+        and following.first_line[0] >= block.bbox[2] - 1
+        and _side_by_side(block.bbox, following.first_line)
+    )
 
 
 def apply_run_in_headings(blocks: list[Block], body_size: float) -> None:
     """Run-in headings, where the document uses them consistently (at least twice): the bold or italic lead-in
     of a paragraph ("Participants. We recruited ..."), or such a lead-in set as a line of its own that ends with
     a full stop. They become the lowest part of the passages' section label, never a section of their own."""
-    found: list[tuple[int, str, bool]] = []         # (block index, name, set as a line of its own)
+    found: list[tuple[int, str, bool]] = []  # (block index, name, set as a line of its own)
     for i, block in enumerate(blocks):
         if block.in_table or block.in_figure or block.page is None or block.size < 0.9 * body_size:
             continue
-        known_run_in = block.evidence == "known" and block.text.strip().endswith(".")     # "Methods. We used ..."
-        standalone = (_one_row(block) and not block.gapped and (block.bold or block.italic)
-                      and block.role in ("body", "heading")
-                      and (block.evidence in ("", "typeset", "style") or known_run_in)
-                      and numbering_scheme(block.text) in (None, "arabic)")
-                      and (_text_continues_on_its_row(blocks, i)
-                           or block.text.strip().endswith((".", ":")) and _followed_by_text(blocks, i)))
+        known_run_in = block.evidence == "known" and block.text.strip().endswith(".")  # "Methods. We used ..."
+        standalone = (
+            _one_row(block)
+            and not block.gapped
+            and (block.bold or block.italic)
+            and block.role in ("body", "heading")
+            and (block.evidence in ("", "typeset", "style") or known_run_in)
+            and numbering_scheme(block.text) in (None, "arabic)")
+            and (
+                _text_continues_on_its_row(blocks, i)
+                or block.text.strip().endswith((".", ":"))
+                and _followed_by_text(blocks, i)
+            )
+        )
         if standalone and not block.text.strip().endswith((".", ":", "：")):
             name = _run_in_name(block.text.strip() + ".", block.page)
         else:
-            name = _run_in_name(block.text if standalone else block.lead, block.page) if standalone or (
-                block.role == "body" and block.lead and not looks_like_reference_entry(block.lead)) else None
+            name = (
+                _run_in_name(block.text if standalone else block.lead, block.page)
+                if standalone or (block.role == "body" and block.lead and not looks_like_reference_entry(block.lead))
+                else None
+            )
         if name and not standalone and not (block.n_lines >= 2 or len(block.text) >= 120):
-            name = None           # a lead-in opens a paragraph, not a one-line entry ("Question: ...")
+            name = None  # a lead-in opens a paragraph, not a one-line entry ("Question: ...")
         if name:
             found.append((i, name, standalone))
     times: dict[str, int] = {}
     for _, name, _ in found:
         times[name.casefold()] = times.get(name.casefold(), 0) + 1
-    found = [item for item in found if times[item[1].casefold()] < 3]     # "Question:", "Answer:" in examples
+    found = [item for item in found if times[item[1].casefold()] < 3]  # "Question:", "Answer:" in examples
     if len(found) < 2:
         return
     for i, name, standalone in found:
@@ -298,14 +386,19 @@ def apply_run_in_headings(blocks: list[Block], body_size: float) -> None:
         block.run_in = name
 
 
-_PERSON_NAME = re.compile(rf"^(?:{_NAME_WORD}|[A-Z]\.)(?:\s+(?:{_NAME_WORD}|[A-Z]\.|(?:van|von|de|der|da|di|le|la)))*"
-                          rf"\s+{_NAME_WORD}(?:,?\s+(?:Jr|Sr)\.?)?$")
+_PERSON_NAME = re.compile(
+    rf"^(?:{_NAME_WORD}|[A-Z]\.)(?:\s+(?:{_NAME_WORD}|[A-Z]\.|(?:van|von|de|der|da|di|le|la)))*"
+    rf"\s+{_NAME_WORD}(?:,?\s+(?:Jr|Sr)\.?)?$"
+)
 # Labels of a paper's fields, set before their value ("Keywords: ..."): never a section of the text.
-_FIELD_LABEL = re.compile(r"^\s*(?:key\s*words?|index terms|affiliations?|address(?:es)?|corresponding authors?|"
-                          r"e-?mail|received|accepted|published|citation|acm reference format|"
-                          r"jel(?: classifications?)?|"
-                          r"pacs(?: numbers)?|msc|facilit(?:y|ies)|software|data availability statement|"
-                          r"关键词|关键字|中图分类号|文献标识码)\s*[:：]", re.IGNORECASE)
+_FIELD_LABEL = re.compile(
+    r"^\s*(?:key\s*words?|index terms|affiliations?|address(?:es)?|corresponding authors?|"
+    r"e-?mail|received|accepted|published|citation|acm reference format|"
+    r"jel(?: classifications?)?|"
+    r"pacs(?: numbers)?|msc|facilit(?:y|ies)|software|data availability statement|"
+    r"关键词|关键字|中图分类号|文献标识码)\s*[:：]",
+    re.IGNORECASE,
+)
 _TOC_ENTRY = re.compile(r"^(?P<title>.*?\S)\s*(?:\.\s*){2,}\s*\d{1,4}$|^(?P<short>.*[^\d\s.])\s+\d{1,4}$")
 
 
@@ -345,8 +438,8 @@ def _row_mates(blocks: list[Block]) -> set[int]:
     for page, indices in by_page.items():
         middle = sum(extent[page]) / 2
         for n, i in enumerate(indices):
-            for j in indices[n + 1:]:
-                a, b = blocks[i].bbox or (0, 0, 0, 0), blocks[j].bbox or (0, 0, 0, 0)   # both set: see above
+            for j in indices[n + 1 :]:
+                a, b = blocks[i].bbox or (0, 0, 0, 0), blocks[j].bbox or (0, 0, 0, 0)  # both set: see above
                 if ((a[0] + a[2]) / 2 < middle) == ((b[0] + b[2]) / 2 < middle) and _side_by_side(a, b):
                     mates.update((i, j))
     return mates
@@ -356,14 +449,22 @@ def _not_a_section(blocks: list[Block], index: int) -> bool:
     """Short emphasised lines that name no part of the text: a person (in a list of names, not before a
     paragraph), a field's label, a table's row label, the first cell of a table under its caption."""
     block = blocks[index]
-    following = next((b for b in blocks[index + 1:index + 3] if b.role != "noise"), None)
-    previous = next((b for b in reversed(blocks[max(0, index - 2):index]) if b.role != "noise"), None)
+    following = next((b for b in blocks[index + 1 : index + 3] if b.role != "noise"), None)
+    previous = next((b for b in reversed(blocks[max(0, index - 2) : index]) if b.role != "noise"), None)
     in_a_list = following is None or len(following.text) < 120
-    under_table_caption = (previous is not None and previous.role == "caption"
-                           and re.match(r"(?i)\s*(?:table|tab\.|表)", previous.text) and following is not None
-                           and prose_share(following.text) < 0.5)
-    return ((_looks_like_person(block.text, block.page) and in_a_list) or bool(_FIELD_LABEL.match(block.text))
-            or (following is not None and _numeric_row(following.text)) or bool(under_table_caption))
+    under_table_caption = (
+        previous is not None
+        and previous.role == "caption"
+        and re.match(r"(?i)\s*(?:table|tab\.|表)", previous.text)
+        and following is not None
+        and prose_share(following.text) < 0.5
+    )
+    return (
+        (_looks_like_person(block.text, block.page) and in_a_list)
+        or bool(_FIELD_LABEL.match(block.text))
+        or (following is not None and _numeric_row(following.text))
+        or bool(under_table_caption)
+    )
 
 
 def _looks_like_person(text: str, page: int | None) -> bool:
@@ -380,19 +481,23 @@ def _closing_heading_typeset(block: Block, body_size: float) -> bool:
     small column header "Reference" does not). Formats without typography pass: their style said heading."""
     if not block.size or not body_size:
         return True
-    small_caps = block.text.isupper() and block.size >= 0.7 * body_size     # IEEE sets "REFERENCES" in small caps
-    bold_small = block.bold and block.size >= 0.8 * body_size                # some journals set headings small, bold
+    small_caps = block.text.isupper() and block.size >= 0.7 * body_size  # IEEE sets "REFERENCES" in small caps
+    bold_small = block.bold and block.size >= 0.8 * body_size  # some journals set headings small, bold
     return block.n_lines <= 2 and (block.size >= 0.85 * body_size or small_caps or bold_small)
 
 
 _REF_YEAR = re.compile(r"(?<!\d)(?:1[89]|20)\d{2}[a-z]?(?!\d)")
 _REF_LABEL = re.compile(r"^\s*(?:\[\d{1,4}\]|\(\d{1,4}\)|\d{1,4}\.\s|\d{1,4}\s+[A-Z\u4e00-\u9fff])")
-_REF_MARKS = re.compile(r"(?i:et al\b|\bdoi\b|arxiv|\bpp?\.\s*\d|\bvol\.|\bproc\.|\bin:|journal|conference|"
-                        r"proceedings)|\[[JMCDRPSNZ]\]|\d+\s*\(\d+\)|\d+\s*[:,]\s*\d+\s*[-\u2013]\s*\d+|"
-                        r"\b[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*){1,3}|\b(?:[A-Z]\.\s*){1,3}[A-Z][a-z]+")
-_ACKNOWLEDGING = re.compile(r"thank|grateful|gratitude|acknowledg|indebted|apprecia|fund|grant|support|sponsor|"
-                            r"fellowship|award|contribution|feedback|helpful|discussion|assist|谢|资助|基金|支持",
-                            re.IGNORECASE)
+_REF_MARKS = re.compile(
+    r"(?i:et al\b|\bdoi\b|arxiv|\bpp?\.\s*\d|\bvol\.|\bproc\.|\bin:|journal|conference|"
+    r"proceedings)|\[[JMCDRPSNZ]\]|\d+\s*\(\d+\)|\d+\s*[:,]\s*\d+\s*[-\u2013]\s*\d+|"
+    r"\b[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*){1,3}|\b(?:[A-Z]\.\s*){1,3}[A-Z][a-z]+"
+)
+_ACKNOWLEDGING = re.compile(
+    r"thank|grateful|gratitude|acknowledg|indebted|apprecia|fund|grant|support|sponsor|"
+    r"fellowship|award|contribution|feedback|helpful|discussion|assist|谢|资助|基金|支持",
+    re.IGNORECASE,
+)
 
 
 def prose_share(text: str) -> float:
@@ -407,16 +512,21 @@ def prose_share(text: str) -> float:
 def looks_like_reference_entry(text: str) -> bool:
     """One or more bibliography entries: a year, label or DOI with a second bibliographic mark, and no prose."""
     if cjk_ratio(text) > 0.3:
-        return bool(_REF_YEAR.search(text) or _REF_LABEL.match(text)) and bool(_REF_MARKS.search(text) or "，" in text
-                                                                             or "." in text)
+        return bool(_REF_YEAR.search(text) or _REF_LABEL.match(text)) and bool(
+            _REF_MARKS.search(text) or "，" in text or "." in text
+        )
     anchored = _REF_YEAR.search(text) or _REF_LABEL.match(text) or re.search(r"\bdoi\b|10\.\d{4,}/", text, re.I)
     return bool(anchored) and len(_REF_MARKS.findall(text)) >= 1 and prose_share(text) < 0.6
 
 
 def is_running_prose(text: str) -> bool:
     """A paragraph of body text, which no reference list holds."""
-    return (len(text) >= 200 and not _REF_LABEL.match(text) and not looks_like_reference_entry(text)
-            and (prose_share(text) >= 0.6 or (cjk_ratio(text) > 0.3 and "。" in text)))
+    return (
+        len(text) >= 200
+        and not _REF_LABEL.match(text)
+        and not looks_like_reference_entry(text)
+        and (prose_share(text) >= 0.6 or (cjk_ratio(text) > 0.3 and "。" in text))
+    )
 
 
 def confirm_closing_headings(blocks: list[Block]) -> None:
@@ -430,17 +540,17 @@ def confirm_closing_headings(blocks: list[Block]) -> None:
         if canonical not in NOT_INDEXED_SECTIONS or (numbering_depth(block.text) and block.level >= 2):
             continue
         following: list[Block] = []
-        for later in blocks[i + 1:i + 60]:
+        for later in blocks[i + 1 : i + 60]:
             if later.role == "heading":
                 break
             if later.role == "body":
                 following.append(later)
         if canonical == "references":
             claimed = _reads_as_reference_list(following)
-        else:       # (in two columns the first block may still be the other column's paragraph)
+        else:  # (in two columns the first block may still be the other column's paragraph)
             claimed = any(_ACKNOWLEDGING.search(b.text) for b in following[:3])
         if not claimed and block.evidence in ("numbered", "outline") and numbering_depth(block.text):
-            block.evidence = "named"      # "6 References" on how to cite, followed by "7 ...": a section of the text
+            block.evidence = "named"  # "6 References" on how to cite, followed by "7 ...": a section of the text
         elif not claimed:
             block.role, block.level = "body", 0
 
@@ -471,10 +581,10 @@ def join_lines(lines: Iterable[str]) -> str:
             continue
         if not out:
             out = line
-        elif re.search(r"[^\W\d_][-\u2010\u00ad]$", out[-3:]) and line[0].islower():    # the tail only: a
-            out = out[:-1] + line                                                    # long block stays linear
+        elif re.search(r"[^\W\d_][-\u2010\u00ad]$", out[-3:]) and line[0].islower():  # the tail only: a
+            out = out[:-1] + line  # long block stays linear
         elif re.search(r"[A-Z]{2}[-\u2010\u00ad]$", out[-3:]) and re.match(r"[A-Z]{2,}\b", line):
-            out = out[:-1] + line          # a heading in capitals broken across lines ("SO-" "LUTION")
+            out = out[:-1] + line  # a heading in capitals broken across lines ("SO-" "LUTION")
         elif is_cjk(out[-1]) and is_cjk(line[0]):
             out += line
         else:
@@ -506,7 +616,7 @@ def _trailing_numbered_list(blocks: list[Block]) -> list[Block]:
         offsets, joined = [], ""
         for n, k in enumerate(tail):
             offsets.append(len(joined))
-            joined += (blocks[k].text[start.start():] if n == 0 else blocks[k].text) + "\n"
+            joined += (blocks[k].text[start.start() :] if n == 0 else blocks[k].text) + "\n"
         labels = _sequential_labels(joined)
         if len(labels) < 3:
             i += 1
@@ -520,7 +630,7 @@ def _trailing_numbered_list(blocks: list[Block]) -> list[Block]:
         # beside the end of the text), not a reference: it stays body text
         entries = [k for k in run if not _prose_inside_list(blocks[k].text)]
         for k in entries:
-            blocks[k].role = "reference"      # kept out of the chunks, as under a heading
+            blocks[k].role = "reference"  # kept out of the chunks, as under a heading
         return [blocks[k] for k in entries]
     return []
 
@@ -530,11 +640,15 @@ def _prose_inside_list(text: str) -> bool:
     (half the words lower-case instead of 60%): such a list is weaker evidence than a heading, and a physics
     paragraph thick with acronyms and citations reads at 0.5-0.6, the non-entry blocks of real lists at most 0.42
     over the shared corpus."""
-    return (len(text) >= 200 and not _REF_LABEL.match(text) and not looks_like_reference_entry(text)
-            and (prose_share(text) >= 0.5 or is_running_prose(text)))
+    return (
+        len(text) >= 200
+        and not _REF_LABEL.match(text)
+        and not looks_like_reference_entry(text)
+        and (prose_share(text) >= 0.5 or is_running_prose(text))
+    )
 
 
-MAX_ENTRY_CHARS = 1500     # longer than any bibliography entry: a numbered paragraph of a document
+MAX_ENTRY_CHARS = 1500  # longer than any bibliography entry: a numbered paragraph of a document
 
 
 def _entries_read_as_bibliography(joined: str, labels: list[tuple[int, int, int]]) -> bool:
@@ -543,8 +657,11 @@ def _entries_read_as_bibliography(joined: str, labels: list[tuple[int, int, int]
     0.74-1.0 and the numbered steps, clauses and feature lists taken for them before 0-0.25."""
     starts = [label_start for _, label_start, _ in labels] + [len(joined)]
     entries = [joined[a:b] for a, b in zip(starts, starts[1:])]
-    reading = sum(len(e) <= MAX_ENTRY_CHARS and (looks_like_reference_entry(e) or (
-        bool(_REF_YEAR.search(e)) and prose_share(e) < 0.4)) for e in entries)
+    reading = sum(
+        len(e) <= MAX_ENTRY_CHARS
+        and (looks_like_reference_entry(e) or (bool(_REF_YEAR.search(e)) and prose_share(e) < 0.4))
+        for e in entries
+    )
     return reading * 2 >= len(entries)
 
 
@@ -554,11 +671,14 @@ def _blocks_under_references_heading(blocks: list[Block]) -> list[Block]:
     for block in blocks:
         if block.role == "heading":
             canonical = canonical_section(block.text)
-            if canonical == "references" and not (numbering_depth(block.text) and block.level >= 2) \
-                    and block.evidence != "named":
+            if (
+                canonical == "references"
+                and not (numbering_depth(block.text) and block.level >= 2)
+                and block.evidence != "named"
+            ):
                 inside = True
             elif inside and (canonical is not None or numbering_depth(block.text)):
-                inside = False      # acknowledgements, appendices, a new chapter: the list is over
+                inside = False  # acknowledgements, appendices, a new chapter: the list is over
             continue
         if inside and block.role in ("body", "reference"):
             if block.role == "body" and is_running_prose(block.text):
@@ -569,8 +689,12 @@ def _blocks_under_references_heading(blocks: list[Block]) -> list[Block]:
     return found
 
 
-_ENTRY_STYLES = (r"\[{n}\]\s*", r"\({n}\)\s*", r"(?:^|(?<=\s)){n}\.\s+(?=\S)",
-                 r"(?:^|(?<=\n)){n}\s+(?=[A-Z\u4e00-\u9fff])")
+_ENTRY_STYLES = (
+    r"\[{n}\]\s*",
+    r"\({n}\)\s*",
+    r"(?:^|(?<=\s)){n}\.\s+(?=\S)",
+    r"(?:^|(?<=\n)){n}\s+(?=[A-Z\u4e00-\u9fff])",
+)
 
 
 def _sequential_labels(text: str) -> list[tuple[int, int, int]]:
@@ -580,7 +704,7 @@ def _sequential_labels(text: str) -> list[tuple[int, int, int]]:
         labels, pos, n, gaps = [], 0, 1, 0
         while True:
             match = re.compile(style.format(n=n)).search(text, pos)
-            if match is None and n > 1 and gaps < 2:      # an entry missing from the list (or unreadable)
+            if match is None and n > 1 and gaps < 2:  # an entry missing from the list (or unreadable)
                 match = re.compile(style.format(n=n + 1)).search(text, pos)
                 if match is not None:
                     n, gaps = n + 1, gaps + 1
@@ -595,8 +719,10 @@ def _sequential_labels(text: str) -> list[tuple[int, int, int]]:
 
 def _sequential_entries(text: str) -> list[tuple[int, str]]:
     labels = _sequential_labels(text)
-    return [(num, text[body:(labels[i + 1][1] if i + 1 < len(labels) else len(text))].strip())
-            for i, (num, _, body) in enumerate(labels)]
+    return [
+        (num, text[body : (labels[i + 1][1] if i + 1 < len(labels) else len(text))].strip())
+        for i, (num, _, body) in enumerate(labels)
+    ]
 
 
 def reference_entries(blocks: list[Block]) -> tuple[list[tuple[int, str]], bool]:
@@ -607,11 +733,11 @@ def reference_entries(blocks: list[Block]) -> tuple[list[tuple[int, str]], bool]
         return [], False
     joined = "\n".join(texts)
     first = _LIST_START.search(joined)
-    numbered = _sequential_entries(joined[first.start():] if first and first.start() < 300 else joined)
+    numbered = _sequential_entries(joined[first.start() :] if first and first.start() < 300 else joined)
     if numbered:
         return numbered, True
     entries: list[str] = []
-    for text in texts:      # author-year lists: one block per entry, or entries run together in a block
+    for text in texts:  # author-year lists: one block per entry, or entries run together in a block
         parts = re.split(r"(?<=[.)])\s+(?=[A-Z][A-Za-z'\u00c0-\u024f-]+,\s+(?:[A-Z]\.\s*)+)", text)
         entries.extend(p.strip() for p in parts if len(p.strip()) > 20)
     return [(i, text) for i, text in enumerate(entries, start=1)], False
@@ -636,15 +762,21 @@ def _numbers_of(marker: str) -> list[int]:
 
 def _is_running_paragraph(block: Block) -> bool:
     """Body prose, as opposed to title, author and affiliation lines of the front matter."""
-    return (block.role == "body" and len(block.text) >= 250 and block.text.count(".") >= 2
-            and not re.search(r"@|universit|institut|department|laborator", block.text, re.IGNORECASE))
+    return (
+        block.role == "body"
+        and len(block.text) >= 250
+        and block.text.count(".") >= 2
+        and not re.search(r"@|universit|institut|department|laborator", block.text, re.IGNORECASE)
+    )
 
 
-SUP_OPEN, SUP_CLOSE = "\u2983", "\u2984"      # brackets around superscript digits until they are judged
+SUP_OPEN, SUP_CLOSE = "\u2983", "\u2984"  # brackets around superscript digits until they are judged
 _SUPERSCRIPT_GROUP = re.compile(f"{SUP_OPEN}([^{SUP_CLOSE}]*){SUP_CLOSE}")
 _CITING_WORD = re.compile(r"(?:^|[\s(])([A-Za-z\u00c0-\u024f][A-Za-z\u00c0-\u024f'\u2019-]{2,})$")
-_CITING_PUNCT = re.compile(r"[A-Za-z\u00c0-\u024f]{2}"
-                           r"(?:[)\]\u201d\u2019\"]?[.,;:?!][\u201d\u2019\"]?|[\u201d\u2019\"])$")
+_CITING_PUNCT = re.compile(
+    r"[A-Za-z\u00c0-\u024f]{2}"
+    r"(?:[)\]\u201d\u2019\"]?[.,;:?!][\u201d\u2019\"]?|[\u201d\u2019\"])$"
+)
 _MATH_WORDS = frozenset("sin cos tan cot sec csc sinh cosh tanh exp log ln lg max min det tr arg lim sup inf".split())
 _BRACKET_CITATION = re.compile(r"\[\d{1,3}(?:\s*[,\u2013\u2014-]\s*\d{1,3})*\]")
 
@@ -679,7 +811,7 @@ def resolve_superscripts(blocks: list[Block], max_reference: int) -> None:
     footnotes = _footnote_numbers(blocks)
     bracketed = sum(len(_BRACKET_CITATION.findall(b.text)) for b in blocks if b.role not in ("reference", "title"))
     if bracketed >= 3:
-        max_reference = 0      # the paper cites with [n]: raised numbers are footnotes, exponents or isotopes
+        max_reference = 0  # the paper cites with [n]: raised numbers are footnotes, exponents or isotopes
     front_matter = True
     for block in blocks:
         if block.role == "heading" or (block.page or 1) > 1 or _is_running_paragraph(block):
@@ -690,16 +822,22 @@ def resolve_superscripts(blocks: list[Block], max_reference: int) -> None:
 
         def judge(match, text=block.text, page=block.page, skip=byline):
             inner = match.group(1).strip(" ,")
-            before = re.sub(f"[{SUP_OPEN}{SUP_CLOSE}]", "", text[:match.start()]).rstrip()
+            before = re.sub(f"[{SUP_OPEN}{SUP_CLOSE}]", "", text[: match.start()]).rstrip()
             numbers = _numbers_of(inner)
             word = _CITING_WORD.search(before)
-            citation = (max_reference > 0 and not skip and numbers and max(numbers) <= max_reference
-                        and not (len(numbers) == 1 and (page, str(numbers[0])) in footnotes)
-                        and ((word and word.group(1).lower() not in _MATH_WORDS) or _CITING_PUNCT.search(before))
-                        and not _UNIT_BEFORE.search(before))
+            citation = (
+                max_reference > 0
+                and not skip
+                and numbers
+                and max(numbers) <= max_reference
+                and not (len(numbers) == 1 and (page, str(numbers[0])) in footnotes)
+                and ((word and word.group(1).lower() not in _MATH_WORDS) or _CITING_PUNCT.search(before))
+                and not _UNIT_BEFORE.search(before)
+            )
             if citation:
                 return "[" + re.sub(r"\s*([,\u2013\u2014-])\s*", r"\1", inner) + "]"
             return inner
+
         block.text = _SUPERSCRIPT_GROUP.sub(judge, block.text)
 
 
@@ -725,13 +863,15 @@ class PageTextBuilder:
         return "".join(self.parts)
 
 
-_BANNER = re.compile(r"^(?:physical review|journal of|proceedings of|ieee transactions|transactions on|"
-                     r"acm transactions|"
-                     r"annals of|advances in|letters in|nature [a-z]+$|science advances)|\b(?:vol\.|volume \d|issn|"
-                     r"doi:|https?://|www\.|©|copyright|arxiv:|preprint|submitted to|accepted for|received \d|"
-                     r"published online|available online|draft version|typeset using|front cover)|"
-                     r"^(?:universidade|universidad|university of|universit[éeà]|université)\b[^.]{0,60}$",
-                     re.IGNORECASE)
+_BANNER = re.compile(
+    r"^(?:physical review|journal of|proceedings of|ieee transactions|transactions on|"
+    r"acm transactions|"
+    r"annals of|advances in|letters in|nature [a-z]+$|science advances)|\b(?:vol\.|volume \d|issn|"
+    r"doi:|https?://|www\.|©|copyright|arxiv:|preprint|submitted to|accepted for|received \d|"
+    r"published online|available online|draft version|typeset using|front cover)|"
+    r"^(?:universidade|universidad|university of|universit[éeà]|université)\b[^.]{0,60}$",
+    re.IGNORECASE,
+)
 
 
 def _side_by_side(a: tuple, b: tuple) -> bool:

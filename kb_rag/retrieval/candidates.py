@@ -2,6 +2,7 @@
 
 May import: config, models.runtime, reading.blocks, storage, text.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,12 +18,11 @@ from ..reading.blocks import canonical_section
 from ..storage import Library
 from ..text import analyze, is_cjk
 
-if TYPE_CHECKING:     # annotations only: these modules import this one
+if TYPE_CHECKING:  # annotations only: these modules import this one
     from ..answers.search import LibraryState
 
 
-FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag",
-               "library")
+FILTER_KEYS = ("authors", "title", "journal", "kind", "year", "section", "doi", "path", "collection", "tag", "library")
 
 
 def _shown(value, limit: int = 40) -> str:
@@ -37,14 +37,17 @@ def _filter_year(value) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         year = value
-    elif (isinstance(value, float) and math.isfinite(value) and value.is_integer()) \
-            or (isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,4}\s*", value)):
+    elif (isinstance(value, float) and math.isfinite(value) and value.is_integer()) or (
+        isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,4}\s*", value)
+    ):
         year = int(value)
     else:
         year = None
     if year is None or not FILTER_YEARS[0] <= year <= FILTER_YEARS[1]:
-        raise KBError("bad_request", f"filters.year: {_shown(value)} is not a year (a whole number from "
-                                     f"{FILTER_YEARS[0]} to {FILTER_YEARS[1]})")
+        raise KBError(
+            "bad_request",
+            f"filters.year: {_shown(value)} is not a year (a whole number from {FILTER_YEARS[0]} to {FILTER_YEARS[1]})",
+        )
     return year
 
 
@@ -54,8 +57,10 @@ def _year_bounds(value) -> tuple[int | None, int | None]:
     if isinstance(value, dict):
         unknown = sorted(str(k) for k in value if k not in ("from", "to"))
         if unknown:
-            raise KBError("bad_request", f"filters.year: unknown key(s) {', '.join(unknown)[:80]}; "
-                                         "a range is {\"from\": year, \"to\": year}")
+            raise KBError(
+                "bad_request",
+                f'filters.year: unknown key(s) {", ".join(unknown)[:80]}; a range is {{"from": year, "to": year}}',
+            )
         lo, hi = _filter_year(value.get("from")), _filter_year(value.get("to"))
     elif isinstance(value, (list, tuple)):
         if len(value) != 2:
@@ -64,8 +69,10 @@ def _year_bounds(value) -> tuple[int | None, int | None]:
     elif isinstance(value, str) and "-" in value:
         match = re.fullmatch(r"\s*([0-9]{1,4})?\s*-\s*([0-9]{1,4})?\s*", value)
         if not match or not any(match.groups()):
-            raise KBError("bad_request", f"filters.year: {_shown(value)} is not a year or a range such as "
-                                         "\"2015-2020\", \"2015-\" or \"-2020\"")
+            raise KBError(
+                "bad_request",
+                f'filters.year: {_shown(value)} is not a year or a range such as "2015-2020", "2015-" or "-2020"',
+            )
         lo, hi = _filter_year(match.group(1)), _filter_year(match.group(2))
     else:
         lo = hi = _filter_year(value)
@@ -79,8 +86,9 @@ def _filter_values(filters: dict, key: str) -> list:
     value = filters[key]
     values = value if isinstance(value, list) else [value]
     if len(values) > MAX_FILTER_VALUES:
-        raise KBError("bad_request", f"filters.{key}: {len(values)} values, more than the {MAX_FILTER_VALUES} "
-                                     "one filter may list")
+        raise KBError(
+            "bad_request", f"filters.{key}: {len(values)} values, more than the {MAX_FILTER_VALUES} one filter may list"
+        )
     for v in values:
         if isinstance(v, str) and len(v) > MAX_FILTER_CHARS:
             raise KBError("bad_request", f"filters.{key}: a value longer than {MAX_FILTER_CHARS} characters")
@@ -110,8 +118,13 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:  # noqa: C901
             raise KBError("bad_request", f"filters.{key} must be a string or a list of strings")
         return [v.strip() for v in values]
 
-    for key, column in (("authors", "d.authors"), ("title", "d.title"), ("journal", "d.journal"),
-                        ("doi", "d.doi"), ("path", "d.path")):
+    for key, column in (
+        ("authors", "d.authors"),
+        ("title", "d.title"),
+        ("journal", "d.journal"),
+        ("doi", "d.doi"),
+        ("path", "d.path"),
+    ):
         if values := strings(key):
             clauses.append("(" + " OR ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in values) + ")")
             params.extend(f"%{_escape_like(v)}%" for v in values)
@@ -130,7 +143,7 @@ def filter_sql(filters: dict | None) -> tuple[str, list]:  # noqa: C901
         if values := strings(key):
             clauses.append("(" + " OR ".join(f"kb_names_match({column}, ?, {nested})" for _ in values) + ")")
             params.extend(values)
-    if libraries := strings("library"):        # a Zotero library, by its whole name, any case
+    if libraries := strings("library"):  # a Zotero library, by its whole name, any case
         clauses.append(f"d.zotero_library COLLATE NOCASE IN ({', '.join('?' for _ in libraries)})")
         params.extend(libraries)
     if kinds := strings("kind"):
@@ -211,8 +224,9 @@ def keyword_candidates(lib: Library, terms: list[str], filters: dict | None, lim
     return _python_bm25(lib, terms, where, params, limit)
 
 
-def _mixed_script_candidates(lib: Library, groups: list[list[str]], filters: dict | None,
-                             limit: int) -> list[tuple[int, float]]:
+def _mixed_script_candidates(
+    lib: Library, groups: list[list[str]], filters: dict | None, limit: int
+) -> list[tuple[int, float]]:
     """The weighted BM25 of a question in two scripts. BM25 is a sum over terms, so it is each group's BM25
     times its weight, summed; the candidates are the best of each group, each then scored exactly in the other
     (a passage outside both lists would need to be near the top of neither)."""
@@ -228,7 +242,7 @@ def _mixed_script_candidates(lib: Library, groups: list[list[str]], filters: dic
             for chunk_id, score in _scores_among(lib, group, pooled):
                 scores[chunk_id] += score
             continue
-        for term in group:          # BM25 is linear in each term's idf: FTS5's, rescaled to the script's own
+        for term in group:  # BM25 is linear in each term's idf: FTS5's, rescaled to the script's own
             factor = term_weight(term) * idfs[term] / _idf(total, counts.get(term, 0))
             for chunk_id, score in _scores_among(lib, [term], pooled):
                 scores[chunk_id] += factor * score
@@ -275,7 +289,7 @@ def _fts_top(lib: Library, match: str, limit: int) -> list[tuple[int, float]]:
     return lib.fts_top(match, limit)
 
 
-COMMON_TERM_SHARE = 0.1      # a query word found in more chunks than this is "common" (see _fts_split_top)
+COMMON_TERM_SHARE = 0.1  # a query word found in more chunks than this is "common" (see _fts_split_top)
 BM25_K1 = 1.2
 
 
@@ -350,8 +364,8 @@ def _python_bm25(lib: Library, terms: list[str], where: str, params: list, limit
 # The share of a word found in every passage: hybrid MRR@10 on the full-text questions sits on a plateau of
 # 0.807-0.818 from 0.1 to 0.45 (0.797 at 0.5, 0.787 at 0.6; docs/DESIGN.md); 0.3 is its middle.
 TOPIC_WORD_SHARE = 0.3
-SPECIFIC_MIN_CHUNKS = 8       # shorter documents (an abstract, a note) have no pages to tell apart
-SPECIFIC_POOL = 100           # keyword candidates that may be re-ordered
+SPECIFIC_MIN_CHUNKS = 8  # shorter documents (an abstract, a note) have no pages to tell apart
+SPECIFIC_POOL = 100  # keyword candidates that may be re-ordered
 
 
 def long_documents_of(lib: Library, chunk_ids: list[int]) -> tuple[dict[int, int], set[int]]:
@@ -378,11 +392,13 @@ def document_aware_order(lib: Library, terms: list[str], ranked: list[tuple[int,
         for doc_id, members in members_of.items():
             scores.update(_specific_scores(lib, doc_id, unique_terms, set(members)))
         return scores
+
     return reorder_within_documents(lib, ranked, rescore)
 
 
-def reorder_within_documents(lib: Library, ranked: list[tuple[int, float]],
-                             rescore: Callable[[dict[int, list[int]]], dict[int, float]]) -> list[tuple[int, float]]:
+def reorder_within_documents(
+    lib: Library, ranked: list[tuple[int, float]], rescore: Callable[[dict[int, list[int]]], dict[int, float]]
+) -> list[tuple[int, float]]:
     """``ranked`` with the candidates of each long document among its first SPECIFIC_POOL re-ordered by
     ``rescore({doc id: its candidates})`` (chunk id -> score); each document keeps the scores its candidates
     earned (they trade slots), so how documents interleave is unchanged."""
@@ -394,8 +410,9 @@ def reorder_within_documents(lib: Library, ranked: list[tuple[int, float]],
     for cid, _ in pool:
         if doc_of.get(cid) in long_docs:
             members_of.setdefault(doc_of[cid], []).append(cid)
-    members_of = {doc_id: members for doc_id, members in sorted(members_of.items())
-                  if len(members) > 1}       # one candidate has no sibling to trade places with
+    members_of = {
+        doc_id: members for doc_id, members in sorted(members_of.items()) if len(members) > 1
+    }  # one candidate has no sibling to trade places with
     rescored = rescore(members_of) if members_of else {}
     slots = dict(pool)
     for members in members_of.values():
@@ -436,6 +453,7 @@ TOPIC_DIRECTION_SHARE = 0.7
 def document_directions(lib: Library, doc_ids: list[int]) -> dict:
     """doc id -> the unit mean of its stored passage vectors (documents without vectors are absent)."""
     import numpy as np
+
     sums: dict[int, Any] = {}
     for doc_id, blob in lib.doc_vectors(doc_ids):
         vector = np.frombuffer(blob, dtype=np.float32)
@@ -450,13 +468,16 @@ def document_directions(lib: Library, doc_ids: list[int]) -> dict:
 
 def stored_vectors(lib: Library, chunk_ids: list[int]) -> dict:
     import numpy as np
+
     return {chunk_id: np.frombuffer(blob, dtype=np.float32) for chunk_id, blob in lib.chunk_vectors(chunk_ids)}
 
 
-def document_aware_vector_order(lib: Library, state: LibraryState, embedder: Embedder, query_vec,
-                                ranked: list[tuple[int, float]]) -> list[tuple[int, float]]:
+def document_aware_vector_order(
+    lib: Library, state: LibraryState, embedder: Embedder, query_vec, ranked: list[tuple[int, float]]
+) -> list[tuple[int, float]]:
     """The vector ranking with each long document's passages re-ordered by their cosine less its topic share."""
     import numpy as np
+
     query = np.asarray(query_vec, dtype=np.float32)
 
     def rescore(members_of: dict[int, list[int]]) -> dict[int, float]:
@@ -471,8 +492,10 @@ def document_aware_vector_order(lib: Library, state: LibraryState, embedder: Emb
             for cid in members:
                 if cid in vectors:
                     scores[cid] = float(query @ vectors[cid]) - TOPIC_DIRECTION_SHARE * topic * float(
-                        vectors[cid] @ direction)
+                        vectors[cid] @ direction
+                    )
         return scores
+
     return reorder_within_documents(lib, ranked, rescore)
 
 
@@ -490,8 +513,9 @@ def contiguous_runs(page_map: list, text_length: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in zip(starts, starts[1:] + [text_length]) if hi > lo]
 
 
-def make_snippet(text: str, idf: dict[str, float], size: int,
-                 runs: list[tuple[int, int]] | None = None) -> tuple[str, int, int]:
+def make_snippet(
+    text: str, idf: dict[str, float], size: int, runs: list[tuple[int, int]] | None = None
+) -> tuple[str, int, int]:
     """A window of about ``size`` chars around the rarest matched terms: (snippet, start, end).
 
     The snippet is verbatim chunk text cut at word boundaries (any character for CJK), with an
@@ -555,8 +579,11 @@ def page_offsets_of_span(page_map: list, start: int, end: int) -> tuple[int | No
 
 def pages_of_span(page_map: list, start: int, end: int) -> tuple[int | None, int | None]:
     """Physical pages covered by chunk characters ``[start, end)``."""
-    pages = [page for offset, page, _, length, *_ in page_map
-             if page is not None and offset < end and offset + length > start]
+    pages = [
+        page
+        for offset, page, _, length, *_ in page_map
+        if page is not None and offset < end and offset + length > start
+    ]
     if not pages:
         fallback = [entry[1] for entry in page_map if entry[1] is not None]
         return (fallback[0], fallback[-1]) if fallback else (None, None)

@@ -2,6 +2,7 @@
 
 May import: reading.citations, records, retrieval.candidates, storage, text.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,9 @@ def _ocr_pages(coverage: str | None) -> set[int]:
         return set()
 
 
-def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int,
-                with_citations: bool = False) -> list[HitRecord]:
+def hit_records(
+    lib: Library, hits: list[SearchHit], terms: list[str], snippet_size: int, with_citations: bool = False
+) -> list[HitRecord]:
     if not hits:
         return []
     idf = term_idf(lib, terms)
@@ -74,21 +76,37 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
         labels = json.loads(row["page_labels"]) if row["page_labels"] else []
         label = (labels[page - 1] or None) if page and page <= len(labels) else None
         if row["block"] == "annotation":
-            label = row["page_label"]          # Zotero's own label of the annotated page
-        records.append(HitRecord(
-            chunk_id=row["id"], doc_id=row["doc_id"], path=row["path"], file=Path(row["path"]).name,
-            title=row["title"], authors=json.loads(row["authors"] or "[]"), year=row["year"],
-            journal=row["journal"], doi=row["doi"], kind=row["kind"], section=row["section"],
-            page=page, page_end=page_end, page_label=label, char_start=char_start, char_end=char_end,
-            score=hit.score if math.isfinite(hit.score) else 0.0, snippet=snippet,
-        ))
+            label = row["page_label"]  # Zotero's own label of the annotated page
+        records.append(
+            HitRecord(
+                chunk_id=row["id"],
+                doc_id=row["doc_id"],
+                path=row["path"],
+                file=Path(row["path"]).name,
+                title=row["title"],
+                authors=json.loads(row["authors"] or "[]"),
+                year=row["year"],
+                journal=row["journal"],
+                doi=row["doi"],
+                kind=row["kind"],
+                section=row["section"],
+                page=page,
+                page_end=page_end,
+                page_label=label,
+                char_start=char_start,
+                char_end=char_end,
+                score=hit.score if math.isfinite(hit.score) else 0.0,
+                snippet=snippet,
+            )
+        )
         ocr_pages = _ocr_pages(row["page_coverage"])
         if ocr_pages and page is not None and any(p in ocr_pages for p in range(page, (page_end or page) + 1)):
-            records[-1]["ocr"] = True           # the passage's text was read from a picture of its page
+            records[-1]["ocr"] = True  # the passage's text was read from a picture of its page
         if row["zotero_key"]:
             records[-1]["zotero_key"] = row["zotero_key"]
-            records[-1]["zotero_link"] = zotero_link(row["zotero_attachment_key"] or row["zotero_key"], page,
-                                                     row["zotero_group"])
+            records[-1]["zotero_link"] = zotero_link(
+                row["zotero_attachment_key"] or row["zotero_key"], page, row["zotero_group"]
+            )
         if with_citations:
             records[-1]["citations"], records[-1]["citations_more"] = hit_citations(lib, row["id"], row["doc_id"])
             records[-1]["captions"] = hit_captions(lib, row["text"], row["doc_id"], row["id"])
@@ -100,7 +118,7 @@ def hit_records(lib: Library, hits: list[SearchHit], terms: list[str], snippet_s
 RERANK_POOL = 20
 
 
-COMPACT_INDEX_MIN = 250_000     # vectors from which the index stores them as float16 (see below)
+COMPACT_INDEX_MIN = 250_000  # vectors from which the index stores them as float16 (see below)
 
 
 def compact_index_min() -> int:
@@ -119,6 +137,7 @@ class VectorIndex:
 
     def __init__(self, dim: int, model: str, compact: bool = False):
         import faiss
+
         self.dim = dim
         self.model = model
         self.compact = compact
@@ -133,6 +152,7 @@ class VectorIndex:
     @classmethod
     def load(cls, lib: Library, dim: int, model: str) -> VectorIndex:
         import numpy as np
+
         chunks = lib.count_chunks()
         index = cls(dim, model, compact=chunks >= compact_index_min())
         index.generation = lib.generation()
@@ -151,6 +171,7 @@ class VectorIndex:
 
     def add(self, lib: Library, chunk_ids: list[int]) -> None:
         import numpy as np
+
         vectors = stored_vectors(lib, chunk_ids)
         if vectors:
             ids = list(vectors)
@@ -159,6 +180,7 @@ class VectorIndex:
 
     def remove(self, chunk_ids: list[int]) -> None:
         import numpy as np
+
         if chunk_ids:
             self.index.remove_ids(np.array(chunk_ids, dtype=np.int64))
 
@@ -166,6 +188,7 @@ class VectorIndex:
         """(chunk id, cosine) best first; ``allowed_ids`` restricts the search before top-k."""
         import faiss
         import numpy as np
+
         if self.index.ntotal == 0 or k <= 0:
             return []
         params = None
@@ -173,7 +196,7 @@ class VectorIndex:
             if not allowed_ids:
                 return []
             selector = faiss.IDSelectorBatch(np.array(allowed_ids, dtype=np.int64))
-            params = faiss.SearchParameters(sel=selector)   # type: ignore[call-arg]  # a SWIG keyword its stubs lack
+            params = faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]  # a SWIG keyword its stubs lack
         k = min(k, self.index.ntotal)
         scores, ids = self.index.search(np.asarray(query_vec, dtype=np.float32).reshape(1, -1), k, params=params)
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0 and math.isfinite(float(s))]
@@ -197,7 +220,7 @@ def chunk_weights(lib: Library, ids: Iterable[int]) -> dict[int, float]:
 # but it cannot carry a chunk over one that the evidence ranks clearly higher, whatever the scale of the scores:
 # fused ranks, BM25, or the bunched cosines of some embedding models. Measured in docs/DESIGN.md.
 SECTION_PRIOR_STRENGTH = 1.0
-PRIOR_GAP_DEPTH = 10          # ranks over which a score list's own neighbour gap is measured
+PRIOR_GAP_DEPTH = 10  # ranks over which a score list's own neighbour gap is measured
 
 
 def section_prior(weight: float) -> float:
@@ -213,8 +236,9 @@ def neighbour_gap(scores: list[float]) -> float:
     return (top[0] - top[-1]) / (len(top) - 1) if len(top) > 1 else 0.0
 
 
-def with_section_prior(scored: list[tuple[int, float]], weights: dict[int, float],
-                       gap: float) -> list[tuple[int, float]]:
+def with_section_prior(
+    scored: list[tuple[int, float]], weights: dict[int, float], gap: float
+) -> list[tuple[int, float]]:
     """Scores plus each chunk's bounded section prior (``gap``: the ranking's neighbour gap), best first."""
     lift = SECTION_PRIOR_STRENGTH * gap
     out = [(cid, score + lift * section_prior(weights.get(cid, 1.0))) for cid, score in scored]
@@ -240,6 +264,8 @@ def keyword_trust(strength: float) -> float:
     """The factor on the keyword share in fusion for a query whose best keyword match reaches ``strength`` of
     its ceiling: 1 from KEYWORD_TRUST_SHARE up."""
     return min(1.0, max(strength, 0.0) / KEYWORD_TRUST_SHARE) ** 2
+
+
 # Candidates per half, at least. Min-max scaling is read against the pool's tail, so a deep pool keeps a flat
 # score list (cosines) from being stretched over a short range: 200 beat 50 on both SciFact (0.7391 vs 0.7344
 # nDCG@10) and the full-text questions (0.795 vs 0.782 MRR@10), at a few milliseconds.
@@ -254,8 +280,13 @@ def min_max(scored: list[tuple[int, float]]) -> dict[int, float]:
     return {cid: (s - low) / (high - low) if high > low else 1.0 for cid, s in scored}
 
 
-def fuse_halves(keyword: list[tuple[int, float]], vector: list[tuple[int, float]], weights: dict[int, float],
-                in_long_docs: set[int], keyword_trust: float = 1.0) -> list[tuple[int, float]]:
+def fuse_halves(
+    keyword: list[tuple[int, float]],
+    vector: list[tuple[int, float]],
+    weights: dict[int, float],
+    in_long_docs: set[int],
+    keyword_trust: float = 1.0,
+) -> list[tuple[int, float]]:
     """The keyword and vector pools combined (a chunk missing from a pool scores 0 there), with the section
     prior, best first."""
     kw, vec = min_max(keyword), min_max(vector)
@@ -268,11 +299,12 @@ def fuse_halves(keyword: list[tuple[int, float]], vector: list[tuple[int, float]
     return keep_dominance(lifted, [cid for cid, _ in fused], kw, vec)
 
 
-DOMINANCE_DEPTH = 100     # fused candidates checked pairwise (a prior cannot lift a chunk from further down)
+DOMINANCE_DEPTH = 100  # fused candidates checked pairwise (a prior cannot lift a chunk from further down)
 
 
-def keep_dominance(lifted: list[tuple[int, float]], by_evidence: list[int], kw: dict[int, float],
-                   vec: dict[int, float]) -> list[tuple[int, float]]:
+def keep_dominance(
+    lifted: list[tuple[int, float]], by_evidence: list[int], kw: dict[int, float], vec: dict[int, float]
+) -> list[tuple[int, float]]:
     """The prior-lifted ranking, except that no chunk passes one that BOTH halves rank above it: a chunk the
     evidence ranks higher on every count stays higher, whatever the section weights say."""
     score = dict(lifted)
@@ -292,6 +324,7 @@ def chunk_texts(lib: Library, ids: list[int]) -> dict[int, str]:
 def doc_centroids(lib: Library, dim: int):
     """(doc ids, unit centroid matrix) of every document with vectors."""
     import numpy as np
+
     directions = document_directions(lib, lib.doc_ids())
     ids = sorted(directions)
     if not ids:
@@ -303,8 +336,9 @@ def _script(lang: str) -> str:
     return "cjk" if lang in CJK_LANGS else "latin"
 
 
-def language_note(renderings: list[str], library_langs: dict[str, int], vectors_used: bool = True,
-                  keyword_strength: float = 1.0) -> str | None:
+def language_note(
+    renderings: list[str], library_langs: dict[str, int], vectors_used: bool = True, keyword_strength: float = 1.0
+) -> str | None:
     """A note when keyword matching cannot reach documents because the question is in another language: most of
     the library is in a language no rendering is in, or the keyword half matched nothing well and some documents
     are written in a script no rendering uses (an English question about a Chinese paper in an English library).
@@ -314,28 +348,38 @@ def language_note(renderings: list[str], library_langs: dict[str, int], vectors_
         return None
     asked = [text_language(text) for text in renderings]
     question = LANGUAGE_NAMES.get(asked[0], asked[0])
-    bridge = ("only vector similarity can bridge them" if vectors_used else
-              "no vector similarity was used for this search (keyword mode, or no vectors yet)")
+    bridge = (
+        "only vector similarity can bridge them"
+        if vectors_used
+        else "no vector similarity was used for this search (keyword mode, or no vectors yet)"
+    )
     dominant = max(library_langs, key=library_langs.__getitem__)
     share = library_langs[dominant] / total
     if dominant not in asked and dominant in LANGUAGE_NAMES and share >= 0.8:
         library = LANGUAGE_NAMES[dominant]
-        return (f"the query is {question} but {share:.0%} of the library is {library}: keyword matching cannot "
-                f"bridge the languages and {bridge}; add {_article(library)} {library} rendering of the question "
-                "with `queries` (searched alongside the query) to find its passages")
+        return (
+            f"the query is {question} but {share:.0%} of the library is {library}: keyword matching cannot "
+            f"bridge the languages and {bridge}; add {_article(library)} {library} rendering of the question "
+            "with `queries` (searched alongside the query) to find its passages"
+        )
     if keyword_strength >= KEYWORD_TRUST_SHARE:
         return None
     scripts = {_script(lang) for lang in asked}
-    unreached = {lang: n for lang, n in library_langs.items()
-                 if lang in LANGUAGE_NAMES and lang not in asked and _script(lang) not in scripts}
+    unreached = {
+        lang: n
+        for lang, n in library_langs.items()
+        if lang in LANGUAGE_NAMES and lang not in asked and _script(lang) not in scripts
+    }
     if not unreached:
         return None
     lang = max(unreached, key=unreached.__getitem__)
     count, library = unreached[lang], LANGUAGE_NAMES[lang]
-    return (f"no passage matched the {question} query well, and {count} document{'s' if count != 1 else ''} of "
-            f"the library {'are' if count != 1 else 'is'} {library}, which keyword matching cannot reach from "
-            f"{_article(question)} {question} query ({bridge}); to search {'them' if count != 1 else 'it'} too, "
-            f"add {_article(library)} {library} rendering of the question with `queries`")
+    return (
+        f"no passage matched the {question} query well, and {count} document{'s' if count != 1 else ''} of "
+        f"the library {'are' if count != 1 else 'is'} {library}, which keyword matching cannot reach from "
+        f"{_article(question)} {question} query ({bridge}); to search {'them' if count != 1 else 'it'} too, "
+        f"add {_article(library)} {library} rendering of the question with `queries`"
+    )
 
 
 def _article(word: str) -> str:

@@ -3,6 +3,7 @@ read.
 
 May import: config, ingest.files, reading.metadata, records, storage, zotero.snapshot.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,16 @@ from ..zotero.snapshot import (
 
 
 def _zotero_entry(attachment: ZoteroAttachment, status: str, **extra) -> dict:
-    entry = {"item_key": attachment.item_key, "attachment_key": attachment.attachment_key,
-             "library": attachment.library, "title": attachment.meta.get("title"), "path": attachment.path,
-             "status": status, "chunks": 0, "annotations": 0}
+    entry = {
+        "item_key": attachment.item_key,
+        "attachment_key": attachment.attachment_key,
+        "library": attachment.library,
+        "title": attachment.meta.get("title"),
+        "path": attachment.path,
+        "status": status,
+        "chunks": 0,
+        "annotations": 0,
+    }
     entry.update({k: v for k, v in extra.items() if v is not None})
     return entry
 
@@ -60,28 +68,45 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: FileEntry
         return entry
     meta = {k: v for k, v in attachment.meta.items() if v}
     with lib.transaction():
-        zotero = DocMeta(title=meta.get("title", row["title"]),
-                         authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
-                         year=meta.get("year", row["year"]), journal=meta.get("journal", row["journal"]),
-                         doi=meta.get("doi") or row["doi"] or None, lang=row["lang"] or "")
-        sources = {key: "zotero" if meta.get(key) else json.loads(row["metadata_source"] or "{}").get(key, "extracted")
-                   for key in METADATA_FIELDS}
-        fields = {"title": zotero.title, "year": zotero.year, "journal": zotero.journal, "doi": zotero.doi,
-                  "metadata_source": json.dumps(sources),
-                  "zotero_key": attachment.item_key, "zotero_attachment_key": attachment.attachment_key,
-                  "zotero_version": attachment.version,
-                  "collections": json.dumps(attachment.collections, ensure_ascii=False),
-                  "zotero_library": attachment.library, "zotero_group": attachment.group,
-                  "tags": json.dumps(attachment.tags, ensure_ascii=False)}
+        zotero = DocMeta(
+            title=meta.get("title", row["title"]),
+            authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
+            year=meta.get("year", row["year"]),
+            journal=meta.get("journal", row["journal"]),
+            doi=meta.get("doi") or row["doi"] or None,
+            lang=row["lang"] or "",
+        )
+        sources = {
+            key: "zotero" if meta.get(key) else json.loads(row["metadata_source"] or "{}").get(key, "extracted")
+            for key in METADATA_FIELDS
+        }
+        fields = {
+            "title": zotero.title,
+            "year": zotero.year,
+            "journal": zotero.journal,
+            "doi": zotero.doi,
+            "metadata_source": json.dumps(sources),
+            "zotero_key": attachment.item_key,
+            "zotero_attachment_key": attachment.attachment_key,
+            "zotero_version": attachment.version,
+            "collections": json.dumps(attachment.collections, ensure_ascii=False),
+            "zotero_library": attachment.library,
+            "zotero_group": attachment.group,
+            "tags": json.dumps(attachment.tags, ensure_ascii=False),
+        }
         authors = zotero.authors
-        fields.update(authors=json.dumps(authors, ensure_ascii=False), title_key=title_key(zotero.title),
-                      first_author_key=surname_key(authors[0]) if authors else None)
+        fields.update(
+            authors=json.dumps(authors, ensure_ascii=False),
+            title_key=title_key(zotero.title),
+            first_author_key=surname_key(authors[0]) if authors else None,
+        )
         lib.upsert_doc(row["path"], fields)
         lib.reindex_headings(row["id"], zotero.title)
         lib.replace_block_chunks(row["id"], "annotation", annotation_chunks(attachment.annotations), zotero.title)
         lib.invalidate_cache()
-    entry.update(title=zotero.title, annotations=len(attachment.annotations),
-                 chunks=lib.recorded_chunk_count(row["id"]))
+    entry.update(
+        title=zotero.title, annotations=len(attachment.annotations), chunks=lib.recorded_chunk_count(row["id"])
+    )
     if result["status"] == STATUS_SKIPPED:
         entry.update(status=STATUS_UPDATED, reason="zotero_metadata")
     return entry
@@ -117,16 +142,17 @@ def _zotero_needs_work(lib: Library, attachment: ZoteroAttachment, force: bool) 
     check does (size and mtime against the library, Zotero's signature and attachment key), without reading
     the file."""
     if attachment.path is None:
-        return False                     # missing: reported, nothing to write
+        return False  # missing: reported, nothing to write
     file_work, row = zotero_file_needs_work(lib, attachment.path, force)
     if file_work or row is None:
         return file_work
-    target = _zotero_target_row(lib, row, attachment)     # None: another attachment's document holds the file
+    target = _zotero_target_row(lib, row, attachment)  # None: another attachment's document holds the file
     return target is not None and target["status"] == "indexed" and not _zotero_data_current(target, attachment)
 
 
-def zotero_file_needs_work(lib: Library, path: str, force: bool = False,
-                           held: dict[str, sqlite3.Row] | None = None) -> tuple[bool, sqlite3.Row | None]:
+def zotero_file_needs_work(
+    lib: Library, path: str, force: bool = False, held: dict[str, sqlite3.Row] | None = None
+) -> tuple[bool, sqlite3.Row | None]:
     """(whether ingesting an attachment's file would write anything, the library's document at its path): a
     file the library lacks or holds at another size or mtime, or a recorded copy whose original is gone. A
     missing file needs none (it is reported). ``held``: the library's documents by stored path, read once by a
@@ -142,7 +168,7 @@ def zotero_file_needs_work(lib: Library, path: str, force: bool = False,
     if force or row is None or row["size"] != stat.st_size or row["mtime_ns"] != stat.st_mtime_ns:
         return True, row
     if row["status"] == "duplicate" and (_original_row(lib, row) is None or _original_is_gone(lib, row)):
-        return True, row                 # ingest_file re-reads it or lets it take the original's place
+        return True, row  # ingest_file re-reads it or lets it take the original's place
     return False, row
 
 

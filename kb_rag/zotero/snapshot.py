@@ -1,7 +1,8 @@
 """Zotero: snapshot reading, attachments, metadata, annotations, collections, tags.
 
-May import: config, reading.chunking, reading.metadata.
+May import: config, reading.chunking, reading.identifiers.
 """
+
 from __future__ import annotations
 
 import calendar
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ..config import SUPPORTED_SUFFIXES, KBError
 from ..reading.chunking import Chunk
-from ..reading.metadata import find_doi
+from ..reading.identifiers import find_doi
 
 # Zotero keeps zotero.sqlite locked (exclusive WAL) while it runs, so the engine
 # copies the database with its -wal/-journal into a temporary folder, checks that
@@ -25,26 +26,30 @@ from ..reading.metadata import find_doi
 # are only ever read. Item types and fields are looked up by name because their
 # ids differ between Zotero 5, 6 and 7.
 
-ZOTERO_ATTACHMENT_TYPES = {"application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md",
-                           "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx"}
+ZOTERO_ATTACHMENT_TYPES = {
+    "application/pdf": ".pdf",
+    "text/plain": ".txt",
+    "text/markdown": ".md",
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx",
+}
 ANNOTATION_SECTION = "Zotero annotation"
-ZOTERO_USER_LIBRARY = "My Library"      # what Zotero calls the user's own library
+ZOTERO_USER_LIBRARY = "My Library"  # what Zotero calls the user's own library
 
 
 @dataclass
 class ZoteroAttachment:
-    item_key: str                 # the parent item (or the attachment itself when it has no parent)
+    item_key: str  # the parent item (or the attachment itself when it has no parent)
     attachment_key: str
     attachment_id: int
-    path: str | None              # resolved file path, None when it cannot be resolved
-    problem: str | None           # why the path is unusable (reason code)
+    path: str | None  # resolved file path, None when it cannot be resolved
+    problem: str | None  # why the path is unusable (reason code)
     version: int
-    meta: dict                    # title, authors, year, journal, doi
+    meta: dict  # title, authors, year, journal, doi
     collections: list[str]
     tags: list[str]
     annotations: list[dict]
-    library: str = ZOTERO_USER_LIBRARY     # "My Library", or the group library's name
-    group: int | None = None               # the group library's id
+    library: str = ZOTERO_USER_LIBRARY  # "My Library", or the group library's name
+    group: int | None = None  # the group library's id
 
     @property
     def file(self) -> str:
@@ -76,8 +81,11 @@ def locate_zotero_db(explicit: str | None) -> Path:
     for path in zotero_db_candidates():
         if path.is_file():
             return path.absolute()
-    raise KBError("not_found", "no Zotero database found (looked in ~/Zotero, ~/Documents/Zotero and the Windows "
-                               "profile folders); pass zotero_db with the path to zotero.sqlite")
+    raise KBError(
+        "not_found",
+        "no Zotero database found (looked in ~/Zotero, ~/Documents/Zotero and the Windows "
+        "profile folders); pass zotero_db with the path to zotero.sqlite",
+    )
 
 
 def _zotero_table(conn: sqlite3.Connection, *names: str) -> str | None:
@@ -93,11 +101,11 @@ def _zotero_table(conn: sqlite3.Connection, *names: str) -> str | None:
 # never opens those files with SQLite (that could take locks Zotero relies on): it copies them and reads the copy.
 # Copies made while Zotero writes are one state of the database only in the cases _snapshot_consistent names;
 # otherwise the copy is made again, after a pause that grows, until ZOTERO_SNAPSHOT_S has passed.
-ZOTERO_SNAPSHOT_S = 30.0        # how long a snapshot is tried while Zotero writes (KB_ZOTERO_SNAPSHOT_S overrides)
-ZOTERO_RETRY_S = (0.01, 0.25)   # the first and the longest pause between two tries (each drawn from its upper half)
+ZOTERO_SNAPSHOT_S = 30.0  # how long a snapshot is tried while Zotero writes (KB_ZOTERO_SNAPSHOT_S overrides)
+ZOTERO_RETRY_S = (0.01, 0.25)  # the first and the longest pause between two tries (each drawn from its upper half)
 SQLITE_HEADER_BYTES, WAL_HEADER_BYTES = 100, 32
 SQLITE_MAGIC = b"SQLite format 3\x00"
-ZOTERO_SIDECARS = ("-journal", "-wal")      # copied after the database file, the log last
+ZOTERO_SIDECARS = ("-journal", "-wal")  # copied after the database file, the log last
 # the tables whose rows decide which attachments the library holds: the copy's are checked page by page
 ZOTERO_CHECKED_TABLES = ("items", "itemAttachments", "deletedItems")
 
@@ -125,8 +133,10 @@ def _zotero_file_state(path: str, head_bytes: int) -> tuple | None:
 
 def _zotero_files_state(db_path: Path) -> dict[str, tuple | None]:
     """One look at the database file ("") and its -journal and -wal."""
-    return {"": _zotero_file_state(str(db_path), SQLITE_HEADER_BYTES),
-            **{suffix: _zotero_file_state(f"{db_path}{suffix}", WAL_HEADER_BYTES) for suffix in ZOTERO_SIDECARS}}
+    return {
+        "": _zotero_file_state(str(db_path), SQLITE_HEADER_BYTES),
+        **{suffix: _zotero_file_state(f"{db_path}{suffix}", WAL_HEADER_BYTES) for suffix in ZOTERO_SIDECARS},
+    }
 
 
 def _snapshot_consistent(before: dict[str, tuple | None], after: dict[str, tuple | None], db_unchanged: bool) -> bool:
@@ -156,13 +166,17 @@ def _snapshot_consistent(before: dict[str, tuple | None], after: dict[str, tuple
     """
     db_before, db_after = before[""], after[""]
     if db_before is None or db_after is None or db_before[:2] != db_after[:2]:
-        return False            # gone, or replaced by another file
+        return False  # gone, or replaced by another file
     if before["-journal"] != after["-journal"]:
         return False
     log_before, log_after = before["-wal"], after["-wal"]
     if log_before is not None and len(log_before[5]) == WAL_HEADER_BYTES:
-        return (log_after is not None and log_after[:2] == log_before[:2] and log_after[5] == log_before[5]
-                and log_after[2] >= log_before[2])
+        return (
+            log_after is not None
+            and log_after[:2] == log_before[:2]
+            and log_after[5] == log_before[5]
+            and log_after[2] >= log_before[2]
+        )
     return db_before == db_after and db_unchanged
 
 
@@ -189,6 +203,7 @@ class ZoteroSnapshot:
 
     def __enter__(self) -> sqlite3.Connection:
         import tempfile
+
         self.folder = tempfile.mkdtemp(prefix="kb-zotero-")
         try:
             self._copy_consistent(Path(self.folder) / "zotero.sqlite")
@@ -200,6 +215,7 @@ class ZoteroSnapshot:
 
     def _copy_consistent(self, copy: Path) -> None:
         import random
+
         bound = zotero_snapshot_seconds()
         deadline = time.monotonic() + bound
         pause = ZOTERO_RETRY_S[0]
@@ -215,16 +231,20 @@ class ZoteroSnapshot:
             if _snapshot_consistent(before, after, unchanged):
                 return
             if time.monotonic() + pause > deadline:
-                raise KBError("zotero_busy", f"Zotero kept writing its database {self.db_path} for {bound:g} s "
-                                             "without a pause long enough to copy it whole; try again in a moment "
-                                             "(a watched Zotero library's next sync tries again by itself)")
-            time.sleep(random.uniform(pause / 2, pause))   # at random: a writer with a rhythm is not met in step
+                raise KBError(
+                    "zotero_busy",
+                    f"Zotero kept writing its database {self.db_path} for {bound:g} s "
+                    "without a pause long enough to copy it whole; try again in a moment "
+                    "(a watched Zotero library's next sync tries again by itself)",
+                )
+            time.sleep(random.uniform(pause / 2, pause))  # at random: a writer with a rhythm is not met in step
             pause = min(pause * 2, ZOTERO_RETRY_S[1])
 
     def _copy_files(self, copy: Path, seen: dict[str, tuple | None]) -> None:
         """Copy the database file, then the sidecars the look ``seen`` found (the log last); one that is gone
         meanwhile is left out (the next look sees that it went)."""
         import shutil
+
         for suffix in ("", *ZOTERO_SIDECARS):
             target = Path(f"{copy}{suffix}")
             target.unlink(missing_ok=True)
@@ -235,8 +255,9 @@ class ZoteroSnapshot:
             except FileNotFoundError:
                 target.unlink(missing_ok=True)
             except OSError as exc:
-                raise KBError("zotero_unreadable", f"cannot copy the Zotero database {self.db_path}{suffix}: "
-                                                   f"{exc}") from None
+                raise KBError(
+                    "zotero_unreadable", f"cannot copy the Zotero database {self.db_path}{suffix}: {exc}"
+                ) from None
 
     def _same_file(self, copy: Path) -> bool:
         try:
@@ -267,13 +288,14 @@ class ZoteroSnapshot:
 
     def __exit__(self, exc_type, exc, traceback):
         import shutil
+
         if self.conn is not None:
             self.conn.close()
             self.conn = None
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
-        if isinstance(exc, sqlite3.DatabaseError):     # the copy is sound but could not be read to the end
+        if isinstance(exc, sqlite3.DatabaseError):  # the copy is sound but could not be read to the end
             raise KBError("zotero_unreadable", f"cannot read the Zotero database {self.db_path}: {exc}") from None
         return False
 
@@ -301,18 +323,19 @@ def zotero_base_directory(data_dir: Path, explicit: str | None) -> Path | None:
     return None
 
 
-def _resolve_attachment(raw_path: str | None, link_mode: int, key: str, data_dir: Path,
-                        base_dir: Path | None) -> tuple[str | None, str | None]:
+def _resolve_attachment(
+    raw_path: str | None, link_mode: int, key: str, data_dir: Path, base_dir: Path | None
+) -> tuple[str | None, str | None]:
     """(file path, None) or (None, reason) for an attachment's stored path."""
     if not raw_path:
         return None, "no_file"
-    if raw_path.startswith("storage:"):     # (os.path, not pathlib: a sync resolves every attachment's path)
-        return os.path.normpath(os.path.join(data_dir, "storage", key, raw_path[len("storage:"):])), None
+    if raw_path.startswith("storage:"):  # (os.path, not pathlib: a sync resolves every attachment's path)
+        return os.path.normpath(os.path.join(data_dir, "storage", key, raw_path[len("storage:") :])), None
     if raw_path.startswith("attachments:"):
         if base_dir is None:
             return None, "base_directory_unknown"
-        return os.path.normpath(os.path.join(base_dir, raw_path[len("attachments:"):])), None
-    if link_mode == 3:        # a web link: no file
+        return os.path.normpath(os.path.join(base_dir, raw_path[len("attachments:") :])), None
+    if link_mode == 3:  # a web link: no file
         return None, "web_link"
     return raw_path, None
 
@@ -321,10 +344,12 @@ def _zotero_fields(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, d
     fields_table = _zotero_table(conn, "fieldsCombined", "fields")
     values: dict[int, dict[str, str]] = {}
     for start in range(0, len(item_ids), 500):
-        batch = item_ids[start:start + 500]
+        batch = item_ids[start : start + 500]
         rows = conn.execute(
             f"SELECT d.itemID, f.fieldName, v.value FROM itemData d JOIN {fields_table} f ON f.fieldID = d.fieldID "
-            f"JOIN itemDataValues v ON v.valueID = d.valueID WHERE d.itemID IN ({', '.join('?' * len(batch))})", batch)
+            f"JOIN itemDataValues v ON v.valueID = d.valueID WHERE d.itemID IN ({', '.join('?' * len(batch))})",
+            batch,
+        )
         for item_id, name, value in rows:
             values.setdefault(item_id, {})[name] = str(value)
     return values
@@ -335,7 +360,8 @@ def _zotero_authors(conn: sqlite3.Connection, item_id: int, types_table: str) ->
         "SELECT c.firstName, c.lastName, t.creatorType FROM itemCreators ic "
         "JOIN creators c ON c.creatorID = ic.creatorID "
         f"JOIN {types_table} t ON t.creatorTypeID = ic.creatorTypeID WHERE ic.itemID = ? ORDER BY ic.orderIndex",
-        (item_id,)).fetchall()
+        (item_id,),
+    ).fetchall()
     authors = [r for r in rows if r["creatorType"] == "author"] or rows
     return [" ".join(p for p in (r["firstName"], r["lastName"]) if p).strip() for r in authors if r["lastName"]]
 
@@ -344,10 +370,16 @@ def _zotero_collections(conn: sqlite3.Connection) -> dict[int, list[str]]:
     """Item id -> collection paths ("Materials/Graphene")."""
     if not _zotero_table(conn, "collections"):
         return {}
-    trashed = {r[0] for r in conn.execute("SELECT collectionID FROM deletedCollections")} \
-        if _zotero_table(conn, "deletedCollections") else set()
-    rows = {r["collectionID"]: r for r in conn.execute("SELECT collectionID, collectionName, parentCollectionID "
-                                                         "FROM collections") if r["collectionID"] not in trashed}
+    trashed = (
+        {r[0] for r in conn.execute("SELECT collectionID FROM deletedCollections")}
+        if _zotero_table(conn, "deletedCollections")
+        else set()
+    )
+    rows = {
+        r["collectionID"]: r
+        for r in conn.execute("SELECT collectionID, collectionName, parentCollectionID FROM collections")
+        if r["collectionID"] not in trashed
+    }
 
     def path(collection_id: int, depth: int = 0) -> str:
         row = rows[collection_id]
@@ -374,9 +406,11 @@ def _zotero_annotations(conn: sqlite3.Connection, trashed: set[int]) -> dict[int
     if not _zotero_table(conn, "itemAnnotations"):
         return {}
     out: dict[int, list[dict]] = {}
-    rows = conn.execute("SELECT a.itemID, a.parentItemID, a.text, a.comment, a.pageLabel, a.position, a.sortIndex, "
-                        "i.key, i.version FROM itemAnnotations a JOIN items i ON i.itemID = a.itemID "
-                        "ORDER BY a.parentItemID, a.sortIndex")
+    rows = conn.execute(
+        "SELECT a.itemID, a.parentItemID, a.text, a.comment, a.pageLabel, a.position, a.sortIndex, "
+        "i.key, i.version FROM itemAnnotations a JOIN items i ON i.itemID = a.itemID "
+        "ORDER BY a.parentItemID, a.sortIndex"
+    )
     for row in rows:
         if row["itemID"] in trashed or not ((row["text"] or "").strip() or (row["comment"] or "").strip()):
             continue
@@ -384,10 +418,16 @@ def _zotero_annotations(conn: sqlite3.Connection, trashed: set[int]) -> dict[int
             page_index = json.loads(row["position"] or "{}").get("pageIndex")
         except (ValueError, AttributeError):
             page_index = None
-        out.setdefault(row["parentItemID"], []).append({
-            "key": row["key"], "text": (row["text"] or "").strip(), "comment": (row["comment"] or "").strip(),
-            "page": page_index + 1 if isinstance(page_index, int) else None,
-            "page_label": row["pageLabel"] or None, "version": row["version"] or 0})
+        out.setdefault(row["parentItemID"], []).append(
+            {
+                "key": row["key"],
+                "text": (row["text"] or "").strip(),
+                "comment": (row["comment"] or "").strip(),
+                "page": page_index + 1 if isinstance(page_index, int) else None,
+                "page_label": row["pageLabel"] or None,
+                "version": row["version"] or 0,
+            }
+        )
     return out
 
 
@@ -401,9 +441,10 @@ class ZoteroCatalog:
     """What whole-table queries tell of a Zotero library, without a query per item: its live file attachments
     (``rows``: not trashed, of a kind the engine indexes, in a library of papers) and what their signatures and
     digests are made of besides each item's fields and authors."""
-    rows: list[sqlite3.Row]                       # itemAttachments joined with items: itemID, key, path, ...
+
+    rows: list[sqlite3.Row]  # itemAttachments joined with items: itemID, key, path, ...
     libraries: dict[int, tuple[str, int | None]]
-    items: dict[int, sqlite3.Row]                 # itemID -> key, version, modified (every item)
+    items: dict[int, sqlite3.Row]  # itemID -> key, version, modified (every item)
     collections: dict[int, list[str]]
     tags: dict[int, list[str]]
     annotations: dict[int, list[dict]]
@@ -418,35 +459,67 @@ class ZoteroCatalog:
         annotation keys, library name, stored path. A renamed collection, an erased annotation or a file renamed
         by Zotero changes it while no item's clientDateModified moves."""
         owner = self.owner(row)
-        parts = [self.items[owner]["key"] if owner in self.items else None, sorted(self.collections.get(owner, [])),
-                 sorted(self.tags.get(owner, [])), [n["key"] for n in self.annotations.get(row["itemID"], [])],
-                 self.libraries[row["libraryID"]][0], row["path"]]
+        parts = [
+            self.items[owner]["key"] if owner in self.items else None,
+            sorted(self.collections.get(owner, [])),
+            sorted(self.tags.get(owner, [])),
+            [n["key"] for n in self.annotations.get(row["itemID"], [])],
+            self.libraries[row["libraryID"]][0],
+            row["path"],
+        ]
         return hashlib.sha1(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def read_zotero_catalog(conn: sqlite3.Connection) -> ZoteroCatalog:
     types_table = _zotero_table(conn, "itemTypesCombined", "itemTypes")
-    trashed = {r[0] for r in conn.execute("SELECT itemID FROM deletedItems")} if _zotero_table(conn, "deletedItems") \
+    trashed = (
+        {r[0] for r in conn.execute("SELECT itemID FROM deletedItems")}
+        if _zotero_table(conn, "deletedItems")
         else set()
+    )
     rows = conn.execute(
         f"SELECT a.itemID, a.parentItemID, a.linkMode, a.contentType, a.path, i.key, i.version, i.libraryID, "
         f"t.typeName FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
         f"JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
-        "ORDER BY a.itemID").fetchall()
+        "ORDER BY a.itemID"
+    ).fetchall()
     libraries = zotero_libraries(conn)
     client = "clientDateModified" if _zotero_column(conn, "items", "clientDateModified") else "NULL"
-    items = {r["itemID"]: r for r in conn.execute(
-        f"SELECT itemID, key, version, dateModified || '|' || COALESCE({client}, '') AS modified FROM items")}
-    wanted = [r for r in rows if r["itemID"] not in trashed and r["parentItemID"] not in trashed
-              and _zotero_file_kind(r["contentType"], r["path"]) and r["libraryID"] in libraries]
-    n_collections = conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] \
-        if _zotero_table(conn, "collections") else 0
-    return ZoteroCatalog(wanted, libraries, items, _zotero_collections(conn), _zotero_tags(conn),
-                         _zotero_annotations(conn, trashed), n_collections)
+    items = {
+        r["itemID"]: r
+        for r in conn.execute(
+            f"SELECT itemID, key, version, dateModified || '|' || COALESCE({client}, '') AS modified FROM items"
+        )
+    }
+    wanted = [
+        r
+        for r in rows
+        if r["itemID"] not in trashed
+        and r["parentItemID"] not in trashed
+        and _zotero_file_kind(r["contentType"], r["path"])
+        and r["libraryID"] in libraries
+    ]
+    n_collections = (
+        conn.execute("SELECT COUNT(*) FROM collections").fetchone()[0] if _zotero_table(conn, "collections") else 0
+    )
+    return ZoteroCatalog(
+        wanted,
+        libraries,
+        items,
+        _zotero_collections(conn),
+        _zotero_tags(conn),
+        _zotero_annotations(conn, trashed),
+        n_collections,
+    )
 
 
-def zotero_attachments(conn: sqlite3.Connection, catalog: ZoteroCatalog, data_dir: Path, base_dir: Path | None,
-                       rows: list[sqlite3.Row] | None = None) -> list[ZoteroAttachment]:
+def zotero_attachments(
+    conn: sqlite3.Connection,
+    catalog: ZoteroCatalog,
+    data_dir: Path,
+    base_dir: Path | None,
+    rows: list[sqlite3.Row] | None = None,
+) -> list[ZoteroAttachment]:
     """The catalog's attachments (or those of ``rows``), each with its parent's metadata and its signature."""
     rows = catalog.rows if rows is None else rows
     fields = _zotero_fields(conn, list({catalog.owner(r) for r in rows}))
@@ -459,17 +532,31 @@ def zotero_attachments(conn: sqlite3.Connection, catalog: ZoteroCatalog, data_di
         collections, tags = catalog.collections.get(owner, []), catalog.tags.get(owner, [])
         library, group = catalog.libraries[row["libraryID"]]
         path, problem = _resolve_attachment(row["path"], row["linkMode"], row["key"], data_dir, base_dir)
-        version = _zotero_signature(catalog.items.get(owner), catalog.items.get(row["itemID"]), data, notes,
-                                    collections, tags, library)
-        attachments.append(ZoteroAttachment(
-            item_key=catalog.items[owner]["key"] if owner in catalog.items else row["key"],
-            attachment_key=row["key"], attachment_id=row["itemID"], path=path, problem=problem, version=version,
-            meta={"title": data.get("title"), "authors": _zotero_authors(conn, owner, creator_types),
-                  "year": _zotero_year(data.get("date")),
-                  "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
-                  "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None)},
-            collections=sorted(set(collections)), tags=sorted(set(tags)), annotations=notes, library=library,
-            group=group))
+        version = _zotero_signature(
+            catalog.items.get(owner), catalog.items.get(row["itemID"]), data, notes, collections, tags, library
+        )
+        attachments.append(
+            ZoteroAttachment(
+                item_key=catalog.items[owner]["key"] if owner in catalog.items else row["key"],
+                attachment_key=row["key"],
+                attachment_id=row["itemID"],
+                path=path,
+                problem=problem,
+                version=version,
+                meta={
+                    "title": data.get("title"),
+                    "authors": _zotero_authors(conn, owner, creator_types),
+                    "year": _zotero_year(data.get("date")),
+                    "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
+                    "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None),
+                },
+                collections=sorted(set(collections)),
+                tags=sorted(set(tags)),
+                annotations=notes,
+                library=library,
+                group=group,
+            )
+        )
     return attachments
 
 
@@ -482,9 +569,15 @@ def zotero_libraries(conn: sqlite3.Connection) -> dict[int, tuple[str, int | Non
     """libraryID -> (the name a user knows it by, the group's id): "My Library" for their own, the group's name
     for a group library. Feeds (RSS items Zotero keeps apart) are no library of papers and are left out."""
     if not _zotero_table(conn, "libraries"):
-        return {1: (ZOTERO_USER_LIBRARY, None)}       # before Zotero 5 there was only the user's library
-    groups = {library_id: (name, group_id) for group_id, library_id, name in
-              conn.execute("SELECT groupID, libraryID, name FROM groups")} if _zotero_table(conn, "groups") else {}
+        return {1: (ZOTERO_USER_LIBRARY, None)}  # before Zotero 5 there was only the user's library
+    groups = (
+        {
+            library_id: (name, group_id)
+            for group_id, library_id, name in conn.execute("SELECT groupID, libraryID, name FROM groups")
+        }
+        if _zotero_table(conn, "groups")
+        else {}
+    )
     names: dict[int, tuple[str, int | None]] = {}
     for library_id, kind in conn.execute("SELECT libraryID, type FROM libraries"):
         if kind == "user":
@@ -505,15 +598,17 @@ def _zotero_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 # only moves forward: a stamp from a clock that ran fast is no mark (it is capped at the snapshot's time), and a
 # database whose history went back (a backup restored: earlier stamps, lower versions) gets a full pass.
 ZOTERO_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
-ZOTERO_MARK_SLACK_S = 60     # saves stamped up to this long before the mark are read again (a clock set back
-                             # a little; Zotero runs one transaction at a time, so saves are stamped in order)
+ZOTERO_MARK_SLACK_S = 60  # saves stamped up to this long before the mark are read again (a clock set back
+# a little; Zotero runs one transaction at a time, so saves are stamped in order)
 
 
 def _zotero_history(conn: sqlite3.Connection) -> tuple[str, dict[str, int]]:
     """(the latest clientDateModified, the highest version in each library) of a snapshot."""
     latest = conn.execute("SELECT MAX(clientDateModified) FROM items").fetchone()[0]
-    versions = {str(library): version or 0 for library, version in
-                conn.execute("SELECT libraryID, MAX(version) FROM items GROUP BY libraryID")}
+    versions = {
+        str(library): version or 0
+        for library, version in conn.execute("SELECT libraryID, MAX(version) FROM items GROUP BY libraryID")
+    }
     return latest or "", versions
 
 
@@ -541,30 +636,43 @@ def zotero_touched(conn: sqlite3.Connection, mark: dict, now: float) -> set[int]
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     stamped, highest = _zotero_history(conn)
-    if latest > now + ZOTERO_MARK_SLACK_S or stamped < mark["modified"] or any(
-            highest.get(str(library), version) < version for library, version in versions):
+    if (
+        latest > now + ZOTERO_MARK_SLACK_S
+        or stamped < mark["modified"]
+        or any(highest.get(str(library), version) < version for library, version in versions)
+    ):
         return None
     since = time.strftime(ZOTERO_TIME_FORMAT, time.gmtime(latest - ZOTERO_MARK_SLACK_S))
     where = " OR ".join(["i.clientDateModified >= ?"] + ["(i.libraryID = ? AND i.version > ?)"] * len(versions))
     params = [since, *(value for pair in versions for value in pair)]
     touched = {r[0] for r in conn.execute(f"SELECT i.itemID FROM items i WHERE {where}", params)}
     if _zotero_table(conn, "itemAnnotations"):
-        touched |= {r[0] for r in conn.execute("SELECT a.parentItemID FROM itemAnnotations a JOIN items i ON "
-                                               f"i.itemID = a.itemID WHERE {where}", params)}
+        touched |= {
+            r[0]
+            for r in conn.execute(
+                f"SELECT a.parentItemID FROM itemAnnotations a JOIN items i ON i.itemID = a.itemID WHERE {where}",
+                params,
+            )
+        }
     return touched
 
 
-def _zotero_signature(parent, attachment, fields: dict, notes: list[dict], collections: list[str],
-                      tags: list[str], library: str) -> int:
+def _zotero_signature(
+    parent, attachment, fields: dict, notes: list[dict], collections: list[str], tags: list[str], library: str
+) -> int:
     """A number that changes whenever anything imported from this attachment changes in Zotero.
 
     Zotero raises ``version`` only when it syncs; a local edit changes the modification time instead,
     and a deleted annotation or a renamed collection changes neither on the item: so everything that is
     imported goes into the signature."""
     parts: list = [[r["version"], r["modified"]] if r is not None else None for r in (parent, attachment)]
-    parts += [sorted(fields.items()),
-              [[n["key"], n["version"], n["text"], n["comment"], n["page_label"]] for n in notes],
-              sorted(collections), sorted(tags), library]
+    parts += [
+        sorted(fields.items()),
+        [[n["key"], n["version"], n["text"], n["comment"], n["page_label"]] for n in notes],
+        sorted(collections),
+        sorted(tags),
+        library,
+    ]
     digest = hashlib.sha1(json.dumps(parts, ensure_ascii=False, default=str).encode()).hexdigest()
     return int(digest[:12], 16)
 
@@ -585,7 +693,18 @@ def annotation_chunks(notes: list[dict]) -> list[Chunk]:
         if note["comment"]:
             text = f"{text}\n\nComment: {note['comment']}" if text else f"Comment: {note['comment']}"
         page = note["page"]
-        chunks.append(Chunk(text=text, section=ANNOTATION_SECTION, block="annotation", weight=1.0, page=page,
-                            page_end=page, page_label=note["page_label"], char_start=None, char_end=None,
-                            page_map=[[0, page, None, len(text), 0]]))
+        chunks.append(
+            Chunk(
+                text=text,
+                section=ANNOTATION_SECTION,
+                block="annotation",
+                weight=1.0,
+                page=page,
+                page_end=page,
+                page_label=note["page_label"],
+                char_start=None,
+                char_end=None,
+                page_map=[[0, page, None, len(text), 0]],
+            )
+        )
     return chunks

@@ -1,0 +1,187 @@
+"""Cite: the cite command, BibTeX and CSL-JSON records of documents found by id or by a search.
+
+May import: answers.search, config, models.registry, reading.metadata, rendering, storage, text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+from ..answers.search import LibraryState, run_search
+from ..config import KB_ROOT_FIELD, Field, Flag, KBError, _opt_int, _opt_str, check_rules
+from ..models.registry import Models
+from ..reading.metadata import _COLLABORATION, venue_is_proceedings
+from ..rendering import visible_json, visible_text
+from ..storage import Library, split_person_name, surname_key
+from ..text import cjk_ratio, clean_field
+
+CITE_FORMATS = ("bibtex", "csl-json")
+
+
+def _cite_key(doc: sqlite3.Row, authors: list[str], taken: set[str]) -> str:
+    family = surname_key(authors[0]) if authors else None
+    word = next((w for w in re.findall(r"[A-Za-z]{4,}", doc["title"] or "")), "work")
+    base = re.sub(r"[^a-z0-9]", "", f"{family or 'anon'}{doc['year'] or ''}{word.lower()}") or f"doc{doc['id']}"
+    key, n = base, 1
+    while key in taken:
+        n += 1
+        key = f"{base}{chr(ord('a') + n - 2)}" if n <= 27 else f"{base}{n}"
+    taken.add(key)
+    return key
+
+
+# Characters BibTeX or LaTeX would read as markup. Braces in a value are dropped: an unbalanced one would end the
+# field, and a balanced pair in extracted text is noise, not intent.
+_BIBTEX_SPECIALS = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "{": "",
+    "}": "",
+}
+
+
+def _bibtex_value(text: str) -> str:
+    """A field's value: one line, markup escaped, an unshown character (a bidirectional override) shown as its
+    escape, whose backslash LaTeX then prints as it is."""
+    return "".join(_BIBTEX_SPECIALS.get(ch, ch) for ch in visible_text(clean_field(str(text))))
+
+
+def _bibtex_author(name: str) -> str:
+    """One name of a BibTeX author list, as "Family, Suffix, Given"; a collaboration or a Chinese name is kept
+    whole in braces (BibTeX would split it at "and" or take it for a family name)."""
+    if _COLLABORATION.search(name) or re.search(r"\band\b", name) or len(name.split()) == 1:
+        return "{" + _bibtex_value(name) + "}"
+    given, family, suffix = split_person_name(name)
+    return ", ".join(_bibtex_value(part) for part in (family, suffix, given) if part)
+
+
+def _split_name(name: str) -> dict:
+    """A CSL-JSON name."""
+    if _COLLABORATION.search(name):
+        return {"literal": name}
+    if cjk_ratio(name) > 0.5:
+        family, given = name[:1], name[1:].strip()
+        return {"family": family, "given": given} if given else {"family": family}
+    given, family, suffix = split_person_name(name)
+    return {k: v for k, v in (("family", family), ("given", given), ("suffix", suffix)) if v}
+
+
+CITE_FIELDS = (
+    Field(
+        "doc_ids",
+        "array of integers",
+        "none",
+        "the documents to cite, in this order",
+        cli=(Flag(("--doc-ids",), "cite these documents (see `docs`)", {"type": int, "nargs": "+", "metavar": "ID"}),),
+    ),
+    Field(
+        "query",
+        "string",
+        "none",
+        "used when `doc_ids` is absent: the documents of the best passages for this query, in rank order, each once",
+        cli=(Flag(("query",), "cite the documents this search finds", {"nargs": "?"}),),
+    ),
+    Field(
+        "format",
+        "string",
+        '`"bibtex"`',
+        '`"bibtex"` or `"csl-json"`; anything else is a `bad_request`',
+        cli=(Flag(("--format",), "output format (default bibtex)", {"choices": CITE_FORMATS, "default": "bibtex"}),),
+    ),
+    Field(
+        "top_k",
+        "integer",
+        "`10`",
+        "with `query`: at most this many documents, 1 to 200 (the search looks at `3 × top_k` passages)",
+        cli=(Flag(("-k", "--top-k"), "documents to cite for a query (default 10)", {"type": int, "default": 10}),),
+    ),
+    Field("mode, filters", "", "as in `search`", "with `query`: the retrieval mode (default `hybrid`) and filters"),
+    KB_ROOT_FIELD,
+)
+
+
+CITE_RULES = ({"rule": "any_of", "fields": ["query", "doc_ids"], "message": "cite needs a query or doc_ids"},)
+
+
+def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
+    """BibTeX or CSL-JSON for documents given by id, or for the documents a query finds."""
+    fmt = _opt_str(payload, "format", "bibtex") or "bibtex"
+    if fmt not in CITE_FORMATS:
+        raise KBError("bad_request", f"unknown format {fmt!r}; use bibtex or csl-json")
+    doc_ids = payload.get("doc_ids")
+    query = payload.get("query")
+    check_rules(CITE_RULES, payload)
+    if doc_ids is not None and (
+        not isinstance(doc_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in doc_ids)
+    ):
+        raise KBError("bad_request", "doc_ids must be a list of integers")
+    if lib is None:
+        return {
+            "format": fmt,
+            "count": 0,
+            "entries": [],
+            "not_found": doc_ids or [],
+            "text": "[]" if fmt == "csl-json" else "",
+        }
+    if doc_ids is None:
+        found = run_search(
+            lib,
+            {
+                "query": query,
+                "top_k": _opt_int(payload, "top_k", 10, 1, 200) * 3,
+                "mode": payload.get("mode", "hybrid"),
+                "filters": payload.get("filters"),
+                "snippet": 0,
+            },
+            models,
+            state,
+        )[0]
+        doc_ids = list(dict.fromkeys(r["doc_id"] for r in found["results"]))[: _opt_int(payload, "top_k", 10, 1, 200)]
+    rows = lib.indexed_docs_by_id(doc_ids)
+    taken: set[str] = set()
+    entries, blocks = [], []
+    for doc_id in doc_ids:
+        doc = rows.get(doc_id)
+        if doc is None:
+            continue
+        authors = json.loads(doc["authors"] or "[]")
+        key = _cite_key(doc, authors, taken)
+        proceedings = venue_is_proceedings(doc["journal"])
+        if fmt == "csl-json":
+            kind = "paper-conference" if proceedings else "article-journal" if doc["journal"] else "article"
+            item = {"id": key, "type": kind, "title": doc["title"]}
+            if authors:
+                item["author"] = [_split_name(a) for a in authors]
+            if doc["year"]:
+                item["issued"] = {"date-parts": [[doc["year"]]]}
+            if doc["journal"]:
+                item["container-title"] = doc["journal"]
+            if doc["doi"]:
+                item["DOI"] = doc["doi"]
+            if doc["lang"]:
+                item["language"] = doc["lang"]
+            entries.append(item)
+        else:
+            fields = [
+                ("title", _bibtex_value(doc["title"] or "")),
+                ("author", " and ".join(map(_bibtex_author, authors))),
+                ("year", str(doc["year"] or "")),
+                ("booktitle" if proceedings else "journal", _bibtex_value(doc["journal"] or "")),
+                ("doi", visible_text(clean_field(doc["doi"])).replace("{", "").replace("}", "")),
+            ]  # verbatim
+            body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if value)
+            kind = "inproceedings" if proceedings else "article" if doc["journal"] else "misc"
+            blocks.append(f"@{kind}{{{key},\n{body}\n}}")
+            entries.append({"key": key, "doc_id": doc_id})
+    missing = [i for i in doc_ids if i not in rows]
+    # the text is for people (a terminal, a .bib or .json file): csl-json's escapes keep every value as it is
+    text = visible_json(json.dumps(entries, ensure_ascii=False, indent=2)) if fmt == "csl-json" else "\n\n".join(blocks)
+    return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}
