@@ -67,6 +67,7 @@ QUERIES = ("ribosome nascent chain", "molten globule", "electrolyte viscosity", 
            "superscript references", "solvation structure", "sputtered", "grain boundaries", "hydrogen evolution")
 
 
+@pytest.mark.slow      # every box of every hit of a two-column paper, at three snippet lengths
 @pytest.mark.parametrize("snippet", [120, 300, 0])
 def test_every_placed_box_holds_its_snippet(library, snippet):
     total = placed = 0

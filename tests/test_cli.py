@@ -83,6 +83,7 @@ def test_empty_stdin_is_empty_payload_and_kb_root_env(cli_kb):
     assert sum(r.json["by_status"].values()) == 13
 
 
+@pytest.mark.slow      # five command-line processes, each importing the engine
 def test_default_kb_root_is_the_nearest_dot_kb_folder_else_the_user_library(tmp_path):
     work, home = tmp_path / "work", tmp_path / "home"
     (work / ".kb").mkdir(parents=True)
@@ -101,6 +102,7 @@ def test_default_kb_root_is_the_nearest_dot_kb_folder_else_the_user_library(tmp_
     assert r.json["files"][0]["status"] == "added"
 
 
+@pytest.mark.slow      # the human command line through every command, one process each
 def test_human_cli(tmp_path, sample_dir, kb_engine):
     kb = tmp_path / "hkb"
     r = run_cli("ingest", None, str(sample_dir), "--kb-root", str(kb))

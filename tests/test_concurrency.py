@@ -5,7 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ENGINE, ROOT, assert_db_ok, chunk_texts_by_path, clean_env, req, serve, sp
+
+# slow (out of the quick subset): engine processes writing and reading one library at once.
+pytestmark = pytest.mark.slow
 
 
 def _popen_ingest(lib, kb):

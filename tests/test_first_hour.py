@@ -14,7 +14,8 @@ import pytest
 
 from helpers import ENGINE, ROOT, clean_env, run_cli, sp
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX pseudo-terminals")
+# slow (out of the quick subset): a new user's first hour: installs, the command line in a terminal, both hosts.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX pseudo-terminals")]
 
 KB_ENGINE_COMMAND = Path(sys.executable).with_name("kb-engine")
 

@@ -303,6 +303,7 @@ def test_cli_help_is_usage_with_every_command_described():
         assert sub.rc == 0 and "KB_ROOT_SUB" not in sub.stdout and "KB_ROOT" in sub.stdout
 
 
+@pytest.mark.slow      # waits out a download time box
 def test_a_failed_model_download_is_not_retried_by_every_ingest(tmp_path):
     paper = sp.make_hyphenated_paper(tmp_path / "in")
     env = clean_env(KB_EMBED_MODEL="kb-test/no-such-model", KB_DOWNLOAD_TIMEOUT=20,
@@ -327,6 +328,7 @@ def test_language_note_does_not_claim_vectors_that_were_not_used(engine, tmp_pat
     assert "lean on vector similarity" not in reply["lang_note"] and "no vector similarity" in reply["lang_note"]
 
 
+@pytest.mark.slow      # fills a real tmpfs
 def test_a_real_full_tmpfs_is_named_as_a_full_disk(tmp_path):
     """The same on a real file system that runs out of space, where this machine lets the test mount one."""
     mount_point = tmp_path / "small-disk"

@@ -655,6 +655,7 @@ def run_job_to_end(kb: Path, payload: dict, service: FakeService | None = None) 
     return follow_job(kb, started["job_id"], env)[0]
 
 
+@pytest.mark.slow      # a background job in its own process
 def test_10_clear_and_reembed_are_refused_while_a_job_writes(tmp_path):
     """The job cannot end while the refusals are asked for: its last file is a page that never finishes (drawings
     nested a billion strokes deep) under an hour's read deadline, so the test waits for the event (the 300 papers

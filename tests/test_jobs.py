@@ -14,7 +14,11 @@ import pytest
 
 from helpers import ENGINE, ROOT, clean_env
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="signals and process groups are POSIX here")
+# slow (out of the quick subset): detached job processes, killed and cancelled.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform == "win32", reason="signals and process groups are POSIX here"),
+]
 
 
 def _papers(folder: Path, count: int, prefix: str = "p") -> Path:

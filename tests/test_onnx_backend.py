@@ -14,7 +14,8 @@ import pytest
 from helpers import ROOT, copy_samples, isolate_model_env, use_minilm
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-pytestmark = [pytest.mark.internals, pytest.mark.model]
+# slow (out of the quick subset): ONNX graphs written, quantised and compared with torch on real models.
+pytestmark = [pytest.mark.slow, pytest.mark.internals, pytest.mark.model]
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("tokenizers")

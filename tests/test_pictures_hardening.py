@@ -26,6 +26,9 @@ pymupdf = pytest.importorskip("pymupdf")
 from helpers import clean_env, req, run_cli, serve  # noqa: E402
 from hostile_files import nested_drawing_pdf  # noqa: E402
 
+# slow (out of the quick subset): page processes stopped at their deadlines, and a serve engine that must answer on.
+pytestmark = pytest.mark.slow
+
 SPAN_KEYS = ("doc_id", "page", "char_start", "page_end", "char_end")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -231,6 +231,7 @@ def _wait_gone(pids, cmdlines, seconds) -> list[int]:
 # ---------------------------------------------------------------------------
 # reading in workers stores what reading in-process stores
 
+@pytest.mark.slow      # every sample paper read twice, once in reader processes
 def test_workers_store_exactly_what_in_process_reading_stores(paper_set, tmp_path, monkeypatch, no_vectors,
                                                                recording):
     serial = _ingest(monkeypatch, tmp_path / "serial", [paper_set], workers=0)
@@ -394,6 +395,7 @@ def test_file_reader_isolates_a_crashing_file(tmp_path):
     assert not _wait_gone(new, new, 15), "worker processes left running after close()"
 
 
+@pytest.mark.slow      # reader processes, one of them crashed
 def test_ingest_reports_a_crashing_file_and_goes_on(tmp_path, monkeypatch, no_vectors, recording):
     papers = tmp_path / "papers"
     paths = [_write_md(papers, "a.md", "alpine lakes"), _write_md(papers, "b.md", "basalt weathering"),
@@ -476,6 +478,7 @@ def _meta(kb_root) -> dict:
         con.close()
 
 
+@pytest.mark.slow      # a real model encodes every passage
 def test_feeder_writes_a_vector_for_every_chunk(tmp_path, monkeypatch, st_minilm):
     import numpy as np
     isolate_model_env(monkeypatch)
@@ -606,6 +609,7 @@ def test_ingest_without_new_chunks_looks_for_no_model(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 # a killed ingest
 
+@pytest.mark.slow      # an engine process killed mid-ingest, its readers waited for
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 def test_killed_ingest_leaves_no_workers(tmp_path):
     papers = tmp_path / "papers"

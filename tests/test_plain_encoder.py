@@ -23,7 +23,8 @@ import pytest
 from helpers import ROOT, clean_env, isolate_model_env, use_minilm
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-pytestmark = [pytest.mark.internals, pytest.mark.model]
+# slow (out of the quick subset): the plain encoder compared with sentence-transformers on real models.
+pytestmark = [pytest.mark.slow, pytest.mark.internals, pytest.mark.model]
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")

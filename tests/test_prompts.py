@@ -18,7 +18,8 @@ import pytest
 from helpers import copy_samples, isolate_model_env, use_minilm
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-pytestmark = [pytest.mark.internals, pytest.mark.model]
+# slow (out of the quick subset): real models loaded with each prompt setting.
+pytestmark = [pytest.mark.slow, pytest.mark.internals, pytest.mark.model]
 
 PAPERS = ("owner_password_only.pdf", "graphene_cvd_copper.pdf")
 LATER_PAPER = "battery_electrolytes.pdf"

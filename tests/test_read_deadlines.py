@@ -25,7 +25,11 @@ import crashing_reader
 from helpers import ENGINE, ROOT, clean_env, sp
 from hostile_files import nested_drawing_pdf
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="reads /proc to find the reader processes")
+# slow (out of the quick subset): reader and page processes stopped at their deadlines.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform == "win32", reason="reads /proc to find the reader processes"),
+]
 
 NEVER_FINISHES = 9          # 10**9 strokes on the page: hours of PyMuPDF on any machine
 

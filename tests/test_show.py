@@ -240,6 +240,7 @@ def test_bad_show_requests_get_a_clear_error(library, kb_engine, payload, words)
     assert words in refused.value.message
 
 
+@pytest.mark.slow      # the command line in its own process, drawing a page
 def test_cli_show_writes_the_png_and_prints_its_path(library, tmp_path):
     import subprocess
     import sys

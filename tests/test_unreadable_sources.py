@@ -27,6 +27,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import ServeProcess  # noqa: E402
 from test_watch import FAST, docs, idle, sync_jobs, wait_for  # noqa: E402
 
+# slow (out of the quick subset): a resident engine that watches folders that go unreadable and back.
+pytestmark = pytest.mark.slow
+
 # root without the two capabilities that let it pass over permission bits; processes it starts inherit that
 DROP_DAC = ("setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search")
 

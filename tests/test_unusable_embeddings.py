@@ -16,7 +16,8 @@ import pytest
 
 from helpers import db_rows, isolate_model_env, use_minilm
 
-pytestmark = [pytest.mark.model]
+# slow (out of the quick subset): real models loaded, made to fail, and reloaded.
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 # a NaN anywhere in a text's input spreads to every position of that text through attention and LayerNorm
 BACKENDS = {

@@ -25,6 +25,9 @@ from helpers import ENGINE, ROOT, clean_env, db_rows, kill_jobs_left, sp, use_mi
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import ServeProcess  # noqa: E402   (a serve daemon driven over JSON lines, shared with bench_watch)
 
+# slow (out of the quick subset): a resident engine that watches folders, waited on event by event.
+pytestmark = pytest.mark.slow
+
 FAST = {"KB_WATCH_SETTLE_S": "1", "KB_WATCH_GRACE_S": "3", "KB_WATCH_SCAN_S": "0.5", "KB_ASYNC_THRESHOLD": "1000"}
 
 

@@ -792,6 +792,7 @@ def busy_attachments_wrong(seen: dict[str, str | None], committed_before: int) -
     return None
 
 
+@pytest.mark.slow      # 50 reads while a writer process commits and checkpoints
 def test_reads_while_zotero_writes_and_checkpoints(eng, kb_engine, tmp_path):
     """Zotero 7 keeps zotero.sqlite in WAL mode under an exclusive lock and checkpoints it with TRUNCATE: a copy
     of the database file and then of its log can straddle a checkpoint and be damaged, or older than what was
@@ -854,6 +855,7 @@ def trash(lib: zf.ZoteroLibrary, entry: zf.Entry) -> None:
         zf.ZoteroWriter(con).trash(item)
 
 
+@pytest.mark.slow      # a writer process that never lets a snapshot stand, for the whole retry window
 @pytest.mark.internals
 def test_a_database_that_never_stands_still_is_zotero_busy(eng, kb_engine, tmp_path, monkeypatch):
     """A stand-in that cannot be copied whole (its log begins again between any two looks at it): `zotero` and
@@ -908,6 +910,7 @@ def test_a_damaged_database_is_zotero_unreadable_and_removes_nothing(eng, kb_eng
     assert library_docs(kb) == held
 
 
+@pytest.mark.slow      # reader processes and a real model
 def test_import_with_read_ahead_workers_and_vectors_matches_in_process(kb_engine, zcopy, tmp_path, monkeypatch):
     """The import runs on the ingest pipeline: with a reader process and an encoding thread (as the engine runs
     as its own program) the library holds the same documents, Zotero data, chunks and progress as when every

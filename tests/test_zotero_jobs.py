@@ -25,7 +25,9 @@ import zotero_fixture as zf
 from helpers import ENGINE, ROOT, clean_env
 
 FIXTURES = zf.fixtures_root()      # None: the project's Zotero tables stand in for Zotero's schema files
+# slow (out of the quick subset): background Zotero jobs in their own processes, followed to the end.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(sys.platform == "win32", reason="process groups and pseudo-terminals are POSIX here"),
 ]
 FINAL = ("done", "failed", "cancelled")
