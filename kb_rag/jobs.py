@@ -25,6 +25,9 @@ from .storage import _write_atomically
 
 JOBS_DIRNAME = ".kb-jobs"
 JOB_ACTIVE_STATES = ("queued", "running")
+JOB_STATES = (*JOB_ACTIVE_STATES, "done", "failed", "cancelled")
+# What every reader of a job file indexes directly; a file without them is not taken for a job.
+JOB_KEYS = frozenset({"job_id", "command", "state", "created", "updated", "finished"})
 JOB_KEEP_SECONDS = 3600.0
 JOB_WRITE_INTERVAL_S = 0.25
 
@@ -115,10 +118,15 @@ class JobStore:
         return job
 
     def read(self, job_id: str) -> dict | None:
+        """The job file's record, or None when it cannot be read or is not a job's (a file cut short or replaced
+        by something else is passed over, never a reason for a command to fail)."""
         try:
-            return json.loads(self.path_of(job_id).read_text(encoding="utf-8"))
+            job = json.loads(self.path_of(job_id).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
+        if not isinstance(job, dict) or not job.keys() >= JOB_KEYS or job["state"] not in JOB_STATES:
+            return None
+        return job
 
     def write(self, job: dict) -> None:
         job["updated"] = time.time()
@@ -130,11 +138,18 @@ class JobStore:
         """The job, marked failed when its process died without saying so."""
         if job["state"] in JOB_ACTIVE_STATES and job.get("pid") and not pid_alive(job["pid"]):
             job.update(state="failed", reason="the job process ended unexpectedly", finished=time.time())
-            self.write(job)
+            self._write_if_possible(job)
         elif job["state"] == "queued" and not job.get("pid") and time.time() - job["created"] > 60:
             job.update(state="failed", reason="the job process never started", finished=time.time())
-            self.write(job)
+            self._write_if_possible(job)
         return job
+
+    def _write_if_possible(self, job: dict) -> None:
+        """Record what a reader found out (a dead job); on a library it cannot write to, the answer says it anyway."""
+        try:
+            self.write(job)
+        except OSError:
+            pass
 
     def all(self) -> list[dict]:
         if not self.folder.is_dir():
@@ -150,7 +165,10 @@ class JobStore:
             ended = job["finished"] or job["updated"]
             if job["state"] not in JOB_ACTIVE_STATES and time.time() - ended > JOB_KEEP_SECONDS:
                 for stale in (path, path.with_suffix(".cancel"), path.with_suffix(".log")):
-                    stale.unlink(missing_ok=True)
+                    try:
+                        stale.unlink(missing_ok=True)
+                    except OSError:
+                        pass  # a library on read-only media keeps its old job files; they are still not listed
                 continue
             jobs.append(job)
         return sorted(jobs, key=lambda j: j["created"])
@@ -190,6 +208,8 @@ def spawn_job(kb_root: Path, job_id: str) -> int:
 def job_view(job: dict) -> JobRecord:
     """The job as the status command shows it (the job file holds more: the payload, the process id)."""
     view = {key: job.get(key) for key in JobRecord.__annotations__}  # the record's fields, in its order
+    for count in ("done", "total", "phase_done", "phase_total"):  # a job file of an older engine may lack some
+        view[count] = view[count] or 0
     view["errors"] = (job.get("errors") or [])[:50]
     view["searchable"] = bool(job.get("text_done")) or job.get("state") == "done"
     return cast(JobRecord, view)

@@ -88,7 +88,11 @@ def library_notices(lib: Library, root: Path, since: float | None, stale: bool) 
         if text:
             notices.append({"kind": "stale_documents", "text": text})
     if since is not None:
-        text = sync_notice(JobStore(root).all(), since)
+        try:
+            jobs = JobStore(root).all()
+        except OSError:  # the job folder cannot be read: no sync notice, never a failed search
+            jobs = []
+        text = sync_notice(jobs, since)
         if text:
             notices.append({"kind": "synced", "text": text})
     return notices

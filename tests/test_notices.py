@@ -59,6 +59,8 @@ def test_a_search_carries_the_notices_its_host_asks_for(kb_engine, tmp_path, sam
         ingested = store.create("ingest", {"kb_root": str(kb)}, 1)
         ingested.update(state="done", finished=time.time(), result={"totals": {"added": 4}})
         store.write(ingested)
+        for name, text in (("0123456789ab", "[]"), ("abcdefabcdef", "{}"), ("a1b2c3d4e5f6", '{"state": 3}')):
+            (kb / ".kb-jobs" / f"{name}.json").write_text(text)      # files that are not jobs: passed over
         ask = {"query": "graphene nucleation copper", "kb_root": str(kb), "render": "markdown"}
 
         plain = engine.execute("search", ask)
@@ -73,6 +75,7 @@ def test_a_search_carries_the_notices_its_host_asks_for(kb_engine, tmp_path, sam
             assert lines[2] == f"_Library: {SYNCED}_"
             assert answer["view"]["notices"] == [n["text"] for n in answer["notices"]]
 
+        assert [j["command"] for j in engine.execute("status", {"kb_root": str(kb)})["jobs"]] == ["sync", "ingest"]
         later = engine.execute("search", {**ask, "notices_since": time.time() + 1})
         assert later["notices"] == []
         with pytest.raises(kb_engine.KBError, match="notices_since must be a number"):
