@@ -345,6 +345,31 @@ def test_a_duplicate_whose_original_vanishes_mid_take_over_is_read_afresh(tmp_pa
     assert_db_ok(tmp_path / "kb")
 
 
+def test_a_duplicate_whose_original_comes_back_mid_take_over_stays_a_duplicate(tmp_path, monkeypatch, no_vectors):
+    """The take-over checks again inside its transaction: an original whose file is back keeps its passages."""
+    papers = tmp_path / "papers"
+    original = sp.make_hyphenated_paper(papers, "a_battery.pdf")
+    content = original.read_bytes()
+    copy = papers / "b_battery_copy.pdf"
+    copy.write_bytes(content)
+    first = _ingest(monkeypatch, tmp_path / "kb", [papers], workers=0)
+    original.unlink()
+    real_check = kb_engine._original_is_gone
+
+    def gone_and_then_back(lib, row):
+        gone = real_check(lib, row)
+        original.write_bytes(content)  # restored (a sync client, an undo) right after the check
+        return gone
+
+    monkeypatch.setattr(kb_engine, "_original_is_gone", gone_and_then_back)
+    (entry,) = _ingest(monkeypatch, tmp_path / "kb", [copy], workers=0)["files"]
+    assert entry["status"] == "duplicate" and entry["chunks"] == 0, entry
+    dump = library_dump(tmp_path / "kb")
+    assert dump["docs"][str(original)]["status"] == "indexed" and dump["docs"][str(copy)]["status"] == "duplicate"
+    assert len(dump["chunks"][str(original)]) == first["files"][0]["chunks"] > 0 and str(copy) not in dump["chunks"]
+    assert_db_ok(tmp_path / "kb")
+
+
 # ---------------------------------------------------------------------------
 # a file that kills its worker
 

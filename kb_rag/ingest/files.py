@@ -399,25 +399,34 @@ def _original_row(lib: Library, row: sqlite3.Row) -> sqlite3.Row | None:
 
 def _original_is_gone(lib: Library, row: sqlite3.Row) -> bool:
     original = _original_row(lib, row)
+    return original is not None and _gone_original(original, row)
+
+
+def _gone_original(original: sqlite3.Row, row: sqlite3.Row) -> bool:
+    """Whether a recorded duplicate's original is still the indexed copy of its content and its file is gone (not
+    merely out of reach: a locked folder)."""
     return (
-        original is not None
-        and original["status"] == "indexed"
+        original["status"] == "indexed"
         and original["sha256"] == row["sha256"]
         and path_state(fs_path(original))[0] == "gone"
-    )  # not merely out of reach (a locked folder)
+    )
 
 
 def _take_over_original(
     lib: Library, path: str, stat, row: sqlite3.Row, kind: str, started: float
 ) -> FileEntry | PendingFile:
-    """A recorded duplicate whose original file was deleted inherits the original's chunks."""
+    """A recorded duplicate whose original file was deleted inherits the original's chunks. Checked again inside
+    the transaction: since the first check another engine may have removed the original, or its file come back."""
     with lib.transaction():
-        original = lib.doc_by_id(row["duplicate_of"])  # read inside the transaction: another engine may
-        lib.delete_doc_record(row["id"])  # have removed the original since it was checked
-        if original is not None:
+        original = lib.doc_by_id(row["duplicate_of"])
+        if original is not None and _gone_original(original, row):
+            lib.delete_doc_record(row["id"])
             return _move_document(lib, original, path, stat, started)
-    # The original went with its chunks in between: nothing is left to inherit, so the file is read afresh.
-    return PendingFile(path, stat, row["sha256"], kind, started)
+        if original is None:
+            lib.delete_doc_record(row["id"])  # an orphaned record: nothing is left to inherit
+    if original is None:
+        return PendingFile(path, stat, row["sha256"], kind, started)  # read afresh
+    return _stored_outcome(row, started)  # the original is back: this file stays its duplicate
 
 
 def _move_document(lib: Library, doc: sqlite3.Row, path: str, stat, started: float) -> FileEntry:
