@@ -35,7 +35,15 @@ from .jobs import ITEM_PHASES, JOB_ACTIVE_STATES, fold_progress
 from .live import OUT_OF_REACH, WATCH_EVENTS_NOTE, Watcher
 from .models.runtime import DEFAULT_EMBED_MODEL
 from .protocol import error_reply, run_one_shot, serve
-from .records import CitationRecord, DocsResponse, FetchAnswer, HitRecord, IngestResponse, SearchResponse
+from .records import (
+    CitationRecord,
+    DocsResponse,
+    FetchAnswer,
+    HitRecord,
+    IngestResponse,
+    RagResponse,
+    SearchResponse,
+)
 from .rendering import _ocr_progress, format_duration, plain_line, visible_json, visible_text
 from .tasks import print_requirements, run_job, selftest
 
@@ -245,18 +253,22 @@ def _print_ingest(response: IngestResponse) -> None:
 
 
 def _print_search(response: SearchResponse) -> None:
+    _print_hits(response, cast(list[CliHit], response["results"]))
+
+
+def _print_hits(response: SearchResponse | RagResponse, hits: list[CliHit]) -> None:
+    """A search or rag answer's hits (rag's evidence), with what ran and its notes above them."""
     vectors = response.get("vectors")
     if vectors:
         print(
             f"{response['mode']} search: {'keyword + ' if response['mode'] == 'hybrid' else ''}vectors by "
             f"{vectors['model']}" + (f" ({vectors['backend']})" if vectors.get("backend") else "") + "\n"
         )
-    elif response.get("results"):
+    elif hits:
         print("keyword search\n")
     for key in ("note", "lang_note"):
         if response.get(key):
             print(f"{key.replace('_', ' ')}: {response[key]}")
-    hits = cast(list[CliHit], response["results"])
     for rank, hit in enumerate(hits, start=1):
         where = [
             hit["section"] or None,
@@ -294,8 +306,8 @@ def _print_citations(citations: list[CitationRecord]) -> None:
         print(f"   and {len(citations) - CLI_CITATIONS_SHOWN} more cited works (--json lists them all)")
 
 
-def _print_rag(response: dict) -> None:
-    _print_search(cast(SearchResponse, {**response, "results": response["evidence"]}))
+def _print_rag(response: RagResponse) -> None:
+    _print_hits(response, cast(list[CliHit], response["evidence"]))
     print(f"guidance: {response['guidance']}")
     if response["related"]:
         print("related work:")

@@ -576,10 +576,16 @@ REQUEST_RULES: dict[str, Callable[[dict, dict], bool]] = {
 }
 
 
-def check_rules(rules: Iterable[dict], payload: dict) -> None:
-    """Refuse (bad_request, in the rule's own words) a request that breaks one of ``rules``."""
+def check_rules(rules: Iterable[dict], payload: dict, fields: Iterable[Field] = ()) -> None:
+    """Refuse (bad_request, in the rule's own words) a request that breaks one of ``rules``. A field given under
+    another name it is accepted under (an alias among ``fields``, as `path` for `paths`) counts as given."""
+    named = dict(payload)
+    for spec in fields:
+        for alias in spec.aliases:
+            if given(payload.get(alias)) and not given(named.get(spec.name)):
+                named[spec.name] = payload[alias]
     for rule in rules:
-        if not REQUEST_RULES[rule["rule"]](payload, rule):
+        if not REQUEST_RULES[rule["rule"]](named, rule):
             raise KBError(rule.get("code", "bad_request"), rule["message"])
 
 

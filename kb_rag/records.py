@@ -80,19 +80,17 @@ class Answered(TypedDict, total=False):
     view: dict  # search and rag with render: the sources as data for a host's card
 
 
-class _SearchFields(TypedDict):
+class _Retrieved(TypedDict):
     query: str
     mode: str
     depth: str
-    results: list[HitRecord]
-    count: int
     cached: bool
 
 
-class SearchResponse(_SearchFields, Answered, total=False):
-    """The answer of ``search`` (docs/PROTOCOL.md, search: Response)."""
+class _RetrievalNotes(TypedDict, total=False):
+    """What a search or rag answer carries when it applies (docs/PROTOCOL.md, search: Response)."""
 
-    queries: list[str]  # the caller's renderings of the question, as sent
+    queries: list[str]  # the caller's renderings of the question that were kept (blanks and repeats dropped)
     score_kind: str
     reranker: str
     notes: list[str]
@@ -100,6 +98,26 @@ class SearchResponse(_SearchFields, Answered, total=False):
     vectors: dict
     lang_note: str
     notices: list[dict]
+
+
+class _SearchFields(_Retrieved):
+    results: list[HitRecord]
+    count: int
+
+
+class SearchResponse(_SearchFields, _RetrievalNotes, Answered, total=False):
+    """The answer of ``search`` (docs/PROTOCOL.md, search: Response)."""
+
+
+class _RagFields(_Retrieved):
+    evidence: list[HitRecord]
+    guidance: str
+    related: list[dict]
+
+
+class RagResponse(_RagFields, _RetrievalNotes, Answered, total=False):
+    """The answer of ``rag``: the search answer with ``results`` named ``evidence`` and no ``count``, plus answering
+    guidance and related work (docs/PROTOCOL.md, rag)."""
 
 
 class _FileEntryFields(TypedDict):

@@ -14,8 +14,7 @@ import pytest
 
 from helpers import ENGINE, ROOT, clean_env, run_cli, sp
 
-# slow (out of the quick subset): a new user's first hour: installs, the command line in a terminal, both hosts.
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX pseudo-terminals")]
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX pseudo-terminals")]
 
 KB_ENGINE_COMMAND = Path(sys.executable).with_name("kb-engine")
 
@@ -63,6 +62,7 @@ def people(*args: str, kb: Path, stdin=subprocess.DEVNULL, terminal: bool = Fals
 
 # -- 1. text for people, wherever the command runs -----------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["stats", "docs", "models"])
 def test_kb_engine_prints_text_in_a_script_and_on_a_terminal(library, command):
     for terminal in (False, True):
@@ -156,6 +156,7 @@ def test_the_library_rule_named_then_env_then_nearest_dot_kb_then_the_user_libra
     assert kb_engine.library_choice(str(tmp_path / "named"), deep)[0] == tmp_path / "named"
 
 
+@pytest.mark.slow
 def test_the_command_line_finds_the_project_library_from_inside_it(project):
     rc, out, err = kb_engine_in(project["inside"], "search", "quantum efficiency", "--mode", "keyword",
                                 home=project["home"])
@@ -163,6 +164,7 @@ def test_the_command_line_finds_the_project_library_from_inside_it(project):
     assert not (project["home"] / ".kb-rag").exists()
 
 
+@pytest.mark.slow
 def test_outside_any_project_the_command_line_uses_the_user_library(project):
     rc, out, err = kb_engine_in(project["elsewhere"], "ingest", str(project["paper"]), home=project["home"])
     assert rc == 0, err
@@ -170,6 +172,7 @@ def test_outside_any_project_the_command_line_uses_the_user_library(project):
     assert not (project["elsewhere"] / ".kb").exists()
 
 
+@pytest.mark.slow
 def test_an_empty_library_answer_names_the_folder_the_rule_and_how_to_open_another(project):
     user_library = project["home"] / ".kb-rag"
     rc, out, err = kb_engine_in(project["elsewhere"], "search", "quantum efficiency", home=project["home"])
@@ -185,6 +188,7 @@ def test_an_empty_library_answer_names_the_folder_the_rule_and_how_to_open_anoth
     assert "kb_root_from" not in r.json              # a library that exists needs no explanation
 
 
+@pytest.mark.slow
 def test_serve_opens_the_same_library_from_inside_the_project(project):
     from helpers import serve
 
@@ -218,6 +222,7 @@ def mcp_stats(folder: Path, home: Path) -> tuple[dict, str, dict, str]:
     return stats.structured_content, text(stats), search.structured_content, text(search)
 
 
+@pytest.mark.slow
 def test_the_mcp_server_opens_the_library_the_command_line_means(project):
     stats, _, search, _ = mcp_stats(project["inside"], project["home"])
     assert stats["kb_root"] == str(project["root"] / ".kb") and stats["indexed_docs"] == 1
@@ -289,6 +294,7 @@ def keyword_files(kb: Path, query: str) -> list[str]:
     return [hit["file"] for hit in r.json["results"]]
 
 
+@pytest.mark.slow
 def test_a_latin_name_in_a_chinese_question_finds_the_english_paper_about_it(mixed_library):
     # before: the guide first (BM25 21.1 against 3.2), its 包含 and 多少 counted as characters and pairs, each
     # rare in a library that is mostly English
@@ -405,6 +411,7 @@ def test_renderings_in_one_script_add_up_and_across_scripts_each_passage_keeps_i
 
 # -- 9. the test run says why tests were skipped ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_pytest_names_the_reasons_for_its_skips():
     env = {k: v for k, v in os.environ.items() if k != "KB_CORPUS_DIR"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_corpus.py"],

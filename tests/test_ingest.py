@@ -114,6 +114,14 @@ def test_modified_file_is_updated(engine, papers, kb_root):
     assert_db_ok(kb_root)
 
 
+def test_path_is_another_name_for_paths(engine, papers, kb_root):
+    """`path` (one string) is accepted as `paths` is, by the request rules too (a rule that named only `paths`
+    refused it)."""
+    target = papers / "graphene_cvd_copper.pdf"
+    resp = engine.execute("ingest", {"path": str(target), "kb_root": str(kb_root)})
+    assert [(Path(f["path"]), f["status"]) for f in resp["files"]] == [(target, "added")]
+
+
 def test_copy_at_other_path_is_duplicate(engine, papers, kb_root):
     original = papers / "graphene_cvd_copper.pdf"
     ingest(engine, kb_root, original)

@@ -14,8 +14,7 @@ import pytest
 from helpers import ROOT, copy_samples, isolate_model_env, use_minilm
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-# slow (out of the quick subset): ONNX graphs written, quantised and compared with torch on real models.
-pytestmark = [pytest.mark.slow, pytest.mark.internals, pytest.mark.model]
+pytestmark = [pytest.mark.internals, pytest.mark.model]
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("tokenizers")
@@ -65,6 +64,7 @@ def _vectors(kb_engine, backend: str, precision: str | None, monkeypatch):
     return models.device_report(), passages, queries
 
 
+@pytest.mark.slow
 def test_onnx_float32_and_int8_agree_with_torch(kb_engine, minilm_env, monkeypatch):
     _, torch_passages, torch_queries = _vectors(kb_engine, "torch", None, monkeypatch)
     report, fp32_passages, fp32_queries = _vectors(kb_engine, "onnx", "fp32", monkeypatch)
@@ -84,6 +84,7 @@ def test_onnx_float32_and_int8_agree_with_torch(kb_engine, minilm_env, monkeypat
     assert np.allclose(np.linalg.norm(int8_passages, axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_graph_is_built_once_and_the_precision_measured_once(kb_engine, minilm_env, monkeypatch, tmp_path):
     monkeypatch.setenv("KB_EMBED_BACKEND", "auto")
     models = kb_engine.Models()
@@ -130,6 +131,7 @@ def test_torch_is_kept_for_what_onnx_does_not_cover(kb_engine, minilm_env, monke
     assert note and "not a plain BERT" in note and "torch runs it" in note
 
 
+@pytest.mark.slow
 def test_a_one_shot_search_serves_vectors_without_importing_torch(kb_engine, minilm_env, sample_dir, tmp_path):
     papers = copy_samples(sample_dir, tmp_path / "papers", ["graphene_cvd_copper.pdf", "battery_electrolytes.pdf"])
     root = tmp_path / "kb"
@@ -154,6 +156,7 @@ def test_a_one_shot_search_serves_vectors_without_importing_torch(kb_engine, min
     assert vectors["backend"].startswith("onnx") and vectors["missing"] == 0 and vectors["done"] == vectors["total"]
 
 
+@pytest.mark.slow
 def test_a_search_over_incomplete_vectors_says_how_far_along_they_are(kb_engine, minilm_env, sample_dir, tmp_path):
     papers = copy_samples(sample_dir, tmp_path / "papers", ["graphene_cvd_copper.pdf", "battery_electrolytes.pdf"])
     root = tmp_path / "kb"

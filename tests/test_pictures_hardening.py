@@ -26,9 +26,6 @@ pymupdf = pytest.importorskip("pymupdf")
 from helpers import clean_env, req, run_cli, serve  # noqa: E402
 from hostile_files import nested_drawing_pdf  # noqa: E402
 
-# slow (out of the quick subset): page processes stopped at their deadlines, and a serve engine that must answer on.
-pytestmark = pytest.mark.slow
-
 SPAN_KEYS = ("doc_id", "page", "char_start", "page_end", "char_end")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -62,6 +59,7 @@ def doc_ids(engine, kb: Path) -> dict:
 RECHARGE = "Recharge was estimated by chloride mass balance in karst catchments, with rainfall sampled monthly."
 
 
+@pytest.mark.slow
 def test_3_a_page_past_the_drawing_deadline_is_stopped_and_the_engine_answers_on(tmp_path):
     """Depth 5 with blended fills: the text reads in about two seconds, so ingest is quick, but its cropped picture
     costs some 150 times that (minutes, on any machine) against a 5 s deadline: the test does not depend on the

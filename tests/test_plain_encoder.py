@@ -23,8 +23,7 @@ import pytest
 from helpers import ROOT, clean_env, isolate_model_env, use_minilm
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-# slow (out of the quick subset): the plain encoder compared with sentence-transformers on real models.
-pytestmark = [pytest.mark.slow, pytest.mark.internals, pytest.mark.model]
+pytestmark = [pytest.mark.internals, pytest.mark.model]
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
@@ -103,6 +102,7 @@ def test_minilm_layout_is_recognised(kb_engine, minilm, plain_minilm):
     assert plain_minilm.get_sentence_embedding_dimension() == 384
 
 
+@pytest.mark.slow
 def test_minilm_vectors_match_sentence_transformers(plain_minilm, st_minilm):
     expected = _st_vectors(st_minilm, TEXTS)
     # a small batch size and the original (unsorted) order: batches mix very different lengths, so padding matters
@@ -115,6 +115,7 @@ def test_minilm_vectors_match_sentence_transformers(plain_minilm, st_minilm):
     assert _max_diff(single, got[:6]) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_minilm_truncates_like_sentence_transformers(plain_minilm, st_minilm):
     tail = LONG + " Coral reefs bleach during marine heatwaves."
     got = plain_minilm.encode([LONG, tail, LONG[:200]])
@@ -129,6 +130,7 @@ def test_minilm_empty_batch(plain_minilm):
     assert out.shape == (0, 384)
 
 
+@pytest.mark.slow
 def test_models_embedder_uses_plain_encoder(kb_engine, minilm, st_minilm, monkeypatch):
     monkeypatch.setenv("KB_CPU_BF16", "0")      # float32 throughout: the vectors must match to 1e-5
     monkeypatch.setenv("KB_EMBED_BACKEND", "torch")
@@ -153,6 +155,7 @@ def test_models_embedder_uses_plain_encoder(kb_engine, minilm, st_minilm, monkey
     assert embedder.unknown_token_share("钙钛矿太阳能电池") > kb_engine.MAX_UNKNOWN_TOKEN_SHARE
 
 
+@pytest.mark.slow
 def test_cpu_bfloat16_stays_within_cosine_0_9995_of_float32(kb_engine, minilm, st_minilm, monkeypatch):
     """KB_CPU_BF16=1: the matrix products run in bfloat16 (pooling in float32); every vector stays a unit vector
     pointing where the float32 one does, and the device report says so."""
@@ -188,6 +191,7 @@ def test_cpu_bfloat16_auto_follows_amx(kb_engine, monkeypatch):
     assert kb_engine.cpu_bf16_wanted()[0] is True
 
 
+@pytest.mark.slow
 def test_switch_forces_sentence_transformers(kb_engine, minilm, st_minilm, monkeypatch):
     monkeypatch.setenv("KB_PLAIN_ENCODER", "0")
     model = kb_engine.load_sentence_encoder(str(minilm), "cpu", backend="torch")[0]
@@ -198,6 +202,7 @@ def test_switch_forces_sentence_transformers(kb_engine, minilm, st_minilm, monke
     assert embedder.unknown_token_share("🦜🦜 parrots") == pytest.approx(1 / 3)
 
 
+@pytest.mark.slow
 def test_engine_never_imports_sentence_transformers(minilm, tmp_path):
     """Loading the embedder, an ingest with vectors and a vector search: sentence_transformers stays unimported."""
     paper = tmp_path / "papers" / "terns.md"
@@ -351,6 +356,7 @@ def _edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(data), encoding="utf-8")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["switched_off", "relu", "relative_positions", "lowercase_mismatch", "no_safetensors"])
 def test_bert_the_native_runner_does_not_reproduce_runs_on_transformers(kb_engine, tiny, module_env, tmp_path,
                                                                         monkeypatch, case):
@@ -389,6 +395,7 @@ def test_native_setup_needs_a_tokenizer_json(kb_engine, tiny, tmp_path):
     assert kb_engine.native_bert_setup(str(folder)) is None
 
 
+@pytest.mark.slow
 def test_native_loading_imports_neither_transformers_nor_sentence_transformers(minilm):
     script = ("import sys, kb_engine\n"
               "e = kb_engine.Models().embedder()\n"

@@ -18,8 +18,7 @@ import pytest
 from helpers import copy_samples, isolate_model_env, use_minilm
 
 # About the engine's own functions: reaches names outside kb_engine.__all__ (tests/static/test_public_surface.py).
-# slow (out of the quick subset): real models loaded with each prompt setting.
-pytestmark = [pytest.mark.slow, pytest.mark.internals, pytest.mark.model]
+pytestmark = [pytest.mark.internals, pytest.mark.model]
 
 PAPERS = ("owner_password_only.pdf", "graphene_cvd_copper.pdf")
 LATER_PAPER = "battery_electrolytes.pdf"
@@ -89,6 +88,7 @@ def test_prompt_sources(kb_engine, monkeypatch, tmp_path):
     assert "KB_QUERY_PROMPT" in overridden.source and "KB_PASSAGE_PROMPT" in overridden.source
 
 
+@pytest.mark.slow
 def test_declared_prompts_reach_stored_vectors_and_queries_exactly_once(kb_engine, prompted_model, sample_dir,
                                                                          tmp_path):
     papers = copy_samples(sample_dir, tmp_path / "papers", PAPERS)
@@ -118,6 +118,7 @@ def test_declared_prompts_reach_stored_vectors_and_queries_exactly_once(kb_engin
         engine.close()
 
 
+@pytest.mark.slow
 def test_a_prompt_change_is_reported_and_not_mixed_in_until_reembed(kb_engine, prompted_model, sample_dir, tmp_path,
                                                                      monkeypatch):
     papers = copy_samples(sample_dir, tmp_path / "papers", PAPERS)

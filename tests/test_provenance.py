@@ -499,8 +499,10 @@ def test_cite_unknown_doc_id_is_not_found(lib):
     assert sp.CITING_DOI in resp["text"]
 
 
-def test_cite_by_query(lib):
-    resp = lib.run("cite", query=sp.CITING_TOKEN_23, format="bibtex")
+@pytest.mark.parametrize("ids", [{}, {"doc_ids": []}])
+def test_cite_by_query(lib, ids):
+    """A query cites what it finds; an empty doc_ids beside it names no document, so the query decides."""
+    resp = lib.run("cite", query=sp.CITING_TOKEN_23, format="bibtex", **ids)
     a = lib.doc("citing_paper_a.pdf")
     assert a["doc_id"] in [e["doc_id"] for e in resp["entries"]], resp
     assert f"doi = {{{sp.CITING_DOI}}}" in resp["text"]

@@ -25,9 +25,6 @@ from helpers import ENGINE, ROOT, clean_env, db_rows, kill_jobs_left, sp, use_mi
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import ServeProcess  # noqa: E402   (a serve daemon driven over JSON lines, shared with bench_watch)
 
-# slow (out of the quick subset): a resident engine that watches folders, waited on event by event.
-pytestmark = pytest.mark.slow
-
 FAST = {"KB_WATCH_SETTLE_S": "1", "KB_WATCH_GRACE_S": "3", "KB_WATCH_SCAN_S": "0.5", "KB_ASYNC_THRESHOLD": "1000"}
 
 
@@ -90,6 +87,7 @@ def source_state(daemon: ServeProcess) -> dict:
 BOTH_WAYS = pytest.mark.parametrize("events", ["1", "0"], ids=["events", "scans"])
 
 
+@pytest.mark.slow
 @BOTH_WAYS
 def test_added_edited_moved_deleted(daemon_factory, tmp_path, events):
     folder = tmp_path / "inbox"
@@ -122,6 +120,7 @@ def test_added_edited_moved_deleted(daemon_factory, tmp_path, events):
     assert state["last_changes"]["removed"] == 1 and state["last_sync"]
 
 
+@pytest.mark.slow
 def test_moved_file_keeps_its_chunks_and_vectors(daemon_factory, tmp_path, monkeypatch):
     model = use_minilm(monkeypatch)
     folder = tmp_path / "inbox"
@@ -144,6 +143,7 @@ def test_moved_file_keeps_its_chunks_and_vectors(daemon_factory, tmp_path, monke
     assert job["result"]["totals"]["removed"] == 0
 
 
+@pytest.mark.slow
 def test_slow_write_is_ingested_once_complete(daemon_factory, tmp_path, sample_dir):
     folder = tmp_path / "inbox"
     folder.mkdir()
@@ -164,6 +164,7 @@ def test_slow_write_is_ingested_once_complete(daemon_factory, tmp_path, sample_d
     assert docs(daemon.kb_root)[str(target)][1] == "indexed"
 
 
+@pytest.mark.slow
 @BOTH_WAYS
 def test_renamed_root_deletes_nothing_and_resumes(daemon_factory, tmp_path, sample_dir, events):
     folder = tmp_path / "drive"
@@ -216,6 +217,7 @@ def test_watched_folders_persist_and_are_validated(daemon_factory, tmp_path, kb_
     assert missing.value.code == "not_found"
 
 
+@pytest.mark.slow
 def test_a_thousand_files_make_one_job_and_searches_answer(daemon_factory, tmp_path):
     folder = tmp_path / "dump"
     folder.mkdir()
@@ -246,6 +248,7 @@ def test_a_thousand_files_make_one_job_and_searches_answer(daemon_factory, tmp_p
     assert max(answered) < 5, answered
 
 
+@pytest.mark.slow
 def test_kill_mid_sync_then_restart_converges(daemon_factory, tmp_path):
     """A batch large enough to be caught part-way (notes are indexed at hundreds a second without a model)."""
     N = 2000
@@ -294,6 +297,7 @@ needs_zotero = pytest.mark.skipif(ZOTERO_FIXTURES is None, reason="the real Zote
                                                                   "fixtures (set KB_ZOTERO_FIXTURES)")
 
 
+@pytest.mark.slow
 @needs_zotero
 def test_zotero_item_added_and_trashed_while_watched(daemon_factory, tmp_path):
     """A copy of a real Zotero 6 database (papis-zotero's): an item added to it and one trashed while the daemon
@@ -344,6 +348,7 @@ def test_zotero_item_added_and_trashed_while_watched(daemon_factory, tmp_path):
     assert after == before              # Zotero's files are read, never written (nor added to)
 
 
+@pytest.mark.slow
 def test_kb_engine_watch_in_the_foreground(tmp_path, sample_dir):
     """`kb-engine watch` (the human command line): a line when it starts, a line per sync, Ctrl-C ends it cleanly;
     `--add` and `--list` change and show the list."""
@@ -381,6 +386,7 @@ def found_in(kb_root: Path, query: str, name: str) -> bool:
     return any(Path(hit["path"]).name == name for hit in json.loads(done.stdout)["results"])
 
 
+@pytest.mark.slow
 def test_zotero_source_keeps_the_options_of_zotero(kb_engine, tmp_path, monkeypatch):
     """A Zotero source added with `base_dir` keeps it: every sync resolves `attachments:` paths against it, as
     `zotero {base_dir}` does (without it the attachment is missing)."""
@@ -426,6 +432,7 @@ def zotero_syncs(kb_engine, tmp_path, monkeypatch):
     syncs.engine.close()
 
 
+@pytest.mark.slow
 def test_zotero_sync_reads_only_what_changed(zotero_syncs, tmp_path, monkeypatch):
     """After the first sync of a watched Zotero library, a sync reads only the attachments Zotero saved since
     (themselves, their parents or their annotations: clientDateModified), those whose collections, tags,
@@ -493,6 +500,7 @@ def _utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
 
 
+@pytest.mark.slow
 def test_zotero_sync_after_a_clock_that_ran_fast(zotero_syncs):
     """An item saved while the clock ran a year fast keeps its stamp after the clock is corrected: the saves that
     follow, correctly stamped, still reach the library at their next sync (the mark is never past the present);
@@ -532,6 +540,7 @@ def test_zotero_sync_after_a_clock_that_ran_fast(zotero_syncs):
         engine.close()
 
 
+@pytest.mark.slow
 def test_zotero_sync_after_a_backup_is_restored(zotero_syncs, tmp_path):
     """Zotero's database replaced by an older backup (earlier stamps, lower versions) is read in full at the next
     sync: the library takes the backup's data, instead of keeping what the backup undid until the next full pass."""
@@ -561,6 +570,7 @@ def test_zotero_sync_after_a_backup_is_restored(zotero_syncs, tmp_path):
         engine.close()
 
 
+@pytest.mark.slow
 @pytest.mark.internals
 def test_zotero_mark_is_never_ahead(kb_engine, tmp_path):
     """zotero_mark caps the latest stamp at the snapshot's time; zotero_touched refuses (None: read everything) a

@@ -25,9 +25,7 @@ import zotero_fixture as zf
 from helpers import ENGINE, ROOT, clean_env
 
 FIXTURES = zf.fixtures_root()      # None: the project's Zotero tables stand in for Zotero's schema files
-# slow (out of the quick subset): background Zotero jobs in their own processes, followed to the end.
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.skipif(sys.platform == "win32", reason="process groups and pseudo-terminals are POSIX here"),
 ]
 FINAL = ("done", "failed", "cancelled")
@@ -145,6 +143,7 @@ def _library_rows(kb: Path) -> list[tuple]:
 # ---------------------------------------------------------------------------
 # the job itself
 
+@pytest.mark.slow
 def test_zotero_job_lifecycle(zcopy, home, tmp_path, api):
     env, kb = _env(home), tmp_path / "kb"
     payload = {"zotero_db": str(zcopy.db), "kb_root": str(kb)}
@@ -175,6 +174,7 @@ def test_zotero_job_lifecycle(zcopy, home, tmp_path, api):
     assert "job_id" not in again and again["totals"]["skipped"] == len(importable), again
 
 
+@pytest.mark.slow
 def test_threshold_and_background_false_keep_zotero_in_the_foreground(zcopy, home, tmp_path):
     payload = {"zotero_db": str(zcopy.db), "kb_root": str(tmp_path / "kb")}
     importable = sum(e.expect == "added" for e in zcopy.listed.values())
@@ -188,6 +188,7 @@ def test_threshold_and_background_false_keep_zotero_in_the_foreground(zcopy, hom
     assert not (tmp_path / "kb" / ".kb-jobs").exists() or not list((tmp_path / "kb" / ".kb-jobs").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_zotero_job_progress_is_monotonic_and_reports_phases(home, tmp_path, api):
     count = 150
     db, kb = build_bulk_library(tmp_path / "bulk", count), tmp_path / "kb"
@@ -209,6 +210,7 @@ def test_zotero_job_progress_is_monotonic_and_reports_phases(home, tmp_path, api
     assert [h["file"] for h in tagged] == ["bulk077.md"], tagged
 
 
+@pytest.mark.slow
 def test_cancel_leaves_a_consistent_library_and_a_rerun_resumes(home, tmp_path, api):
     count = 1000                              # a few seconds of work: room to cancel it mid-way
     db, kb = build_bulk_library(tmp_path / "bulk", count), tmp_path / "kb"
@@ -236,6 +238,7 @@ def test_cancel_leaves_a_consistent_library_and_a_rerun_resumes(home, tmp_path, 
     assert len(_library_rows(kb)) == count
 
 
+@pytest.mark.slow
 def test_second_writer_is_refused_while_a_zotero_job_runs(kb_engine, home, tmp_path, api):
     db, kb = build_bulk_library(tmp_path / "bulk", 300), tmp_path / "kb"
     started = api.execute("zotero", {"zotero_db": str(db), "kb_root": str(kb)})
@@ -379,6 +382,7 @@ def _run_with_terminal_stderr(argv: list[str], env: dict, timeout: float = 120) 
     return proc.returncode, stdout.decode("utf-8", "replace"), received.decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_human_cli_draws_a_progress_bar_only_on_a_terminal(zcopy, home, tmp_path):
     env = _env(home, threshold=1)            # the human CLI stays in the foreground whatever the threshold
     argv = [sys.executable, str(ENGINE), "zotero", "--db", str(zcopy.db), "--kb-root", str(tmp_path / "kb")]
@@ -392,6 +396,7 @@ def test_human_cli_draws_a_progress_bar_only_on_a_terminal(zcopy, home, tmp_path
     assert piped.returncode == 0 and b"\r" not in piped.stderr and b"[#" not in piped.stderr, piped.stderr
 
 
+@pytest.mark.slow
 def test_human_status_follows_a_background_job(home, tmp_path):
     env = _env(home)
     db, kb = build_bulk_library(tmp_path / "bulk", 60), tmp_path / "kb"

@@ -131,7 +131,9 @@ def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryS
             "not_found": doc_ids or [],
             "text": "[]" if fmt == "csl-json" else "",
         }
-    if doc_ids is None:
+    if doc_ids:
+        ids: list[int] = doc_ids
+    else:  # no ids (or an empty list) beside a query: the query says which documents
         found = run_search(
             lib,
             {
@@ -144,11 +146,11 @@ def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryS
             models,
             state,
         )[0]
-        doc_ids = list(dict.fromkeys(r["doc_id"] for r in found["results"]))[: _opt_int(payload, "top_k", 10, 1, 200)]
-    rows = lib.indexed_docs_by_id(doc_ids)
+        ids = list(dict.fromkeys(r["doc_id"] for r in found["results"]))[: _opt_int(payload, "top_k", 10, 1, 200)]
+    rows = lib.indexed_docs_by_id(ids)
     taken: set[str] = set()
     entries, blocks = [], []
-    for doc_id in doc_ids:
+    for doc_id in ids:
         doc = rows.get(doc_id)
         if doc is None:
             continue
@@ -181,7 +183,7 @@ def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryS
             kind = "inproceedings" if proceedings else "article" if doc["journal"] else "misc"
             blocks.append(f"@{kind}{{{key},\n{body}\n}}")
             entries.append({"key": key, "doc_id": doc_id})
-    missing = [i for i in doc_ids if i not in rows]
+    missing = [i for i in ids if i not in rows]
     # the text is for people (a terminal, a .bib or .json file): csl-json's escapes keep every value as it is
     text = visible_json(json.dumps(entries, ensure_ascii=False, indent=2)) if fmt == "csl-json" else "\n\n".join(blocks)
     return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}

@@ -163,7 +163,7 @@ def cmd_ingest(
     """Index files; with ``defer`` (serve) the answer comes once the text is committed and ``defer`` takes the
     feeder whose vectors are still being encoded."""
     metadata_only, rebuild = _opt_bool(payload, "metadata_only"), _opt_bool(payload, "rebuild")
-    check_rules(INGEST_RULES, payload)  # the dispatcher checked them already; a caller of this may not have
+    check_rules(INGEST_RULES, payload, INGEST_FIELDS)  # the dispatcher checked them; a caller of this may not have
     paths = _ingest_paths(payload, required=not (metadata_only or rebuild))
     ocr_mode(_opt_str(payload, "ocr"))  # a bad value is refused before anything is read
     verify = _opt_bool(payload, "verify_metadata")

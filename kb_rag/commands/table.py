@@ -453,7 +453,7 @@ class Engine:
         if spec is None:
             raise KBError("unknown_command", f"unknown command {command!r}; known: {', '.join(self.COMMANDS)}")
         check_field_types(spec.request_fields, payload)
-        check_rules(spec.rules, payload)  # a refused request creates no library
+        check_rules(spec.rules, payload, spec.request_fields)  # a refused request creates no library
         budget = render_budget(payload) if spec.name in RENDERERS else None
         if spec.opens_library:
             response = self._library_command(spec, payload, progress)

@@ -74,6 +74,7 @@ def test_a_real_hit_has_the_fields_the_record_says(kb_engine, tmp_path):
 # once, under Common rules, and left out of each response's table.
 RESPONSE_TABLES = [     # (record, whole answer: includes Answered, where its table is)
     ("SearchResponse", True, ("## search", "Response:")),
+    ("RagResponse", True, ("## rag", "Response:")),
     ("FileEntry", False, ("## ingest", "File entry:")),
     ("DocRecord", False, ("## docs", "`total` counts every document")),
     ("JobRecord", False, ("## status", "Response with `job_id`")),
@@ -109,6 +110,7 @@ def test_real_answers_are_their_records(kb_engine, tmp_path):
         ingested = engine.execute("ingest", {"paths": [str(papers)], "kb_root": root})
         found = engine.execute("search", {"query": "citation graphs parsed reference lists", "kb_root": root,
                                           "queries": ["reference lists are parsed into citation graphs"]})
+        asked = engine.execute("rag", {"query": "citation graphs parsed reference lists", "kb_root": root})
         listed = engine.execute("docs", {"kb_root": root})
     finally:
         engine.close()
@@ -119,6 +121,8 @@ def test_real_answers_are_their_records(kb_engine, tmp_path):
         held_to(entry, kb_engine.FileEntry)
     held_to(found, kb_engine.SearchResponse)
     assert found["results"] and found["queries"], found
+    held_to(asked, kb_engine.RagResponse)
+    assert asked["evidence"] and asked["guidance"], asked
     held_to(listed, kb_engine.DocsResponse)
     assert len(listed["docs"]) == 2
     for doc in listed["docs"]:
