@@ -13,7 +13,7 @@ help:
 	@echo "make build        kb_engine.py, the one file users get, from the package kb_rag/"
 	@echo "make format       ruff format over the package and its build script (then make build)"
 	@echo "make test-static  the static tests (tables, docs, layering, contract, twins): pytest alone, seconds"
-	@echo "make test-quick   every test not marked slow (a few minutes)"
+	@echo "make test-quick   every test not marked slow (about 3 minutes on 2 cores)"
 	@echo "make test         the whole suite, the README's test command (CI runs it)"
 	@echo "make lint         kb_engine.py is the package's build, the package is formatted, ruff check, mypy,"
 	@echo "                  and make lint-js when npm is installed"

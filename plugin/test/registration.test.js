@@ -148,7 +148,7 @@ test('invalid arguments are rejected before any engine starts', async () => {
   await rejected('kb_rag', { query: 'x', queries: ['a', 'b', 'c', 'd', 'e'] }, /queries takes at most 4 renderings/)
   await rejected('kb_ingest', {}, /paths is required/)
   await rejected('kb_ingest', { metadata_only: true, rebuild: true }, /cannot be combined/)
-  await rejected('kb_clear', { confirm: false }, /needs confirm: true/)
+  await rejected('kb_clear', { confirm: false }, /needs `confirm: true`/)
   await rejected('kb_status', { cancel: true }, /cancel needs the job_id/)
   await rejected('kb_zotero', { limit: -1 }, /limit must be/)
   assert.deepEqual(enginePids(), [])
