@@ -17,10 +17,14 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Bumped whenever extraction or chunking changes what gets stored, so that
 # documents written by an older parser can be found and refreshed.
-PARSER_REVISION = 10
+PARSER_REVISION = 11
+
+# The bibliographic fields beyond title, authors, year, venue (``journal``) and DOI: each is a column of ``docs``
+# (schema 7), a field of the metadata reader's record and of the ``docs`` answer, and a key of metadata_source.
+BIB_FIELDS = ("work_type", "volume", "issue", "page_range", "publisher", "report_number", "arxiv_id", "authors_more")
 
 DB_FILENAME = "kb.sqlite"
 DEFAULT_KB_DIRNAME = ".kb"  # a project's library, found from any folder inside the project

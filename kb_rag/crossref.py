@@ -15,7 +15,7 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .config import _SURROGATE, KBError, _short_error
+from .config import _SURROGATE, BIB_FIELDS, KBError, _short_error
 from .fetch import _FETCH_DOI, FETCH_PAGE_MAX_BYTES, FetchSettings, _http_failure, fetch_settings_number, http_get
 from .reading.metadata import METADATA_FIELDS, DocMeta
 from .storage import Library, is_disk_full, surname_key, title_key
@@ -28,13 +28,30 @@ from .storage import Library, is_disk_full, surname_key, title_key
 # Answers are kept in metadata_lookups, so a paper is asked about once; Zotero's own data always wins.
 
 CROSSREF_TITLE_MATCH = 0.92  # similarity of normalised titles for a title query to count as a match
-CROSSREF_SELECT = "DOI,title,author,issued,published-print,published-online,container-title"
+CROSSREF_SELECT = (
+    "DOI,title,author,issued,published-print,published-online,container-title,"
+    "volume,issue,page,article-number,publisher,type"
+)
 METADATA_TIMEOUT_S = 10.0  # one lookup, its answer read to the end (KB_METADATA_TIMEOUT)
 METADATA_DEADLINE_S = 300.0  # every lookup of one request together (KB_METADATA_DEADLINE)
 METADATA_RECHECK_DAYS = 30  # "no record" is asked again after this long: works are registered late
 # The longest values a record may hold. Nothing real comes near them; a longer value comes from a broken or
 # hostile service and is dropped, so that it is neither stored on a document nor sent back in every hit.
-RECORD_LIMITS = {"title": 1000, "journal": 500, "author": 300, "authors": 5000, "doi": 300}
+RECORD_LIMITS = {"title": 1000, "journal": 500, "author": 300, "authors": 5000, "doi": 300, "bib": 300}
+
+# Crossref's work types as the engine's kinds of work (reading.printed.WORK_TYPES); others leave the kind alone.
+CROSSREF_WORK_TYPES = {
+    "journal-article": "journal-article",
+    "proceedings-article": "conference-paper",
+    "dissertation": "phd-thesis",
+    "report": "report",
+    "posted-content": "preprint",
+    "book": "book",
+    "monograph": "book",
+    "book-chapter": "chapter",
+}
+# Fields Crossref fills only where the pages printed nothing (the printed record is the paper's own word).
+CROSSREF_FILLS = ("volume", "issue", "page_range", "publisher")
 RECORD_FIRST_YEAR = 1000  # a record's year lies between this and next year
 
 
@@ -129,6 +146,8 @@ def bounded_record(fields: dict) -> dict:
         "year": _record_year(fields.get("year")),
         "journal": _record_text(fields.get("journal"), RECORD_LIMITS["journal"]),
         "doi": _record_doi(fields.get("doi")),
+        "work_type": fields.get("work_type") if fields.get("work_type") in CROSSREF_WORK_TYPES.values() else None,
+        **{name: _record_text(fields.get(name), RECORD_LIMITS["bib"]) for name in CROSSREF_FILLS},
     }
 
 
@@ -183,6 +202,11 @@ def crossref_record(message) -> dict | None:
             "year": _crossref_year(message),
             "journal": journal,
             "doi": message.get("DOI"),
+            "work_type": CROSSREF_WORK_TYPES.get(message.get("type") if isinstance(message.get("type"), str) else ""),
+            "volume": message.get("volume"),
+            "issue": message.get("issue"),
+            "page_range": message.get("page") or message.get("article-number"),
+            "publisher": message.get("publisher"),
         }
     )
     return record if record["title"] or record["doi"] else None
@@ -320,28 +344,29 @@ def _check_one(lib: Library, check: MetadataCheck, row: sqlite3.Row) -> dict:
 
 def _apply_record(lib: Library, row: sqlite3.Row, record: dict) -> list[str]:
     """Write what Crossref knows over the extracted fields; returns the fields that changed."""
+    stored = DocMeta.from_row(row)
+    filled = {name: record.get(name) for name in CROSSREF_FILLS if record.get(name) and not getattr(stored, name)}
+    if record.get("work_type") and stored.work_type in ("document", "preprint"):
+        filled["work_type"] = record["work_type"]  # the pages did not say; a preprint's DOI record may
     meta = DocMeta(
         title=record.get("title") or row["title"],
-        authors=record.get("authors") or json.loads(row["authors"] or "[]"),
+        authors=record.get("authors") or stored.authors,
         year=record.get("year") or row["year"],
         journal=record.get("journal") or row["journal"],
         doi=record.get("doi") or row["doi"],
         lang=row["lang"] or "",
+        **{name: filled.get(name, getattr(stored, name)) for name in BIB_FIELDS if name != "authors_more"},
+        authors_more=stored.authors_more and not record.get("authors"),  # Crossref lists every author
     )
     sources = json.loads(row["metadata_source"] or "{}") or dict.fromkeys(METADATA_FIELDS, "extracted")
-    current = {
-        "title": row["title"],
-        "authors": json.loads(row["authors"] or "[]"),
-        "year": row["year"],
-        "journal": row["journal"],
-        "doi": row["doi"],
-    }
-    changed = [k for k in METADATA_FIELDS if getattr(meta, k) != current[k]]
+    changed = [k for k in METADATA_FIELDS if getattr(meta, k) != getattr(stored, k)]
     for key in METADATA_FIELDS:
-        if record.get(key):
+        if record.get(key) and (key not in BIB_FIELDS or key in filled):
             sources[key] = "crossref"
     with lib.transaction():
-        lib.set_doc_metadata(row["id"], meta.title, meta.authors, meta.year, meta.journal, meta.doi, sources)
+        lib.set_doc_metadata(
+            row["id"], meta.title, meta.authors, meta.year, meta.journal, meta.doi, sources, meta.bib_columns()
+        )
         if "title" in changed:
             lib.reindex_headings(row["id"], meta.title)
         lib.invalidate_cache()

@@ -195,6 +195,14 @@ class DocRecord(TypedDict):
     year: int | None
     journal: str | None
     doi: str | None
+    work_type: str
+    volume: str | None
+    issue: str | None
+    page_range: str | None
+    publisher: str | None
+    report_number: str | None
+    arxiv_id: str | None
+    authors_more: bool
     chunks: int
     pages: int | None
     lang: str | None

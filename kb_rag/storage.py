@@ -18,7 +18,7 @@ import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import BUSY_TIMEOUT_MS, DB_FILENAME, SCHEMA_VERSION, KBError, _short_error, now_iso
+from .config import BIB_FIELDS, BUSY_TIMEOUT_MS, DB_FILENAME, SCHEMA_VERSION, KBError, _short_error, now_iso
 from .reading.chunking import Chunk
 from .storage_queries import LibraryQueries
 from .text import _strip_diacritics, analyzed_string, cjk_ratio
@@ -215,6 +215,24 @@ def _migrate_5_to_6(conn: sqlite3.Connection, has_fts5: bool) -> None:
 
 
 MIGRATIONS[5] = _migrate_5_to_6
+
+SCHEMA_V7 = """
+ALTER TABLE docs ADD COLUMN work_type TEXT;        -- journal-article | conference-paper | phd-thesis | ... | document
+ALTER TABLE docs ADD COLUMN volume TEXT;           -- as printed ("574", "26", "S1")
+ALTER TABLE docs ADD COLUMN issue TEXT;
+ALTER TABLE docs ADD COLUMN page_range TEXT;       -- "147-154", or an article number as printed ("061102")
+ALTER TABLE docs ADD COLUMN publisher TEXT;        -- a thesis's university, a report's institution, a book's publisher
+ALTER TABLE docs ADD COLUMN report_number TEXT;
+ALTER TABLE docs ADD COLUMN arxiv_id TEXT;
+ALTER TABLE docs ADD COLUMN authors_more INTEGER NOT NULL DEFAULT 0;  -- 1: the byline is not the whole list
+"""
+
+
+def _migrate_6_to_7(conn: sqlite3.Connection, has_fts5: bool) -> None:
+    run_statements(conn, SCHEMA_V7)
+
+
+MIGRATIONS[6] = _migrate_6_to_7
 
 
 def names_match(stored: str | None, wanted: str, nested: int) -> int:
@@ -619,12 +637,15 @@ class Library(LibraryQueries):
         journal: str | None,
         doi: str | None,
         sources: dict,
+        bib: dict | None = None,
     ) -> None:
-        """Write a document's title, authors, year, journal and DOI with their match keys, and where each field
-        came from (``sources``: field -> extracted | crossref), inside the caller's transaction."""
+        """Write a document's title, authors, year, journal and DOI with their match keys, its bibliographic
+        fields (``bib``: column -> value, config.BIB_FIELDS), and where each field came from
+        (``sources``: field -> extracted | crossref | zotero), inside the caller's transaction."""
+        bib = {name: value for name, value in (bib or {}).items() if name in BIB_FIELDS}
         self.conn.execute(
             "UPDATE docs SET title = ?, authors = ?, year = ?, journal = ?, doi = ?, title_key = ?, "
-            "first_author_key = ?, metadata_source = ? WHERE id = ?",
+            "first_author_key = ?, metadata_source = ?" + "".join(f", {name} = ?" for name in bib) + " WHERE id = ?",
             (
                 title,
                 json.dumps(authors, ensure_ascii=False),
@@ -634,6 +655,7 @@ class Library(LibraryQueries):
                 title_key(title),
                 surname_key(authors[0]) if authors else None,
                 json.dumps(sources),
+                *bib.values(),
                 doc_id,
             ),
         )

@@ -1,6 +1,6 @@
 """Cite: the cite command, BibTeX and CSL-JSON records of documents found by id or by a search.
 
-May import: answers.search, config, models.registry, reading.metadata, rendering, storage, text.
+May import: answers.search, config, models.registry, reading.metadata, reading.printed, rendering, storage, text.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from ..answers.search import LibraryState, run_search
 from ..config import KB_ROOT_FIELD, Field, Flag, KBError, _opt_int, _opt_str, check_rules
 from ..models.registry import Models
 from ..reading.metadata import _COLLABORATION, venue_is_proceedings
+from ..reading.printed import DEFAULT_WORK_TYPE, WORK_TYPES
 from ..rendering import visible_json, visible_text
 from ..storage import Library, split_person_name, surname_key
 from ..text import cjk_ratio, clean_field
@@ -72,6 +73,99 @@ def _split_name(name: str) -> dict:
         return {"family": family, "given": given} if given else {"family": family}
     given, family, suffix = split_person_name(name)
     return {k: v for k, v in (("family", family), ("given", given), ("suffix", suffix)) if v}
+
+
+def work_type_of(doc: sqlite3.Row) -> str:
+    """The stored kind of work; a library read before kinds were stored (no work_type) falls back on its venue."""
+    stored = doc["work_type"] if "work_type" in doc.keys() else None
+    if stored in WORK_TYPES:
+        return stored
+    if doc["journal"]:
+        return "conference-paper" if venue_is_proceedings(doc["journal"]) else "journal-article"
+    return DEFAULT_WORK_TYPE
+
+
+def _bib(doc: sqlite3.Row, name: str) -> str:
+    return (doc[name] or "") if name in doc.keys() else ""
+
+
+def _arxiv_number(doc: sqlite3.Row) -> str:
+    arxiv = _bib(doc, "arxiv_id")
+    if not arxiv and (doc["doi"] or "").startswith("10.48550/arxiv."):
+        arxiv = doc["doi"][len("10.48550/arxiv.") :]
+    return arxiv
+
+
+def csl_item(doc: sqlite3.Row, authors: list[str], key: str) -> dict:
+    """A document as a CSL-JSON item: its kind of work as the CSL type, every field the library holds."""
+    kind = work_type_of(doc)
+    spec = WORK_TYPES[kind]
+    item: dict = {"id": key, "type": spec.csl, "title": doc["title"]}
+    if authors:
+        item["author"] = [_split_name(a) for a in authors]
+        if _bib(doc, "authors_more"):
+            item["author"].append({"literal": "others"})
+    if doc["year"]:
+        item["issued"] = {"date-parts": [[doc["year"]]]}
+    if doc["journal"] and kind in VENUE_KINDS:
+        item["container-title"] = doc["journal"]
+    for csl_name, column in (("volume", "volume"), ("issue", "issue"), ("page", "page_range")):
+        if _bib(doc, column) and kind in VENUE_KINDS:
+            item[csl_name] = _bib(doc, column)
+    if _bib(doc, "publisher"):
+        item["publisher"] = _bib(doc, "publisher")
+    if spec.genre and kind != "preprint":
+        item["genre"] = spec.genre
+    if _bib(doc, "report_number"):
+        item["number"] = _bib(doc, "report_number")
+    arxiv = _arxiv_number(doc)
+    if kind == "preprint" and arxiv:
+        item.setdefault("publisher", "arXiv")
+        item["number"] = f"arXiv:{arxiv}"
+    if arxiv:
+        item["URL"] = f"https://arxiv.org/abs/{arxiv}"
+    if doc["doi"]:
+        item["DOI"] = doc["doi"]
+    if doc["lang"]:
+        item["language"] = doc["lang"]
+    return item
+
+
+# The kinds of work whose venue, volume, issue and pages name where they appeared.
+VENUE_KINDS = frozenset(("journal-article", "conference-paper", "chapter"))
+# The BibTeX field of each stored field, by the kind of work (the venue: journal or booktitle; the publisher:
+# a thesis's school, a report's institution, else publisher).
+_BIBTEX_VENUE = {"journal-article": "journal", "conference-paper": "booktitle", "chapter": "booktitle"}
+_BIBTEX_PUBLISHER = {
+    "phd-thesis": "school",
+    "masters-thesis": "school",
+    "bachelor-thesis": "school",
+    "report": "institution",
+}
+
+
+def bibtex_entry(doc: sqlite3.Row, authors: list[str], key: str) -> str:
+    """A document as a BibTeX entry of its kind of work."""
+    kind = work_type_of(doc)
+    spec = WORK_TYPES[kind]
+    names = [_bibtex_author(a) for a in authors] + (["others"] if authors and _bib(doc, "authors_more") else [])
+    arxiv = _arxiv_number(doc)
+    fields = [
+        ("title", _bibtex_value(doc["title"] or "")),
+        ("author", " and ".join(names)),
+        ("year", str(doc["year"] or "")),
+        (_BIBTEX_VENUE.get(kind, ""), _bibtex_value(doc["journal"] or "") if kind in VENUE_KINDS else ""),
+        ("volume", _bibtex_value(_bib(doc, "volume")) if kind in VENUE_KINDS else ""),
+        ("number", _bibtex_value(_bib(doc, "issue") if kind in VENUE_KINDS else _bib(doc, "report_number"))),
+        ("pages", _bibtex_value(_bib(doc, "page_range")).replace("-", "--") if kind in VENUE_KINDS else ""),
+        (_BIBTEX_PUBLISHER.get(kind, "publisher"), _bibtex_value(_bib(doc, "publisher"))),
+        ("type", spec.bibtex_type),
+        ("eprint", _bibtex_value(arxiv)),
+        ("archiveprefix", "arXiv" if arxiv else ""),
+        ("doi", visible_text(clean_field(doc["doi"])).replace("{", "").replace("}", "")),  # verbatim
+    ]
+    body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if name and value)
+    return f"@{spec.bibtex}{{{key},\n{body}\n}}"
 
 
 CITE_FIELDS = (
@@ -156,32 +250,10 @@ def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryS
             continue
         authors = json.loads(doc["authors"] or "[]")
         key = _cite_key(doc, authors, taken)
-        proceedings = venue_is_proceedings(doc["journal"])
         if fmt == "csl-json":
-            kind = "paper-conference" if proceedings else "article-journal" if doc["journal"] else "article"
-            item = {"id": key, "type": kind, "title": doc["title"]}
-            if authors:
-                item["author"] = [_split_name(a) for a in authors]
-            if doc["year"]:
-                item["issued"] = {"date-parts": [[doc["year"]]]}
-            if doc["journal"]:
-                item["container-title"] = doc["journal"]
-            if doc["doi"]:
-                item["DOI"] = doc["doi"]
-            if doc["lang"]:
-                item["language"] = doc["lang"]
-            entries.append(item)
+            entries.append(csl_item(doc, authors, key))
         else:
-            fields = [
-                ("title", _bibtex_value(doc["title"] or "")),
-                ("author", " and ".join(map(_bibtex_author, authors))),
-                ("year", str(doc["year"] or "")),
-                ("booktitle" if proceedings else "journal", _bibtex_value(doc["journal"] or "")),
-                ("doi", visible_text(clean_field(doc["doi"])).replace("{", "").replace("}", "")),
-            ]  # verbatim
-            body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields if value)
-            kind = "inproceedings" if proceedings else "article" if doc["journal"] else "misc"
-            blocks.append(f"@{kind}{{{key},\n{body}\n}}")
+            blocks.append(bibtex_entry(doc, authors, key))
             entries.append({"key": key, "doc_id": doc_id})
     missing = [i for i in ids if i not in rows]
     # the text is for people (a terminal, a .bib or .json file): csl-json's escapes keep every value as it is

@@ -1,7 +1,7 @@
 """Library commands: docs, stats, dedup, clear, delete and reembed, with their request fields.
 
-May import: answers.search, config, ingest.files, models.registry, models.runtime, reading.chunking, records,
-storage.
+May import: answers.search, config, ingest.files, models.registry, models.runtime, reading.chunking,
+reading.printed, records, storage.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ..ingest.files import embed_missing_chunks
 from ..models.registry import Models
 from ..models.runtime import PASSAGE_FORMAT, ModelUnavailable, local_model_path, model_id, model_prompts
 from ..reading.chunking import page_coverage_note
+from ..reading.printed import DEFAULT_WORK_TYPE
 from ..records import DocRecord, DocsResponse
 from ..storage import Library, fs_path
 
@@ -50,6 +51,14 @@ def _doc_record(row: sqlite3.Row) -> DocRecord:
         "year": row["year"],
         "journal": row["journal"],
         "doi": row["doi"],
+        "work_type": row["work_type"] or DEFAULT_WORK_TYPE,
+        "volume": row["volume"],
+        "issue": row["issue"],
+        "page_range": row["page_range"],
+        "publisher": row["publisher"],
+        "report_number": row["report_number"],
+        "arxiv_id": row["arxiv_id"],
+        "authors_more": bool(row["authors_more"]),
         "chunks": row["chunk_count"],
         "pages": row["pages"],
         "lang": row["lang"],

@@ -506,14 +506,7 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
             path, STATUS_ERROR, started, reason="extract_failed", error="the reader returned no metadata"
         )
     if row is not None and row["zotero_key"]:
-        meta = DocMeta(
-            title=row["title"],
-            authors=json.loads(row["authors"] or "[]"),
-            year=row["year"],
-            journal=row["journal"],
-            doi=row["doi"],
-            lang=meta.lang,
-        )
+        meta = DocMeta.from_row(row, lang=meta.lang)
         base["zotero_version"] = None  # annotations are re-read from Zotero on its next import
     with lib.transaction():
         doc_id = lib.upsert_doc(
@@ -530,6 +523,7 @@ def _ingest_content(lib: Library, pending: PendingFile, row, prepared: PreparedF
                 "year": meta.year,
                 "journal": meta.journal,
                 "doi": meta.doi,
+                **meta.bib_columns(),
                 "lang": meta.lang,
                 "pages": prepared.pages,
                 "chunk_count": len(chunks),

@@ -451,6 +451,7 @@ def refresh_metadata(
                     meta.journal,
                     meta.doi,
                     dict.fromkeys(METADATA_FIELDS, "extracted"),
+                    meta.bib_columns(),
                 )
                 lib.reindex_headings(row["id"], meta.title)
             entries.append(

@@ -149,3 +149,39 @@ def _drop_running_heads(pages: list[tuple[list[_PdfBlock], float]]) -> list[list
             kept.append(block)
         kept_pages.append(kept)
     return kept_pages
+
+
+# -- printed page numbers, for the pages a work spans in its journal or proceedings ---------------------------
+
+PRINTED_SPAN_SHARE = 0.5  # of the pages (at least 2) must carry a number at the same offset from their place
+
+
+def margin_numbers(blocks: list[tuple[tuple, str]], height: float) -> list[int]:
+    """Every whole number printed in the top or bottom band of a page (blocks as (bbox, text)): bare page numbers,
+    and the numbers inside running heads and footers ("Nature | Vol 574 | 24 October 2019 | 507")."""
+    band = height * PAGE_NUMBER_BAND
+    return [
+        int(number)
+        for bbox, text in blocks
+        if (bbox[3] < band or bbox[1] > height - band) and len(text) < 200
+        for number in re.findall(r"(?<![\d.,/:-])(\d{1,5})(?![\d.,/:]\d)", text)
+    ]
+
+
+def printed_page_span(numbers: list[list[int]]) -> tuple[int, int] | None:
+    """(first, last) printed page number of a document whose pages carry their numbers in the margins: the
+    difference between a page's place and one of its margin numbers that most pages share; else None. A journal
+    line's volume or year repeated on every page stays the same from page to page, so never shares a difference."""
+    if len(numbers) < 2:
+        return None
+    votes: dict[int, int] = {}
+    for place, printed in enumerate(numbers, start=1):
+        for offset in {place - n for n in printed}:
+            votes[offset] = votes.get(offset, 0) + 1
+    if not votes:
+        return None
+    offset = max(votes, key=lambda key: (votes[key], -abs(key)))
+    if votes[offset] < max(2, PRINTED_SPAN_SHARE * len(numbers)) or 1 - offset < 1:
+        return None
+    return 1 - offset, len(numbers) - offset
+

@@ -1,25 +1,30 @@
-"""Metadata: title, authors, venue and language from a paper's first pages (its DOI and year: reading.identifiers).
+"""Metadata: title, authors, venue and language from a paper's first pages (its DOI and year: reading.identifiers;
+the kind of work, volume, issue and pages: reading.printed).
 
-May import: reading.blocks, reading.identifiers, reading.pdf, reading.structure, text.
+May import: config, reading.blocks, reading.identifiers, reading.pdf, reading.printed, reading.structure, text.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import BIB_FIELDS
 from ..reading.blocks import Block, Extracted, HeaderLine, canonical_section, run_in_abstract
 from ..reading.identifiers import _CN_JOURNAL, _doi_from_text, arxiv_doi, find_doi, guess_year
 from ..reading.pdf import NAME_BREAK
+from ..reading.printed import CITATION_BLOCK, DEFAULT_WORK_TYPE, DEGREE_BANNER, WORK_TYPES, PrintedPages, read_printed
 from ..reading.structure import _BANNER, _SUPERSCRIPT_GROUP, is_running_prose, join_lines
 from ..text import _CJK_RUN_OR_WORD, cjk_ratio, clean_field, is_cjk, text_language
 
-METADATA_FIELDS = ("title", "authors", "year", "journal", "doi")
+METADATA_FIELDS = ("title", "authors", "year", "journal", "doi", *BIB_FIELDS)
 METADATA_SOURCES = ("extracted", "crossref", "zotero")  # where a stored field came from (docs.metadata_source)
+BIB_TEXT_LIMIT = 300  # characters kept of a volume, issue, page range, publisher, report number or arXiv id
 
 
 @dataclass
@@ -30,13 +35,50 @@ class DocMeta:
     journal: str | None
     doi: str | None
     lang: str
+    work_type: str = DEFAULT_WORK_TYPE
+    volume: str | None = None
+    issue: str | None = None
+    page_range: str | None = None
+    publisher: str | None = None
+    report_number: str | None = None
+    arxiv_id: str | None = None
+    authors_more: bool = False  # the byline is not the whole list ("et al.", a collaboration listed elsewhere)
 
     def __post_init__(self):
         # whatever the source (layout, file metadata, Zotero, Crossref), no control residue is stored
         self.title = clean_field(self.title)
         self.authors = [name for name in (clean_field(a) for a in self.authors or []) if name]
+        if self.authors and self.authors[-1].lower().rstrip(".") in ("et al", "others", "等", "等人"):
+            self.authors = [a for a in self.authors[:-1] if a.lower().rstrip(".") != "et al"]
+            self.authors_more = True
         self.journal = clean_field(self.journal) or None
         self.doi = clean_field(self.doi).replace(" ", "").lower() or None if self.doi else None
+        if self.work_type not in WORK_TYPES:
+            self.work_type = DEFAULT_WORK_TYPE
+        for name in ("volume", "issue", "page_range", "publisher", "report_number", "arxiv_id"):
+            value = clean_field(str(getattr(self, name) or ""))[:BIB_TEXT_LIMIT]
+            setattr(self, name, value or None)
+        if self.page_range:  # one kind of dash, as a reference list prints it
+            self.page_range = re.sub(r"\s*[\u2010-\u2015\u2212-]+\s*", "-", self.page_range)
+        self.authors_more = bool(self.authors_more)
+
+    def bib_columns(self) -> dict:
+        """The bibliographic fields as ``docs`` stores them."""
+        return {name: int(self.authors_more) if name == "authors_more" else getattr(self, name) for name in BIB_FIELDS}
+
+    @classmethod
+    def from_row(cls, row, lang: str | None = None) -> DocMeta:
+        """The metadata a ``docs`` row holds."""
+        keys = row.keys()
+        return cls(
+            title=row["title"],
+            authors=json.loads(row["authors"] or "[]"),
+            year=row["year"],
+            journal=row["journal"],
+            doi=row["doi"],
+            lang=lang if lang is not None else row["lang"] or "",
+            **{name: row[name] for name in BIB_FIELDS if name in keys and row[name] is not None},
+        )
 
 
 _JUNK_TITLE = re.compile(
@@ -681,6 +723,11 @@ def _byline(rows: list[list[HeaderLine]]) -> list[str]:
     return names[:1000]
 
 
+# Shares of the front page's height above and below which its lines may be the journal's own (its masthead,
+# its footer); lines between are the paper's title, byline and text.
+FRONT_TOP, FRONT_FOOT = 0.25, 0.8
+
+
 def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     """The identifier ladder: what page 1 prints first, then identifiers, then the file's own metadata."""
     raw = extracted.raw_meta
@@ -738,13 +785,60 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
         for b in page_one[:12]  # footnotes citing other works do not count
         if b.role != "title" and len(b.text) < 400 and not re.match(r"\d{1,2}\s", b.text)
     )
+    title = readable_title(title, sample) if title else Path(path).stem
+    # the lines at the top and foot of the front page, where journals print their line (the rest is the paper)
+    front_lines = [
+        line.text
+        for line in extracted.header
+        if line.page in (1, front_page)
+        and line.page_height
+        and (line.bbox[1] < FRONT_TOP * line.page_height or line.bbox[3] > FRONT_FOOT * line.page_height)
+    ]
+    citation = [
+        b.text for b in extracted.blocks if b.page in (1, 2, front_page, None) and CITATION_BLOCK.match(b.text)
+    ]
+    printed = read_printed(
+        PrintedPages(
+            front=front_lines[:80],
+            citation=citation[:3],
+            margins=list(raw.get("margin_lines") or []) + [raw.get("margin_text", "")],
+            opening="\n".join(extracted.page_texts[:3])[:12000] or front,
+            title=title,
+            venue_hint=_journal_from_text(front, blocks) or _venue_from_page(page_one),
+            doi=doi,
+            page_span=raw.get("page_span"),
+            pages=extracted.pages,
+            title_page="\n".join(extracted.page_texts[front_page - 1 : front_page]
+                                  if front_page == 1 else extracted.page_texts[:2])[:6000],
+            paper_like=bool(authors)
+            and (bool(extracted.references) or any(canonical_section(b.text) == "abstract" for b in extracted.blocks)),
+        )
+    )
+    more = any(_COLLABORATION.search(name) for name in authors)
+    year = guess_year(front, raw, path, doi, banner + "\n" + raw.get("margin_text", ""), head)
+    if printed.cover_title and (DEGREE_BANNER.match(title) or not titled):
+        title = printed.cover_title  # a thesis's form names its title where the largest line is its banner
+    if printed.cover_authors and (not authors or printed.work_type.endswith("-thesis")):
+        authors = printed.cover_authors  # a thesis's form names its author (the byline reader may take a supervisor)
+    if printed.cover_year:
+        year = printed.cover_year
+    elif printed.year and printed.venue and (printed.volume or printed.page_range):
+        year = printed.year  # the journal line's own year (an issue dated after the article went online)
     return DocMeta(
-        title=readable_title(title, sample) if title else Path(path).stem,
+        title=title,
         authors=authors,
-        year=guess_year(front, raw, path, doi, banner + "\n" + raw.get("margin_text", ""), head),
-        journal=_journal_from_text(front, blocks) or _venue_from_page(page_one),
+        year=year,
+        journal=readable_title(printed.venue, sample) if printed.venue else None,
         doi=doi,
         lang=text_language(sample, least_words=20),
+        work_type=printed.work_type,
+        volume=printed.volume,
+        issue=printed.issue,
+        page_range=printed.page_range,
+        publisher=printed.publisher,
+        report_number=printed.report_number,
+        arxiv_id=printed.arxiv_id,
+        authors_more=more,
     )
 
 

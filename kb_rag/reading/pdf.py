@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..config import PDF_MIN_TEXT_CHARS, STATUS_ERROR, STATUS_SKIPPED, FileRejected, _short_error, document_limit
 from ..reading.blocks import Block, Extracted, HeaderLine, canonical_section, numbering_depth
 from ..reading.classify import apply_outline, classify_blocks, join_wrapped_headings
-from ..reading.furniture import _drop_running_heads
+from ..reading.furniture import PAGE_NUMBER_BAND, _drop_running_heads, margin_numbers, printed_page_span
 from ..reading.ocr import (
     OCR_DPI,
     OCR_EXTRA_NOTE,
@@ -662,23 +662,37 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
     ocr = _PdfOcr(path, options, len(doc))
     try:
         raw_pages, labels, widths, failed_pages, margin_text, figures = [], [], [], [], "", []
+        numbers: list[list[int]] = []  # the numbers in each page's margins, for the printed page span
+        margins: list[str] = []  # the header and footer lines of the first pages, running heads included
         for number, page in enumerate(doc):
             if max_pages is not None and number >= max_pages:
-                break
+                if number >= PRINTED_SPAN_PAGES:
+                    break
+                numbers.append(_light_margin_numbers(page))  # a metadata refresh still learns the page span
+                continue
             ocr.on_step("page", number + 1, ocr.pages)
             try:
                 page_blocks, margin = ocr.page_blocks(page, number + 1, *_pdf_page_blocks(page))
                 raw_pages.append((page_blocks, page.rect.height))
+                numbers.append(margin_numbers([(b.bbox, b.text) for b in page_blocks], page.rect.height))
+                if number < MARGIN_LINE_PAGES:
+                    band = page.rect.height * PAGE_NUMBER_BAND
+                    margins.extend(
+                        b.text for b in page_blocks if b.bbox[3] < band or b.bbox[1] > page.rect.height - band
+                    )
                 if number == 0:
                     margin_text = margin
             except _mupdf_errors() as exc:
                 failed_pages.append(_short_error(exc))
                 raw_pages.append(([], page.rect.height))
+                numbers.append([])
             figures.append(_figure_areas(page))
             widths.append(page.rect.width)
             labels.append(_page_label(page))
         raw_meta = dict(doc.metadata or {})
         raw_meta["margin_text"] = margin_text
+        raw_meta["margin_lines"] = [strip_controls(line) for line in margins]
+        raw_meta["page_span"] = printed_page_span(numbers)
         try:
             outline = [
                 (level, title, page)
@@ -780,6 +794,19 @@ def extract_pdf(path: str, max_pages: int | None = None, options: ReadOptions | 
         ocr_timed_out=ocr.timed_out,
         notes=ocr.notes(),
     )
+
+
+MARGIN_LINE_PAGES = 3  # pages whose header and footer lines the metadata reader sees (journal lines, cost codes)
+PRINTED_SPAN_PAGES = 80  # a metadata refresh looks this far for the printed page numbers of an article
+
+
+def _light_margin_numbers(page) -> list[int]:
+    """The numbers in a page's margins from its plain text blocks (no layout work), for a metadata refresh."""
+    try:
+        blocks = [((x0, y0, x1, y1), text) for x0, y0, x1, y1, text, *_ in page.get_text("blocks")]
+    except _mupdf_errors():
+        return []
+    return margin_numbers(blocks, page.rect.height)
 
 
 def _is_mostly_unreadable(raw_pages) -> bool:

@@ -12,7 +12,16 @@ import sqlite3
 import stat as stat_module
 from pathlib import Path
 
-from ..config import STATUS_ADDED, STATUS_MOVED, STATUS_SKIPPED, STATUS_UPDATED, _opt_bool, _opt_int, _opt_str
+from ..config import (
+    BIB_FIELDS,
+    STATUS_ADDED,
+    STATUS_MOVED,
+    STATUS_SKIPPED,
+    STATUS_UPDATED,
+    _opt_bool,
+    _opt_int,
+    _opt_str,
+)
 from ..ingest.files import _original_is_gone, _original_row
 from ..reading.metadata import METADATA_FIELDS, DocMeta
 from ..records import FileEntry
@@ -68,13 +77,16 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: FileEntry
         return entry
     meta = {k: v for k, v in attachment.meta.items() if v}
     with lib.transaction():
+        stored = DocMeta.from_row(row)
         zotero = DocMeta(
             title=meta.get("title", row["title"]),
-            authors=meta.get("authors") or json.loads(row["authors"] or "[]"),
+            authors=meta.get("authors") or stored.authors,
             year=meta.get("year", row["year"]),
             journal=meta.get("journal", row["journal"]),
             doi=meta.get("doi") or row["doi"] or None,
             lang=row["lang"] or "",
+            **{name: meta.get(name) or getattr(stored, name) for name in BIB_FIELDS if name != "authors_more"},
+            authors_more=stored.authors_more and not meta.get("authors"),  # Zotero's list is the whole list
         )
         sources = {
             key: "zotero" if meta.get(key) else json.loads(row["metadata_source"] or "{}").get(key, "extracted")
@@ -85,6 +97,7 @@ def zotero_overlay(lib: Library, attachment: ZoteroAttachment, result: FileEntry
             "year": zotero.year,
             "journal": zotero.journal,
             "doi": zotero.doi,
+            **zotero.bib_columns(),
             "metadata_source": json.dumps(sources),
             "zotero_key": attachment.item_key,
             "zotero_attachment_key": attachment.attachment_key,

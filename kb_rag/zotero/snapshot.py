@@ -44,7 +44,7 @@ class ZoteroAttachment:
     path: str | None  # resolved file path, None when it cannot be resolved
     problem: str | None  # why the path is unusable (reason code)
     version: int
-    meta: dict  # title, authors, year, journal, doi
+    meta: dict  # title, authors, year, journal, doi and the bibliographic fields (config.BIB_FIELDS)
     collections: list[str]
     tags: list[str]
     annotations: list[dict]
@@ -355,6 +355,64 @@ def _zotero_fields(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, d
     return values
 
 
+def _zotero_item_types(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, str]:
+    types_table = _zotero_table(conn, "itemTypesCombined", "itemTypes")
+    found: dict[int, str] = {}
+    for start in range(0, len(item_ids), 500):
+        batch = item_ids[start : start + 500]
+        rows = conn.execute(
+            f"SELECT i.itemID, t.typeName FROM items i JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
+            f"WHERE i.itemID IN ({', '.join('?' * len(batch))})",
+            batch,
+        )
+        found.update((item_id, str(name)) for item_id, name in rows)
+    return found
+
+
+# Zotero's item types as the engine's kinds of work (reading.printed.WORK_TYPES); a thesis's level comes from its
+# thesisType field ("PhD", "Master's thesis", "学士", ...), a doctoral one where the field says nothing.
+ZOTERO_WORK_TYPES = {
+    "journalArticle": "journal-article",
+    "magazineArticle": "journal-article",
+    "conferencePaper": "conference-paper",
+    "thesis": "phd-thesis",
+    "report": "report",
+    "preprint": "preprint",
+    "book": "book",
+    "bookSection": "chapter",
+}
+
+
+def _zotero_work_type(item_type: str | None, data: dict[str, str]) -> str | None:
+    kind = ZOTERO_WORK_TYPES.get(item_type or "")
+    if kind == "phd-thesis":
+        level = (data.get("thesisType") or data.get("type") or "").lower()
+        if re.search(r"master|m\.?\s?sc|m\.?a\.|硕士", level):
+            return "masters-thesis"
+        if re.search(r"bachelor|b\.?\s?sc|undergraduate|学士|本科", level):
+            return "bachelor-thesis"
+    if kind is None and item_type in (None, "attachment", "note", "annotation"):
+        return None  # a standalone file: Zotero says nothing about it
+    return kind or "document"
+
+
+def _zotero_bibliographic(item_type: str | None, data: dict[str, str]) -> dict:
+    """A Zotero item's kind of work, volume, issue, pages, publisher, report number and arXiv id, by the names of
+    the engine's fields (config.BIB_FIELDS); Zotero stores a thesis's university and a report's institution in
+    fields of their own."""
+    archive = data.get("archiveID") or ""
+    arxiv = re.match(r"arxiv:\s*(\S+)", archive, re.IGNORECASE)
+    return {
+        "work_type": _zotero_work_type(item_type, data),
+        "volume": data.get("volume"),
+        "issue": data.get("issue"),
+        "page_range": data.get("pages"),
+        "publisher": data.get("publisher") or data.get("university") or data.get("institution"),
+        "report_number": data.get("reportNumber") or (data.get("number") if item_type == "report" else None),
+        "arxiv_id": arxiv.group(1) if arxiv else None,
+    }
+
+
 def _zotero_authors(conn: sqlite3.Connection, item_id: int, types_table: str) -> list[str]:
     rows = conn.execute(
         "SELECT c.firstName, c.lastName, t.creatorType FROM itemCreators ic "
@@ -522,7 +580,9 @@ def zotero_attachments(
 ) -> list[ZoteroAttachment]:
     """The catalog's attachments (or those of ``rows``), each with its parent's metadata and its signature."""
     rows = catalog.rows if rows is None else rows
-    fields = _zotero_fields(conn, list({catalog.owner(r) for r in rows}))
+    owners = list({catalog.owner(r) for r in rows})
+    fields = _zotero_fields(conn, owners)
+    item_types = _zotero_item_types(conn, owners)
     creator_types = _zotero_table(conn, "creatorTypes") or "creatorTypes"
     attachments = []
     for row in rows:
@@ -549,6 +609,7 @@ def zotero_attachments(
                     "year": _zotero_year(data.get("date")),
                     "journal": data.get("publicationTitle") or data.get("proceedingsTitle") or data.get("bookTitle"),
                     "doi": (find_doi(data.get("DOI", "")) or data.get("DOI") or None),
+                    **_zotero_bibliographic(item_types.get(owner), data),
                 },
                 collections=sorted(set(collections)),
                 tags=sorted(set(tags)),
