@@ -281,9 +281,10 @@ def test_every_field_is_refused_with_the_wrong_type_before_anything_runs(kb_engi
     assert set(WRONG_VALUE) == set(kb_engine.FIELD_TYPES) and checked >= 40
 
 
-def test_a_library_of_the_previous_schema_is_brought_up_to_date_by_a_search(engine, tmp_path, sample_dir):
-    """A library written by the release before (schema 5: no docs.zotero_library nor zotero_group) answers a
-    search at once, and is at this engine's schema afterwards, its documents untouched."""
+def test_a_library_of_the_previous_schema_is_brought_up_to_date_by_a_search(engine, kb_engine, tmp_path, sample_dir):
+    """A library written by an earlier release (schema 5: no docs.zotero_library nor zotero_group, nor schema 7's
+    bibliographic columns) answers a search at once, and is at this engine's schema afterwards, its documents
+    untouched."""
     root = tmp_path / "kb"
     shutil.copy2(sample_dir / "graphene_cvd_copper.pdf", tmp_path / "graphene_cvd_copper.pdf")
     engine.execute("ingest", {"paths": [str(tmp_path / "graphene_cvd_copper.pdf")], "kb_root": str(root)})
@@ -291,11 +292,13 @@ def test_a_library_of_the_previous_schema_is_brought_up_to_date_by_a_search(engi
     con = sqlite3.connect(str(db_path(root)))
     con.execute("ALTER TABLE docs DROP COLUMN zotero_library")
     con.execute("ALTER TABLE docs DROP COLUMN zotero_group")
+    for column in kb_engine.BIB_FIELDS:  # schema 7's
+        con.execute(f"ALTER TABLE docs DROP COLUMN {column}")
     con.execute("PRAGMA user_version = 5")
     con.commit()
     con.close()
     before = _snapshot(root)
     hits = engine.execute("search", {"kb_root": str(root), "query": "graphene nucleation", "mode": "keyword"})
-    assert hits["results"] and user_version(root) == 6
+    assert hits["results"] and user_version(root) == kb_engine.SCHEMA_VERSION == 7
     after = _snapshot(root)
-    assert after["chunks"] == before["chunks"] and after["user_version"] == 6
+    assert after["chunks"] == before["chunks"] and after["user_version"] == kb_engine.SCHEMA_VERSION

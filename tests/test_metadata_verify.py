@@ -27,8 +27,9 @@ def work(doi, title, authors, year, journal):
             "issued": {"date-parts": [[year, 6, 7]]}, "published-print": {"date-parts": [[year]]}}
 
 
-PLOS_WORK = work(PLOS["doi"].upper(), PLOS["title"], [("Rebecca", "Haldane"), ("Matías", "Ortiz"), ("Yusuf", "Demir")],
-                 2018, "PLOS ONE")
+PLOS_WORK = {**work(PLOS["doi"].upper(), PLOS["title"], [("Rebecca", "Haldane"), ("Matías", "Ortiz"),
+                                                          ("Yusuf", "Demir")], 2018, "PLOS ONE"),
+             "volume": "13", "issue": "5", "page": "e0197919", "publisher": "Public Library of Science (PLoS)"}
 CAPS_WORK = work("10.5555/jaoe.1997.0142", CAPS["title"], [("Tobias E.", "Chang"), ("Maria", "Lopez-Garcia"),
                                                            ("John", "McAllister")], 1997,
                  "Journal of Applied Optical Engineering")
@@ -100,7 +101,15 @@ def test_doi_record_and_title_match_are_taken_and_marked_as_crossref(engine, pap
     assert plos["authors"] == ["Rebecca Haldane", "Matías Ortiz", "Yusuf Demir"]
     assert plos["metadata_source"]["journal"] == "crossref"
     assert caps["doi"] == "10.5555/jaoe.1997.0142" and caps["year"] == 1997
-    assert set(caps["metadata_source"].values()) == {"crossref"}
+    core = ("title", "authors", "year", "journal", "doi")
+    assert {caps["metadata_source"][k] for k in core} == {"crossref"}
+    # the paper's own citation line ("PLoS ONE 13(6): e0197919") is kept over the record's issue 5; what the pages
+    # did not print (the publisher), the DOI's record fills, and says so
+    assert (plos["volume"], plos["issue"], plos["page_range"]) == ("13", "6", "e0197919")
+    assert {plos["metadata_source"][k] for k in ("volume", "issue", "page_range")} == {"extracted"}
+    assert plos["publisher"] == "Public Library of Science (PLoS)" and plos["work_type"] == "journal-article"
+    assert plos["metadata_source"]["publisher"] == "crossref"
+    assert caps["metadata_source"]["volume"] == "extracted"
     # only the DOI, or the title for the paper without one, left the machine
     sent = crossref.requests
     assert any(p.startswith("/works/10.1371/") for p in sent)

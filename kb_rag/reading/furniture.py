@@ -184,4 +184,3 @@ def printed_page_span(numbers: list[list[int]]) -> tuple[int, int] | None:
     if votes[offset] < max(2, PRINTED_SPAN_SHARE * len(numbers)) or 1 - offset < 1:
         return None
     return 1 - offset, len(numbers) - offset
-

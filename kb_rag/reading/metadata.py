@@ -794,9 +794,7 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
         and line.page_height
         and (line.bbox[1] < FRONT_TOP * line.page_height or line.bbox[3] > FRONT_FOOT * line.page_height)
     ]
-    citation = [
-        b.text for b in extracted.blocks if b.page in (1, 2, front_page, None) and CITATION_BLOCK.match(b.text)
-    ]
+    citation = [b.text for b in extracted.blocks if b.page in (1, 2, front_page, None) and CITATION_BLOCK.match(b.text)]
     printed = read_printed(
         PrintedPages(
             front=front_lines[:80],
@@ -808,8 +806,9 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
             doi=doi,
             page_span=raw.get("page_span"),
             pages=extracted.pages,
-            title_page="\n".join(extracted.page_texts[front_page - 1 : front_page]
-                                  if front_page == 1 else extracted.page_texts[:2])[:6000],
+            title_page="\n".join(
+                extracted.page_texts[front_page - 1 : front_page] if front_page == 1 else extracted.page_texts[:2]
+            )[:6000],
             paper_like=bool(authors)
             and (bool(extracted.references) or any(canonical_section(b.text) == "abstract" for b in extracted.blocks)),
         )

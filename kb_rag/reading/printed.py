@@ -115,7 +115,11 @@ _TOKEN = re.compile(
     r"|(?P<vol_year>\b(?P<vy_vol>\d{1,4})\s*\(\s*(?P<vy_year>" + _YEAR + r")\s*\))"
     r"|(?P<vol_iss>\b(?P<vi_vol>\d{1,4}[A-Za-z]?)\s*\(\s*(?P<vi_iss>\d{1,4}(?:\s*[-/]\s*\d{1,4})?|[A-Z]\d{0,2}|Suppl\.? ?\d*)\s*\))"
     r"|(?P<colon>\b(?P<c_left>\d{1,4}):\s*(?P<c_right>" + _PAGE + r"(?:\s*-\s*" + _PAGE + r")?)\b)"
-    r"|(?P<date>\b(?:\d{1,2}(?:\s*-\s*\d{1,2})?\s+)?" + _MONTH + r"(?:\s+\d{1,2}(?:\s*-\s*\d{1,2})?)?,?(?=\s*(?:" + _YEAR + r")?\b))"
+    r"|(?P<date>\b(?:\d{1,2}(?:\s*-\s*\d{1,2})?\s+)?"
+    + _MONTH
+    + r"(?:\s+\d{1,2}(?:\s*-\s*\d{1,2})?)?,?(?=\s*(?:"
+    + _YEAR
+    + r")?\b))"
     r"|(?P<year_p>\(\s*(?P<yp>" + _YEAR + r")\s*\))"
     r"|(?P<range>\b(?P<r_a>" + _PAGE + r")\s*-\s*(?P<r_b>" + _PAGE + r")\b)"
     r"|(?P<year>(?<![-/])\b" + _YEAR + r"\b)"  # "JCRAI-2021", "IPAC2018": part of a name
@@ -336,7 +340,31 @@ def venue_name(text: str) -> str | None:
     words = _VENUE_WORD.findall(text)
     if not words or not (text[:1].isupper() or text[:1].isdigit()):
         return None
-    lower = [w for w in words if w[:1].islower() and w.lower() not in ("of", "on", "and", "the", "in", "for", "de", "la", "und", "für", "et", "des", "du", "at", "to", "e", "y")]
+    lower = [
+        w
+        for w in words
+        if w[:1].islower()
+        and w.lower()
+        not in (
+            "of",
+            "on",
+            "and",
+            "the",
+            "in",
+            "for",
+            "de",
+            "la",
+            "und",
+            "für",
+            "et",
+            "des",
+            "du",
+            "at",
+            "to",
+            "e",
+            "y",
+        )
+    ]
     if len(lower) > 1 or len(words) > 16:
         return None  # a sentence, not a name
     if len(words) >= 3 and words[-1].isupper() and len(words[-1]) >= 2 and words[-1] == _initials(words[:-1]).upper():
@@ -352,7 +380,9 @@ def venue_name(text: str) -> str | None:
 _COST_CODE = re.compile(
     r"\b\d{4}-\d{3}[\dX]/(\d{2})/(\d{1,4})\((\d{1,3}(?:-\d{1,3})?)\)/([A-Za-z]?\d{1,7})(?:\((\d{1,4})\))?"
 )
-_CN_ARTICLE_NUMBER = re.compile(r"\d{4}-\d{3}[\dX]\s*\(\s*(" + _YEAR + r")\s*\)\s*(\d{1,2})\s*-\s*(\d{1,5})\s*-\s*(\d{1,3})")
+_CN_ARTICLE_NUMBER = re.compile(
+    r"\d{4}-\d{3}[\dX]\s*\(\s*(" + _YEAR + r")\s*\)\s*(\d{1,2})\s*-\s*(\d{1,5})\s*-\s*(\d{1,3})"
+)
 
 
 def read_cost_code(text: str) -> CitationNumbers | None:
@@ -451,11 +481,11 @@ _JOURNAL_EVIDENCE = re.compile(
     r"学报|杂志|期刊",
     re.IGNORECASE,
 )
-_CHAPTER_EVIDENCE = re.compile(r"^\s*(?:chapter|kapitel)\s+\d+\b|\bin:?\s.{0,80}\(eds?\.?\)", re.IGNORECASE | re.MULTILINE)
-_ISBN = re.compile(r"\bISBN(?:-1[03])?:?\s*[\d-]{10,17}", re.IGNORECASE)
-_ARXIV_STAMP = re.compile(
-    r"\barxiv:\s*(\d{4}\.\d{4,5}|[a-z-]+(?:\.[A-Z]{2})?/\d{7})(?:v\d+)?", re.IGNORECASE
+_CHAPTER_EVIDENCE = re.compile(
+    r"^\s*(?:chapter|kapitel)\s+\d+\b|\bin:?\s.{0,80}\(eds?\.?\)", re.IGNORECASE | re.MULTILINE
 )
+_ISBN = re.compile(r"\bISBN(?:-1[03])?:?\s*[\d-]{10,17}", re.IGNORECASE)
+_ARXIV_STAMP = re.compile(r"\barxiv:\s*(\d{4}\.\d{4,5}|[a-z-]+(?:\.[A-Z]{2})?/\d{7})(?:v\d+)?", re.IGNORECASE)
 _OLD_ARXIV = re.compile(r"(?<![\w/.])([a-z-]{4,12}(?:\.[A-Z]{2})?/\d{7})(?:v\d+)?\b")
 
 
@@ -485,11 +515,25 @@ _FORM_LABELS = (
     ("date", r"(?:论文)?(?:提交|答辩|完成)日期|日\s*期|date of submission"),
 )
 _FORM_LINE = re.compile(
-    r"^\s*(?:" + "|".join(f"(?P<{name}>{pattern})" for name, pattern in _FORM_LABELS) + r")\s*(?:(?:[:：]|\s{2,})\s*(?P<value>.*))?$",
+    r"^\s*(?:"
+    + "|".join(f"(?P<{name}>{pattern})" for name, pattern in _FORM_LABELS)
+    + r")\s*(?:(?:[:：]|\s{2,})\s*(?P<value>.*))?$",
     re.IGNORECASE,
 )
-_CN_DIGITS = {"〇": "0", "零": "0", "○": "0", "一": "1", "二": "2", "三": "3", "四": "4", "五": "5", "六": "6",
-              "七": "7", "八": "8", "九": "9"}
+_CN_DIGITS = {
+    "〇": "0",
+    "零": "0",
+    "○": "0",
+    "一": "1",
+    "二": "2",
+    "三": "3",
+    "四": "4",
+    "五": "5",
+    "六": "6",
+    "七": "7",
+    "八": "8",
+    "九": "9",
+}
 
 
 # A line that names only the kind of thesis: a title page's banner, never the title.
@@ -563,7 +607,8 @@ def thesis_degree(opening: str) -> str | None:
 
 _ACADEMIC_UNIT = re.compile(
     r"^(?:.*\b(?:school|faculty|department|dept\.?|institute|college|division|centre|center|program(?:me)?|"
-    r"science|sciences|engineering|business|studies|laboratory|lab)\b\s+)", re.IGNORECASE
+    r"science|sciences|engineering|business|studies|laboratory|lab)\b\s+)",
+    re.IGNORECASE,
 )
 
 
@@ -579,7 +624,9 @@ def university(opening: str) -> str | None:
         match = _UNIVERSITY.search(line)
         if match and match.group(1):
             name = re.sub(r"\s+", " ", match.group(1)).strip(" ,.")
-            name = _ACADEMIC_UNIT.sub("", name) if not name.lower().startswith(("university", "the university")) else name
+            name = (
+                _ACADEMIC_UNIT.sub("", name) if not name.lower().startswith(("university", "the university")) else name
+            )
             return name
     for line in lines:
         match = re.fullmatch(r"\s*([\u4e00-\u9fff]{2,14}学院)\s*", line)
