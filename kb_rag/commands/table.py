@@ -277,7 +277,7 @@ COMMAND_TABLE = (
     ),
     Command(
         "cite",
-        "BibTeX or CSL-JSON for documents",
+        "BibTeX, CSL-JSON or references formatted in a style (APA, IEEE, GB/T 7714, ...) for documents",
         lambda c: cmd_cite(c.lib, c.payload, c.models, c.state),
         fields=CITE_FIELDS,
         rules=CITE_RULES,
