@@ -248,6 +248,7 @@ def main(argv=None) -> int:
     ap.add_argument("--record-as", default=None, help="record the figures as benchmarks/results/NAME.json")
     ap.add_argument("--show-mismatches", action="store_true", help="print each paper's wrong and invented fields")
     ap.add_argument("--engine", default=None, help="a kb_engine.py to measure instead of the repository's")
+    ap.add_argument("--engine-label", default=None, help="how the recorded figures name that engine (a commit)")
     ap.add_argument("--keep", default=None, help="work in this folder and keep it (else a temporary one)")
     args = ap.parse_args(argv)
     truth_path, corpus = Path(args.truth), Path(args.corpus)
@@ -271,6 +272,8 @@ def main(argv=None) -> int:
     if args.record_as:
         figures = {k: v for k, v in result.items() if k not in ("mismatches",)}
         figures["truth"] = truth_path.name
+        if args.engine:  # an older engine measured for a before/after comparison: say which
+            figures["measured_engine"] = args.engine_label or args.engine
         record(args.record_as, figures, model=None, argv=["benchmarks/eval_bib.py", *sys.argv[1:]])
     return 0
 

@@ -1,7 +1,7 @@
 """Human CLI: argument parser, printers, progress bar, ``main`` (selftest and the job runner are in tasks).
 
 May import: answers.pictures, commands.contract, commands.core, commands.sync, commands.table, config, jobs, live,
-models.runtime, protocol, records, rendering, tasks.
+models.runtime, protocol, reading.printed, records, rendering, tasks.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .jobs import ITEM_PHASES, JOB_ACTIVE_STATES, fold_progress
 from .live import OUT_OF_REACH, WATCH_EVENTS_NOTE, Watcher
 from .models.runtime import DEFAULT_EMBED_MODEL
 from .protocol import error_reply, run_one_shot, serve
+from .reading.printed import DEFAULT_WORK_TYPE, WORK_TYPES
 from .records import (
     CitationRecord,
     DocsResponse,
@@ -44,7 +45,7 @@ from .records import (
     RagResponse,
     SearchResponse,
 )
-from .rendering import _ocr_progress, format_duration, plain_line, visible_json, visible_text
+from .rendering import _ocr_progress, author_line, format_duration, plain_line, venue_line, visible_json, visible_text
 from .tasks import print_requirements, run_job, selftest
 
 
@@ -277,7 +278,14 @@ def _print_hits(response: SearchResponse | RagResponse, hits: list[CliHit]) -> N
             else None,
         ]
         byline = " · ".join(
-            x for x in (", ".join(hit["authors"][:3]) or None, str(hit["year"]) if hit["year"] else None, *where) if x
+            x
+            for x in (
+                author_line(hit["authors"]),
+                str(hit["year"]) if hit["year"] else None,
+                plain_line(hit.get("journal")) or None,
+                *where,
+            )
+            if x
         )
         print(f"{rank}. {hit['title']}  [{hit['file']}]")
         if byline:
@@ -489,6 +497,19 @@ def _print_zotero(response: dict) -> None:
 def _print_docs(response: DocsResponse) -> None:
     for doc in response["docs"]:
         print(f"{doc['doc_id']:>5} {doc['status']:<9} {doc['chunks']:>5}  {doc['title']}  [{doc['file']}]")
+        work = doc.get("work_type")
+        about = " · ".join(
+            x
+            for x in (
+                author_line(doc["authors"], bool(doc.get("authors_more"))),
+                str(doc["year"]) if doc["year"] else "",
+                plain_line(venue_line(doc["journal"], doc.get("volume"), doc.get("issue"), doc.get("page_range"))),
+                WORK_TYPES[work].label if work in WORK_TYPES and work != DEFAULT_WORK_TYPE else "",
+            )
+            if x
+        )
+        if about and doc["status"] in ("indexed", "duplicate"):
+            print(f"{'':>22}{plain_line(about)}")
     print(f"{response['total']} documents")
 
 

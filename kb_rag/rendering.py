@@ -127,10 +127,20 @@ def file_name(path) -> str | None:
     return re.split(r"[\\/]", str(path))[-1] or None if path else None
 
 
-def author_line(authors) -> str:
+def author_line(authors, more: bool = False) -> str:
+    """Up to three names, then "et al." when there are more (or the list is known to be incomplete)."""
     if not isinstance(authors, list) or not authors:
         return ""
-    return ", ".join(str(a) for a in authors[:3]) + (" et al." if len(authors) > 3 else "")
+    return ", ".join(str(a) for a in authors[:3]) + (" et al." if len(authors) > 3 or more else "")
+
+
+def venue_line(venue, volume=None, issue=None, page_range=None) -> str:
+    """Where a work appeared, as a reference list writes it: "Journal 18(3): 211-219"."""
+    if not venue:
+        return ""
+    numbers = f"{volume or ''}" + (f"({issue})" if issue else "")
+    text = f"{venue} {numbers}".strip()
+    return f"{text}: {page_range}" if page_range and numbers else f"{text}, {page_range}" if page_range else text
 
 
 def page_span(page, page_end, label) -> str:

@@ -414,11 +414,16 @@ def _title_runs(lines: list[HeaderLine]) -> list[list[HeaderLine]]:
     return runs
 
 
-def _run_title(run: list[HeaderLine]) -> str:
+def _run_text(run: list[HeaderLine]) -> str:
     while len(run) > 1 and _title_banner(_header_text(run[0])):
         run = run[1:]
     text = join_lines(_SUPERSCRIPT_GROUP.sub(" ", line.text) for line in run)  # footnote numbers dropped
-    return _clean_title(_GLUED_LABEL.sub("", text))
+    text = re.sub(r"(?<=[^\W\d_])- (?=[^\W\d_])", "-", text)  # "Multi-" / "Armed": a compound broken at its hyphen
+    return _GLUED_LABEL.sub("", text).rstrip()
+
+
+def _run_title(run: list[HeaderLine]) -> str:
+    return _clean_title(_run_text(run))
 
 
 def name_case(name: str) -> str:
@@ -523,7 +528,7 @@ def _byline_pieces(text: str) -> _BylinePieces | None:
     if not plain or len(plain) > 600 or _banner_line(plain) or _FRONT_MATTER_END.match(plain):
         return None
     if _COLLABORATION.search(plain):
-        entry = _clean_name(plain)
+        entry = _clean_name(re.sub(r"\s*\((?![^)]*collaboration).*$", "", plain, flags=re.IGNORECASE))
         return _BylinePieces([entry], False, False, False) if entry and not _AFFILIATION_WORDS.search(entry) else None
     text = _BYLINE_DATE.sub("", _BYLINE_LEAD.sub("", text))
     text = re.sub(r"\S+@\S+|\([^)]*\)|\[[^\]]*\]|\b\d{4}-\d{4}-\d{4}-\d{3}[\dX]\b", NAME_BREAK, text)  # ORCID too
@@ -583,6 +588,7 @@ def _cover_page(lines: list[HeaderLine]) -> bool:
 def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | None, list[str]]:
     """(title, authors) of a PDF read from the layout of its first page, or of page 2 behind a cover page."""
     page = 2 if _cover_page(lines) else 1
+    following = [line for line in lines if line.page == page + 1]
     lines = [line for line in lines if line.page == page]
     if not lines:
         return None, []
@@ -595,7 +601,7 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
         and (run[0].size >= max(body_size * 1.08, 1.0) or (run[0].bold and run[0].size >= body_size))
     ]
     for run in sorted(runs, key=lambda r: (-round(r[0].size * 2), not r[0].bold)):  # bold wins a tie in size
-        found = _title_and_byline(run, lines)
+        found = _title_and_byline(run, lines, following)
         if found and (found[1] or run[0].size >= body_size * 1.08):  # bold body text needs names under it
             return found
     # a title set at body size (all capitals, say): the lines right above the first byline
@@ -611,7 +617,7 @@ def read_pdf_header(lines: list[HeaderLine], body_size: float) -> tuple[str | No
             ):
                 break
             run.insert(0, above)
-        found = _title_and_byline(run, lines) if run else None
+        found = _title_and_byline(run, lines, following) if run else None
         if found and found[1] and len(found[0].split()) >= 3:
             return found
     return None, []
@@ -632,10 +638,35 @@ def _reads_as_words(text: str) -> bool:
     return bool(tokens) and len(words) >= 0.6 * len(tokens)
 
 
-def _title_and_byline(run: list[HeaderLine], lines: list[HeaderLine]) -> tuple[str, list[str]] | None:
+# A title does not end on an article, a preposition or a word broken at its hyphen: the next line goes on with it.
+_CONTINUES = re.compile(
+    r"(?:\b(?:the|a|an|of|for|and|or|in|on|at|to|with|by|from|via|into|towards?|between|under|over|using)|"
+    r"[^\W\d_]-)$",
+    re.IGNORECASE,
+)
+# The wording of notices (disclaimers, licences, repository stamps), which can be set large on a cover or scan.
+_NOT_A_TITLE = re.compile(
+    r"\b(?:constitute or imply|do(?:es)? not necessarily (?:state|reflect|represent)|reference herein|"
+    r"endorse(?:d|ment)? (?:by|of) the|licen[cs]ed under|all rights reserved|creative commons|"
+    r"this (?:article|paper|work|document) (?:is|was|has been) (?:protected|made available|downloaded|"
+    r"published under)|downloaded (?:from|by)|for personal use only)\b",
+    re.IGNORECASE,
+)
+
+
+def _title_and_byline(
+    run: list[HeaderLine], lines: list[HeaderLine], following: list[HeaderLine] | None = None
+) -> tuple[str, list[str]] | None:
     title = _run_title(run)
+    after = lines.index(run[-1]) + 1 if run[-1] in lines else len(lines)
+    while title and _CONTINUES.search(_run_text(run)) and after < len(lines) and len(run) < 8:
+        run = [*run, lines[after]]  # "... for the" / "Multi-": the title goes on on the next line
+        after += 1
+        title = _run_title(run)
     if (
         not title
+        or _NOT_A_TITLE.search(title)
+        or DEGREE_BANNER.match(title)
         or len(title) < 2
         or len(title) > 300
         or _title_banner(title)
@@ -646,7 +677,7 @@ def _title_and_byline(run: list[HeaderLine], lines: list[HeaderLine]) -> tuple[s
         or len(names_in_text(title) or []) >= 2
     ):
         return None
-    authors = _byline(_byline_zone(run, lines))
+    authors = _byline(_byline_zone(run, lines, following))
     if len(title.split()) <= 2 and cjk_ratio(title) < 0.5 and not authors:
         return None  # a journal logo or a label, unless names follow as they follow a title
     return title, authors
@@ -662,26 +693,42 @@ def _ends_front_matter(line: HeaderLine) -> bool:
     )
 
 
-def _byline_zone(title: list[HeaderLine], lines: list[HeaderLine]) -> list[list[HeaderLine]]:
+def _byline_zone(
+    title: list[HeaderLine], lines: list[HeaderLine], following: list[HeaderLine] | None = None
+) -> list[list[HeaderLine]]:
     """The lines between the title and the abstract (or first heading, or first paragraph), row by row from the
-    top and left to right in a row: the order in which author grids and side-by-side author blocks are read."""
+    top and left to right in a row: the order in which author grids and side-by-side author blocks are read. A
+    list of authors that fills the page goes on at the top of the next one (``following``)."""
     bottom = max(line.bbox[3] for line in title)
     below = sorted(
         (line for line in lines if line.bbox[1] >= bottom - 2 and line not in title),
         key=lambda line: (line.bbox[1], line.bbox[0]),
     )
-    zone: list[HeaderLine] = []
-    for line in below:
-        if _ends_front_matter(line):
-            break
-        zone.append(line)
+    pages = [below, sorted(following or [], key=lambda line: (line.bbox[1], line.bbox[0]))]
     rows: list[list[HeaderLine]] = []
-    for line in zone:
-        if rows and line.bbox[1] - rows[-1][-1].bbox[1] <= 0.5 * max(line.size, 1.0):
-            rows[-1].append(line)
-        else:
-            rows.append([line])
-    return [sorted(row, key=lambda line: line.bbox[0]) for row in rows]
+    for index, page_lines in enumerate(pages):
+        zone: list[HeaderLine] = []
+        ended = False
+        for line in page_lines:
+            if _ends_front_matter(line):
+                ended = True
+                break
+            zone.append(line)
+        page_rows: list[list[HeaderLine]] = []
+        for line in zone:
+            if page_rows and line.bbox[1] - page_rows[-1][-1].bbox[1] <= 0.5 * max(line.size, 1.0):
+                page_rows[-1].append(line)
+            else:
+                page_rows.append([line])
+        rows.extend(sorted(row, key=lambda line: line.bbox[0]) for row in page_rows)
+        height = page_lines[0].page_height if page_lines else 0
+        # the zone stops on this page unless it ran into the foot of the page with names in its last rows
+        if ended or index or not zone or not height or zone[-1].bbox[3] < BYLINE_PAGE_FOOT * height:
+            break
+    return rows
+
+
+BYLINE_PAGE_FOOT = 0.85  # a byline zone reaching below this share of the page height may go on overleaf
 
 
 def _byline(rows: list[list[HeaderLine]]) -> list[str]:
@@ -815,8 +862,10 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
     )
     more = any(_COLLABORATION.search(name) for name in authors)
     year = guess_year(front, raw, path, doi, banner + "\n" + raw.get("margin_text", ""), head)
-    if printed.cover_title and (DEGREE_BANNER.match(title) or not titled):
-        title = printed.cover_title  # a thesis's form names its title where the largest line is its banner
+    if printed.cover_title:
+        title = printed.cover_title  # a thesis's form names its title ("论文题目：...")
+    elif printed.banner_title and (DEGREE_BANNER.match(title) or not titled):
+        title = printed.banner_title  # the line under a title page's banner
     if printed.cover_authors and (not authors or printed.work_type.endswith("-thesis")):
         authors = printed.cover_authors  # a thesis's form names its author (the byline reader may take a supervisor)
     if printed.cover_year:

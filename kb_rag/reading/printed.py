@@ -63,6 +63,7 @@ class Printed:
     arxiv_id: str | None = None
     year: int | None = None
     cover_title: str | None = None  # a title page's labelled fields ("论文题目：...", "Title: ...")
+    banner_title: str | None = None  # the line after a title page's banner ("本科毕业设计（论文）", "Working Paper")
     cover_authors: list[str] = field(default_factory=list)
     cover_year: int | None = None
     evidence: list[str] = field(default_factory=list)  # why: the lines each value came from
@@ -91,6 +92,7 @@ def normalise_line(text: str) -> str:
     """NFKC (full-width digits and brackets), one kind of dash, one space, letter-spacing undone."""
     text = unicodedata.normalize("NFKC", text or "")
     text = _DASHES.sub("-", text).replace("\u00a0", " ")
+    text = re.sub(r"[ \t]{3,}", " | ", text.strip())  # a wide gap sets fields of a header line apart
     text = re.sub(r"\s+", " ", text).strip()
     return " | ".join(_unspace(piece) for piece in re.split(r"\s+[|•·]\s+", text)) if " " in text else text
 
@@ -183,7 +185,7 @@ def _plausible_volume(text: str) -> bool:
 # identifiers whose digits are no volume or page: DOIs, links, ISBN/ISSN, e-mail addresses, prices
 _NOT_NUMBERS = re.compile(
     r"(?:doi:?\s*|https?://\S*|digital object identifier:?\s*)?\b10\.\d{4,9}/\S+|https?://\S+|www\.\S+|"
-    r"\bISBN(?:-1[03])?:?\s*[\dX-]{10,17}|\b(?:e-?)?ISSN:?\s*\d{4}-\d{3}[\dX]|\S+@\S+|[$€£]\s*\d+(?:\.\d\d)?",
+    r"\b\d{4}-\d{4}-\d{4}-\d{3}[\dX]\b|\bISBN(?:-1[03])?:?\s*[\dX-]{10,17}|\b97[89]-[\d-]{11,15}\b|\b(?:e-?)?ISSN:?\s*\d{4}-\d{3}[\dX]|\S+@\S+|[$€£]\s*\d+(?:\.\d\d)?",
     re.IGNORECASE,
 )
 
@@ -291,11 +293,30 @@ def read_numbers(line: str) -> CitationNumbers | None:
     if first_start is None or not (found.volume or found.pages or found.issue):
         return None
     found.venue = venue_name(text[:first_start])
+    if found.venue is None and found.labelled:
+        found.venue = _named_segment(unicodedata.normalize("NFKC", line))
     # Bare numbers say what they are only beside a year and a name ("Machine Learning, 20, 273-297 (1995)");
     # "Algorithm 1", "ReLU 256" or a line of a table are not citation lines.
-    if not (found.labelled or (found.compound and (found.venue or found.year)) or (found.year and found.venue)):
+    counted = sum(bool(v) for v in (found.volume, found.issue, found.pages, found.year))
+    if found.labelled:
+        if not (found.venue or counted >= 2):
+            return None
+    elif not (found.venue and (found.compound or found.year)):
         return None
     return found
+
+
+def _named_segment(text: str) -> str | None:
+    """A journal's name set apart from the numbers on its line, after them ("第12卷第3期   环境工程科学学报   2008年6月")."""
+    runs = [run for run in re.findall(r"[\u4e00-\u9fff]{4,20}", text)]
+    if runs and re.search(r"第\s*\d+\s*[卷期]", text):  # a Chinese journal's name beside its 卷/期: the longest run
+        return venue_name(max(runs, key=len))
+    for segment in re.split(r"\s{2,}|\s+[|•·]\s+", text):
+        if segment.strip() and not re.search(r"\d", segment):
+            name = venue_name(segment)
+            if name:
+                return name
+    return None
 
 
 # -- the venue's name -----------------------------------------------------------------------------------------
@@ -484,7 +505,8 @@ _JOURNAL_EVIDENCE = re.compile(
 _CHAPTER_EVIDENCE = re.compile(
     r"^\s*(?:chapter|kapitel)\s+\d+\b|\bin:?\s.{0,80}\(eds?\.?\)", re.IGNORECASE | re.MULTILINE
 )
-_ISBN = re.compile(r"\bISBN(?:-1[03])?:?\s*[\d-]{10,17}", re.IGNORECASE)
+# an ISBN, labelled or in a proceedings' cost line ("978-1-4673-5208-6/13/$31.00")
+_ISBN = re.compile(r"\bISBN(?:-1[03])?:?\s*[\d-]{10,17}|\b97[89]-\d{1,5}-\d{1,7}-\d{1,7}-[\dX]\b", re.IGNORECASE)
 _ARXIV_STAMP = re.compile(r"\barxiv:\s*(\d{4}\.\d{4,5}|[a-z-]+(?:\.[A-Z]{2})?/\d{7})(?:v\d+)?", re.IGNORECASE)
 _OLD_ARXIV = re.compile(r"(?<![\w/.])([a-z-]{4,12}(?:\.[A-Z]{2})?/\d{7})(?:v\d+)?\b")
 
@@ -560,8 +582,25 @@ def title_after_banner(lines: list[str]) -> str | None:
             follow = rest[at + 1] if at + 1 < len(rest) else ""
             if re.match(r"^(?:——|--|—|:)", follow):
                 candidate = f"{candidate}{follow}"
+            elif follow and re.search(r"[^\W\d_]-$", candidate):
+                candidate = f"{candidate}{follow}"  # "Multi-" / "Armed Bandit Experiments"
             return candidate
         return None
+    return None
+
+
+_DATE_LINE = re.compile(
+    r"^\s*(?:[〇零○一二三四五六七八九十\d]{4}\s*年(?:\s*[〇零○一二三四五六七八九十\d]{1,3}\s*月)?(?:\s*\d{1,2}\s*日)?|"
+    r"(?:" + _MONTH + r"\s+)?" + _YEAR + r")\s*$",
+    re.IGNORECASE,
+)
+
+
+def _dated_line(title_page: str) -> int | None:
+    """The year of a title page's date set on a line of its own ("二〇二〇年五月", "May 2017", "2017")."""
+    for line in title_page.splitlines()[:60]:
+        if _DATE_LINE.match(line):
+            return form_year(line)
     return None
 
 
@@ -668,7 +707,7 @@ class PrintedPages:
 # London, United Kingdom", "SPAA'04, June 27-30, 2004, Barcelona").
 _CONFERENCE_STAMP = re.compile(
     r"^\s*([A-Z][A-Za-z&/-]{1,15}(?:[ -][A-Z][A-Za-z&-]{1,15})?\s?['’‘]\d{2})\s*,\s*"
-    r"(?:\d{1,2}\s*-?\s*)?" + _MONTH + r"\s+\d{1,2}"
+    r"(?:\d{1,2}\s*-?\s*)?(?i:" + _MONTH + r")\s+\d{1,2}"
 )
 
 
@@ -765,13 +804,14 @@ def read_printed(pages: PrintedPages) -> Printed:
     printed.work_type = _work_type(printed, pages, opening)
     if printed.work_type.endswith("-thesis") or printed.work_type == "report":
         form = read_form([_squeeze_cjk(normalise_line(line)) for line in opening.splitlines()[:80]])
-        printed.cover_title = form.get("title") or title_after_banner(
+        printed.cover_title = form.get("title")
+        printed.banner_title = title_after_banner(
             [_squeeze_cjk(normalise_line(line)) for line in (pages.title_page or opening).splitlines()[:60]]
         )
         author = form.get("author")
         if author and len(author) <= 60:
             printed.cover_authors = [_squeeze_cjk(author)]
-        printed.cover_year = form_year(form.get("date", ""))
+        printed.cover_year = form_year(form.get("date", "")) or _dated_line(pages.title_page or opening[:3000])
     if printed.work_type.endswith("-thesis"):
         printed.publisher = university(_squeeze_cjk(opening[:4000]))
         printed.venue = printed.volume = printed.issue = printed.page_range = None
