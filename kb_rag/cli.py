@@ -36,15 +36,7 @@ from .live import OUT_OF_REACH, WATCH_EVENTS_NOTE, Watcher
 from .models.runtime import DEFAULT_EMBED_MODEL
 from .protocol import error_reply, run_one_shot, serve
 from .reading.printed import DEFAULT_WORK_TYPE, WORK_TYPES
-from .records import (
-    CitationRecord,
-    DocsResponse,
-    FetchAnswer,
-    HitRecord,
-    IngestResponse,
-    RagResponse,
-    SearchResponse,
-)
+from .records import CitationRecord, DocsResponse, FetchAnswer, HitRecord, IngestResponse, RagResponse, SearchResponse
 from .rendering import _ocr_progress, author_line, format_duration, plain_line, venue_line, visible_json, visible_text
 from .tasks import print_requirements, run_job, selftest
 

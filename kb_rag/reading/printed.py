@@ -190,16 +190,118 @@ _NOT_NUMBERS = re.compile(
 )
 
 
-def read_numbers(line: str) -> CitationNumbers | None:
-    """The volume, issue, pages and year of a printed journal or proceedings line, with the name before them;
-    None when the line has none of these in a known shape."""
-    text = normalise_line(line)
-    if not text or len(text) > 320 or _NOT_A_CITATION.match(text) or _OTHER_LINE.search(text):
-        return None
-    text = _NOT_NUMBERS.sub(" ", text)
-    text = _REPORT_NUMBER_SHAPE.sub(" ", text)
-    text = re.sub(r"\b(?:[A-Z] ){3,}[A-Z]\b", lambda m: m.group(0).replace(" ", ""), text)  # "N A T U R E"
-    # a running head or footer led or ended by the page's own number: "484 | NATURE | VOL 529 | ..."
+@dataclass
+class _Reading:
+    """The state of one line's reading: what each token said, where the pages and the name's end are."""
+
+    text: str
+    found: CitationNumbers = field(default_factory=CitationNumbers)
+    first: int | None = None  # where the first number with a role starts: the name ends there
+    pages_at: int = 1 << 30
+    loose: list[tuple[int, str]] = field(default_factory=list)  # bare numbers, given a role after the others
+
+
+def _set(found: CitationNumbers, name: str, value) -> None:
+    if getattr(found, name) is None and value:
+        setattr(found, name, value)
+
+
+def _on_labelled(r: _Reading, m: re.Match) -> bool:
+    f = r.found
+    f.labelled = True
+    if m.group("vol_label") or m.group("cn_vol"):
+        _set(f, "volume", m.group("vol_l") or m.group("cn_vol_n"))
+    elif m.group("iss_label") or m.group("cn_iss"):
+        _set(f, "issue", re.sub(r"\s+", "", m.group("iss_l") or m.group("cn_iss_n")))
+    elif f.pages is None:
+        a, _, b = re.sub(r"\s+", "", m.group("pp_l")).partition("-")
+        f.pages, r.pages_at = _page_value(a, b or None), m.start()
+    return True
+
+
+def _on_year(r: _Reading, m: re.Match) -> bool:
+    _set(r.found, "year", int(m.group("cn_year_n") or m.group("yp") or m.group("year")))
+    return True
+
+
+def _on_vol_year(r: _Reading, m: re.Match) -> bool:
+    r.found.compound = True
+    _set(r.found, "volume", m.group("vy_vol"))
+    _set(r.found, "year", int(m.group("vy_year")))
+    return True
+
+
+def _on_vol_issue(r: _Reading, m: re.Match) -> bool:
+    f = r.found
+    f.compound = True
+    if re.fullmatch(_YEAR, m.group("vi_vol")):  # "2014(26)": a year, then the volume
+        _set(f, "year", int(m.group("vi_vol")))
+        _set(f, "volume", m.group("vi_iss"))
+    else:
+        _set(f, "volume", m.group("vi_vol"))
+        _set(f, "issue", re.sub(r"\s+", "", m.group("vi_iss")))
+    return True
+
+
+def _on_colon(r: _Reading, m: re.Match) -> bool:
+    f = r.found
+    left, right = m.group("c_left"), re.sub(r"\s+", "", m.group("c_right"))
+    if re.fullmatch(_YEAR, left):
+        return False  # "2019: 12" is not a volume
+    f.compound = True
+    rest = r.text[m.end() :]
+    if f.volume and not f.issue and "-" not in right and re.match(r"\s*[,;]?\s*\d", rest):
+        f.issue = right  # "Vol. 26:1, 147-154"
+    elif not f.volume and "-" not in right and re.match(r"\s*[,;]\s*(?:pp?\.\s*)?\d+\s*-\s*\d", rest):
+        f.volume, f.issue = left, right  # "26:1, 147-154"
+    else:  # "13:21", "26:147-154": the volume, then its article or pages
+        _set(f, "volume", left)
+        a, _, b = right.partition("-")
+        _set(f, "pages", _page_value(a, b or None))
+    return True
+
+
+def _on_date(r: _Reading, m: re.Match) -> bool:
+    return bool(re.search(r"[A-Za-z]{3}", m.group("date")))
+
+
+def _on_range(r: _Reading, m: re.Match) -> bool:
+    value = _page_value(m.group("r_a"), m.group("r_b"))
+    if not value:
+        return False
+    r.found.compound = True
+    if r.found.pages is None:
+        r.found.pages, r.pages_at = value, m.start()
+    return True
+
+
+def _on_number(r: _Reading, m: re.Match) -> bool:
+    r.loose.append((m.start(), m.group("n")))
+    return True
+
+
+# What each kind of token says, by the name of its group in _TOKEN (a token's role may also be "none").
+_TOKEN_ROLES = {
+    "vol_label": _on_labelled,
+    "iss_label": _on_labelled,
+    "pp_label": _on_labelled,
+    "cn_vol": _on_labelled,
+    "cn_iss": _on_labelled,
+    "cn_year": _on_year,
+    "vol_year": _on_vol_year,
+    "vol_iss": _on_vol_issue,
+    "colon": _on_colon,
+    "date": _on_date,
+    "year_p": _on_year,
+    "range": _on_range,
+    "year": _on_year,
+    "num": _on_number,
+}
+
+
+def _without_folio(text: str) -> tuple[str, str | None]:
+    """The line without the page's own number that leads or ends a running head ("484 | NATURE | VOL 529 | ...",
+    "148 Proceedings of the IEEE | Vol. 104"), and that number."""
     separated = bool(re.search(r"[|•·]|\bvol\b", text, re.IGNORECASE))
     folio = (
         re.match(r"^\s*(\d{1,5})\s*[|•·]\s*(?=\D)", text)
@@ -207,103 +309,42 @@ def read_numbers(line: str) -> CitationNumbers | None:
         or (separated and re.match(r"^\s*(\d{1,5})\s+(?=[A-Z])", text))
         or (separated and re.search(r"(?<=[A-Za-z])\s+(\d{1,5})\s*$", text))
     )
-    if folio:
-        text = text[: folio.start()] + " " + text[folio.end() :]
+    if not folio or re.search(r"(?i:" + _MONTH + r")\s+" + _YEAR + r"\s*$", text[: folio.end()]):
+        return text, None  # "..., JANUARY 2004": a date, not a page
+    return text[: folio.start()] + " " + text[folio.end() :], folio.group(1)
 
-    found = CitationNumbers()
-    first_start: int | None = None
-    loose: list[tuple[int, str]] = []  # bare numbers (where, which), given a role after the others
-    pages_at = len(text)
+
+def read_numbers(line: str) -> CitationNumbers | None:
+    """The volume, issue, pages and year of a printed journal or proceedings line, with the name before them;
+    None when the line has none of these in a known shape."""
+    text = normalise_line(line)
+    if not text or len(text) > 320 or _NOT_A_CITATION.match(text) or _OTHER_LINE.search(text):
+        return None
+    text = _REPORT_NUMBER_SHAPE.sub(" ", _NOT_NUMBERS.sub(" ", text))
+    text, folio = _without_folio(text)
+    r = _Reading(text)
     for match in _TOKEN.finditer(text):
-        kind = match.lastgroup
-        start = match.start()
-        if kind is None:
-            continue
-        role_found = True
-        if match.group("vol_label"):
-            found.volume = found.volume or match.group("vol_l")
-            found.labelled = True
-        elif match.group("iss_label"):
-            found.issue = found.issue or re.sub(r"\s+", "", match.group("iss_l"))
-            found.labelled = True
-        elif match.group("pp_label"):
-            pages = re.sub(r"\s+", "", match.group("pp_l"))
-            a, _, b = pages.partition("-")
-            if not found.pages:
-                found.pages, pages_at = _page_value(a, b or None), start
-            found.labelled = True
-        elif match.group("cn_vol"):
-            found.volume = found.volume or match.group("cn_vol_n")
-            found.labelled = True
-        elif match.group("cn_iss"):
-            found.issue = found.issue or match.group("cn_iss_n")
-            found.labelled = True
-        elif match.group("cn_year"):
-            found.year = found.year or int(match.group("cn_year_n"))
-        elif match.group("vol_year"):
-            found.compound = True
-            found.volume = found.volume or match.group("vy_vol")
-            found.year = found.year or int(match.group("vy_year"))
-        elif match.group("vol_iss"):
-            found.compound = True
-            if re.fullmatch(_YEAR, match.group("vi_vol")):
-                found.year = found.year or int(match.group("vi_vol"))
-                found.volume = found.volume or match.group("vi_iss")
-            else:
-                found.volume = found.volume or match.group("vi_vol")
-                found.issue = found.issue or re.sub(r"\s+", "", match.group("vi_iss"))
-        elif match.group("colon"):
-            left, right = match.group("c_left"), re.sub(r"\s+", "", match.group("c_right"))
-            rest = text[match.end() :]
-            found.compound = found.compound or not re.fullmatch(_YEAR, left)
-            if re.fullmatch(_YEAR, left):
-                role_found = False  # "2019: 12" is not a volume
-            elif found.volume and not found.issue and "-" not in right and re.match(r"\s*[,;]?\s*\d", rest):
-                found.issue = right  # "26:1, 147-154" after the volume was given in words
-            elif not found.volume and "-" not in right and re.match(r"\s*[,;]\s*(?:pp?\.\s*)?\d+\s*-\s*\d", rest):
-                found.volume, found.issue = left, right  # "26:1, 147-154"
-            else:
-                found.volume = found.volume or left
-                a, _, b = right.partition("-")
-                found.pages = found.pages or _page_value(a, b or None)
-        elif match.group("date"):
-            role_found = bool(re.search(r"[A-Za-z]{3}", match.group("date")))
-        elif match.group("year_p"):
-            found.year = found.year or int(match.group("yp"))
-        elif match.group("range"):
-            value = _page_value(match.group("r_a"), match.group("r_b"))
-            found.compound = found.compound or bool(value)
-            if value and not found.pages:
-                found.pages, pages_at = value, start
-            elif not value:
-                role_found = False
-        elif match.group("year"):
-            found.year = found.year or int(match.group("year"))
-        elif match.group("num"):
-            loose.append((start, match.group("n")))
-        if role_found and first_start is None:
-            first_start = start
-    for at, number in loose:  # "Machine Learning, 20, 273-297 (1995)", "PRL 116, 061102 (2016)", "... | 505"
-        if not found.volume and at < pages_at and _plausible_volume(number):
+        if match.lastgroup and _TOKEN_ROLES[match.lastgroup](r, match) and r.first is None:
+            r.first = match.start()
+    found = r.found
+    for at, number in r.loose:  # "Machine Learning, 20, 273-297 (1995)", "PRL 116, 061102 (2016)"
+        if not found.volume and at < r.pages_at and _plausible_volume(number):
             found.volume = number
         elif found.volume and not found.pages and number != found.volume:
             found.pages = number
     if folio and not found.pages and (found.volume or found.labelled):
-        found.pages = folio.group(1)  # its first page, until the page span says how far it runs
-    if first_start is None or not (found.volume or found.pages or found.issue):
+        found.pages = folio  # its first page, until the page span says how far it runs
+    if r.first is None or not (found.volume or found.pages or found.issue):
         return None
-    found.venue = venue_name(text[:first_start])
+    found.venue = venue_name(text[: r.first])
     if found.venue is None and found.labelled:
         found.venue = _named_segment(unicodedata.normalize("NFKC", line))
     # Bare numbers say what they are only beside a year and a name ("Machine Learning, 20, 273-297 (1995)");
     # "Algorithm 1", "ReLU 256" or a line of a table are not citation lines.
     counted = sum(bool(v) for v in (found.volume, found.issue, found.pages, found.year))
     if found.labelled:
-        if not (found.venue or counted >= 2):
-            return None
-    elif not (found.venue and (found.compound or found.year)):
-        return None
-    return found
+        return found if found.venue or counted >= 2 else None
+    return found if found.venue and (found.compound or found.year) else None
 
 
 def _named_segment(text: str) -> str | None:
