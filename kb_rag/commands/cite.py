@@ -80,7 +80,8 @@ def _split_name(name: str) -> dict:
 
 def work_type_of(doc: sqlite3.Row) -> str:
     """The stored kind of work; a library read before kinds were stored (no work_type) falls back on its venue."""
-    stored = doc["work_type"] if "work_type" in doc.keys() else None
+    columns = doc.keys()
+    stored = doc["work_type"] if "work_type" in columns else None
     if stored in WORK_TYPES:
         return stored
     if doc["journal"]:
@@ -89,7 +90,8 @@ def work_type_of(doc: sqlite3.Row) -> str:
 
 
 def _bib(doc: sqlite3.Row, name: str) -> str:
-    return (doc[name] or "") if name in doc.keys() else ""
+    columns = doc.keys()
+    return (doc[name] or "") if name in columns else ""
 
 
 def _arxiv_number(doc: sqlite3.Row) -> str:
