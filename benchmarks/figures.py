@@ -135,6 +135,37 @@ def performance_metadata(results_dir: Path = RESULTS_DIR) -> str:
             f"wrong. Recorded {_source(result)}.\n")
 
 
+BIB_SETS = (
+    ("bib_heldout_before", "held-out, engine before issue 52"),
+    ("bib_heldout", "held-out (63 papers no rule was written on)"),
+    ("bib_dev", "development, shared corpus"),
+    ("bib_dev_fetched", "development, fetched"),
+)
+BIB_FIELDS = ("kind", "venue", "volume", "issue", "pages", "year", "authors")
+
+
+def performance_bibliographic(results_dir: Path = RESULTS_DIR) -> str:
+    """Per-field accuracy of the bibliographic records (eval_bib.py) on each truth table."""
+    rows = [
+        "| set | papers | " + " | ".join(BIB_FIELDS) + " | all seven | invented |",
+        "|---|---|" + "---|" * len(BIB_FIELDS) + "---|---|",
+    ]
+    sources = []
+    for name, label in BIB_SETS:
+        result = _need(name, results_dir)
+        figures = result["figures"]
+        cells = []
+        for key in BIB_FIELDS:
+            f = figures["fields"][key]
+            cells.append(f"{f['share']:.2f} ({f['correct']}/{f['total']})" if f["total"] else "-")
+        main = figures["main"]
+        rows.append(f"| {label} | {figures['papers']} | " + " | ".join(cells)
+                    + f" | **{main['share']:.3f}** | {figures['invented']} |")
+        engine = f" (measured: {figures['measured_engine']})" if figures.get("measured_engine") else ""
+        sources.append(f"{label}: {_source(result)}{engine}")
+    return "\n".join(rows) + "\n\nRecorded " + "; ".join(sources) + ".\n"
+
+
 # -- abstracts (eval_beir.py), ingest (bench_ingest.py), scale (bench_scale.py), the peer (bench_peer.py) --------
 # The published BM25 nDCG@10 range on SciFact (BEIR), reported on its 300 test claims: an outside reference.
 BM25_SCIFACT = (0.665, 0.679)
@@ -471,6 +502,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "performance-heldout": performance_heldout,
     "performance-sections": performance_sections,
     "performance-metadata": performance_metadata,
+    "performance-bibliographic": performance_bibliographic,
     "readme-abstracts": readme_abstracts,
     "performance-beir-keyword": performance_beir_keyword,
     "performance-beir-modes": performance_beir_modes,

@@ -202,7 +202,7 @@ def crossref_record(message) -> dict | None:
             "year": _crossref_year(message),
             "journal": journal,
             "doi": message.get("DOI"),
-            "work_type": CROSSREF_WORK_TYPES.get(message.get("type") if isinstance(message.get("type"), str) else ""),
+            "work_type": CROSSREF_WORK_TYPES.get(str(message.get("type") or "")),
             "volume": message.get("volume"),
             "issue": message.get("issue"),
             "page_range": message.get("page") or message.get("article-number"),
@@ -355,9 +355,11 @@ def _apply_record(lib: Library, row: sqlite3.Row, record: dict) -> list[str]:
         journal=record.get("journal") or row["journal"],
         doi=record.get("doi") or row["doi"],
         lang=row["lang"] or "",
-        **{name: filled.get(name, getattr(stored, name)) for name in BIB_FIELDS if name != "authors_more"},
-        authors_more=stored.authors_more and not record.get("authors"),  # Crossref lists every author
     )
+    for name in BIB_FIELDS:
+        setattr(meta, name, filled.get(name, getattr(stored, name)))
+    meta.authors_more = stored.authors_more and not record.get("authors")  # Crossref lists every author
+    meta.__post_init__()  # the record's values cleaned as every source's are (one kind of dash in pages)
     sources = json.loads(row["metadata_source"] or "{}") or dict.fromkeys(METADATA_FIELDS, "extracted")
     changed = [k for k in METADATA_FIELDS if getattr(meta, k) != getattr(stored, k)]
     for key in METADATA_FIELDS:

@@ -240,6 +240,21 @@ def test_zotero_metadata_overrides_extracted(eng, imported):
         assert d["doi"] == e.doi, (e.name, d["doi"])
 
 
+def test_zotero_item_fields_are_the_record(eng, imported):
+    """Zotero's item type, volume, issue and pages are the document's record (issue 52, point 4)."""
+    lib, root, _ = imported
+    docs = docs_by_path(eng, root)
+    a = docs[str(lib.entries["A"].path)]
+    assert (a["work_type"], a["volume"], a["issue"], a["page_range"]) == ("journal-article", "14", "2", "101-109")
+    assert {a["metadata_source"][k] for k in ("work_type", "volume", "issue", "page_range")} == {"zotero"}
+    b = docs[str(lib.entries["B"].path)]
+    assert b["work_type"] == "journal-article" and b["metadata_source"]["work_type"] == "zotero"
+    assert b["volume"] is None and b["metadata_source"]["volume"] == "extracted"
+    # the BibTeX entry of A carries them
+    bib = eng.execute("cite", {"doc_ids": [a["doc_id"]], "kb_root": str(root)})["text"]
+    assert bib.startswith("@article{") and "volume = {14}" in bib and "pages = {101--109}" in bib, bib
+
+
 def test_annotations_are_searchable_chunks(eng, imported):
     lib, root, _ = imported
     a = lib.entries["A"]

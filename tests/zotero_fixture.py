@@ -474,6 +474,9 @@ A_ANNOTATIONS = [
 ]
 
 
+A_NUMBERS = {"volume": "14", "issue": "2", "pages": "101–109"}  # item A's volume, issue and pages in Zotero
+
+
 def build_library(base: Path, fixtures: Path | None = None) -> ZoteroLibrary:
     """Write the data directory under ``base`` ('Zotero/'), a folder of linked files ('Linked Papers/')
     and the would-be base directory ('ZoteroBase/'); return what was written."""
@@ -512,6 +515,8 @@ def build_library(base: Path, fixtures: Path | None = None) -> ZoteroLibrary:
             a_id = w.article(a.item_key, title=a.title, date="2020-03-15 March 15, 2020", journal=a.journal,
                              doi=a.doi, authors=[("Alicia", "Chen-Moreno"), ("Rahul", "Verma")], version=12,
                              added=_stamp(1), modified=_stamp(3))
+            for field, value in A_NUMBERS.items():  # where it appeared, as Zotero holds it (an en dash in pages)
+                w.set_field(a_id, field, value)
             a.path = stored(a.attachment_key, sp.make_onecolumn_paper)
             a_att = w.attachment(a_id, a.attachment_key, path=f"storage:{a.path.name}", link_mode=LINK_IMPORTED_URL,
                                  content_type="application/pdf", version=12, added=_stamp(1, 1))

@@ -51,7 +51,7 @@ _PAGE = r"[A-Za-z]{0,2}\d{1,7}(?:\.\d{1,4})?"  # "39.1-39.26": a proceedings' ar
 _TOKEN = re.compile(
     r"(?P<vol_label>\b(?:vol(?:ume)?s?\.?|v\.)\s*(?P<vol_l>\d{1,5}[A-Za-z]?)\b)"
     r"|(?P<iss_label>\b(?:no\.|nos\.|num\.|number|issue|iss\.|nr\.|heft|n[°º])\s*(?P<iss_l>\d{1,4}(?:\s*[-/&]\s*\d{1,4})?|[A-Z]\d{0,2})\b)"
-    r"|(?P<pp_label>(?:\bpp?\.|\bpages?\b:?|\bpage\b:?|\bart(?:icle)?\.?\s*(?:no\.?|number)?|\barticle\s+id\b|\be-?locator\b)\s*"
+    r"|(?P<pp_label>(?:(?<![A-Za-z]\.)\bpp?\.|\bpages?\b:?|\bpage\b:?|\bart(?:icle)?\.?\s*(?:no\.?|number)?|\barticle\s+id\b|\be-?locator\b)\s*"
     r"(?P<pp_l>" + _PAGE + r"(?:\s*-\s*" + _PAGE + r")?)\b)"
     r"|(?P<cn_vol>第\s*(?P<cn_vol_n>\d{1,4})\s*卷)"
     r"|(?P<cn_iss>第\s*(?P<cn_iss_n>\d{1,4})\s*期)"
@@ -125,7 +125,7 @@ def _page_value(a: str, b: str | None = None) -> str | None:
 
 def _plausible_volume(text: str) -> bool:
     digits = re.match(r"\d+", text)
-    return bool(digits) and 0 < int(digits.group(0)) < 2000 or not digits
+    return "." not in text and (digits is None or 0 < int(digits.group(0)) < 2000)
 
 
 # identifiers whose digits are no volume or page: DOIs, links, ISBN/ISSN, e-mail addresses, prices
@@ -192,8 +192,8 @@ def _on_vol_issue(r: _Reading, m: re.Match) -> bool:
 def _on_colon(r: _Reading, m: re.Match) -> bool:
     f = r.found
     left, right = m.group("c_left"), re.sub(r"\s+", "", m.group("c_right"))
-    if re.fullmatch(_YEAR, left):
-        return False  # "2019: 12" is not a volume
+    if re.fullmatch(_YEAR, left) or re.fullmatch(r"[0-5]\d", right) and right.startswith("0"):
+        return False  # "2019: 12" is not a volume, "5:02" is a time
     f.compound = True
     rest = r.text[m.end() :]
     if f.volume and not f.issue and "-" not in right and re.match(r"\s*[,;]?\s*\d", rest):
@@ -345,7 +345,7 @@ def venue_name(text: str) -> str | None:
     cjk = sum(1 for ch in text if is_cjk(ch))
     if cjk:
         text = re.sub(r"\s+", "", text) if cjk >= 0.8 * len(text.replace(" ", "")) else text
-        if re.search(r"[，。：:；;、！？,]", text):
+        if re.search(r"[，。：:；;、！？,《》「」“”()（）]", text):
             return None  # a sentence, not a journal's name
         return text if 2 <= cjk <= 20 else None
     words = _VENUE_WORD.findall(text)

@@ -155,6 +155,7 @@ _CONFERENCE_EVIDENCE = re.compile(
     r"\bproceedings of\b|\bin proceedings\b|\bconference (?:on|of)\b|\bworkshop (?:on|of)\b|\bsymposium (?:on|of)\b|"
     r"\bpublished as a conference paper\b|\bcamera[- ]ready\b|\bfindings of the association\b|"
     r"\b(?:lncs|lnai|lnbi|ccis)\s*\d|\blecture notes in\b|\b(?:19|20)\d\d ieee/?\w* (?:international )?conference\b|"
+    r"\b\d{1,3}(?:st|nd|rd|th)\b[^\n|]{0,100}\b(?:conference|workshop|symposium|congress)\b|"
     r"会议论文|学术会议|国际会议",
     re.IGNORECASE,
 )
@@ -446,13 +447,15 @@ def read_printed(pages: PrintedPages) -> Printed:
         printed.venue = stamp
     span = pages.page_span
     if span and span[0] >= 1 and span[1] > span[0]:
-        first_printed = printed.page_range.split("-")[0] if printed.page_range else None
-        if printed.page_range is None and span[0] > 1 and printed.venue:
+        printed_range = printed.page_range or ""
+        if not printed_range and span[0] > 1 and printed.venue:
             printed.page_range = f"{span[0]}-{span[1]}"
-        elif first_printed and first_printed == str(span[0]) and "-" not in printed.page_range:
+        elif printed_range.split("-")[0] == str(span[0]) and "-" not in printed_range:
             printed.page_range = f"{span[0]}-{span[1]}"  # "Nature | Vol 574 | ... | 505" and pages to 510
     printed.arxiv_id = arxiv_id(margins + front[:12] + [opening[:3000]])
     printed.work_type = _work_type(printed, pages, opening)
+    if span and 1 < span[0] < span[1] and not printed.page_range and printed.work_type in SPAN_KINDS:
+        printed.page_range = f"{span[0]}-{span[1]}"  # a proceedings paper that names no venue, numbered 1081-1086
     if printed.work_type.endswith("-thesis") or printed.work_type == "report":
         form = read_form([_squeeze_cjk(normalise_line(line)) for line in opening.splitlines()[:80]])
         printed.cover_title = form.get("title")
@@ -506,7 +509,7 @@ def _journal_venue(e: _Evidence) -> bool:
 
 def _isbn_kind(e: _Evidence) -> str | None:
     """Journals print an ISSN; an ISBN is a book's, or a proceedings volume's."""
-    if not _ISBN.search(e.head):
+    if not (_ISBN.search(e.head) or _ISBN.search(e.near)):
         return None
     if (e.pages.pages or 0) >= BOOK_PAGES:
         return "book"
@@ -543,10 +546,13 @@ def _work_type(printed: Printed, pages: PrintedPages, opening: str) -> str:
     if degree and not (printed.volume and printed.venue):
         return degree
     evidence = _Evidence(printed, pages, head, " ".join(pages.margins + pages.front[:60]))
+    if _UNDER_REVIEW.search(pages.title_page[:3000]) and not evidence.numbered:
+        return "preprint"  # "Submitted to: Physical Review Letters" on the title page
     for kind, holds in _KIND_RULES:
         if holds(evidence):
             return _isbn_kind(evidence) or DEFAULT_WORK_TYPE if kind == "isbn" else kind
     return DEFAULT_WORK_TYPE
 
 
+SPAN_KINDS = ("journal-article", "conference-paper", "chapter")  # works whose printed page numbers are a range
 BOOK_PAGES = 60  # an ISBN on a document this long is a book's (shorter: a paper in a proceedings volume)
