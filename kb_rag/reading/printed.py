@@ -159,11 +159,14 @@ _CONFERENCE_EVIDENCE = re.compile(
     r"会议论文|学术会议|国际会议",
     re.IGNORECASE,
 )
+# "Submitted to" names where a paper went only when a name follows ("Submitted to: Physical Review Letters");
+# "the jobs submitted to a cluster" is prose.
+_SUBMITTED = r"\b[Ss]ubmitted to:?\s+(?:the\s+)?[A-Z]"
 _PREPRINT_EVIDENCE = re.compile(
-    r"\bpreprint\b|\bunder review\b|\bsubmitted to\b|\bwork in progress\b|\bdraft\b|\bnot peer[- ]reviewed\b",
-    re.IGNORECASE,
+    r"(?i:\bpreprint\b|\bunder review\b|\bwork in progress\b|\bnot peer[- ]reviewed\b)|"
+    r"\bDRAFT\b|\b[Dd]raft (?:version|manuscript)\b|" + _SUBMITTED
 )
-_UNDER_REVIEW = re.compile(r"\bunder review\b|\bsubmitted to\b|\bpreprint submitted\b|\bnot peer[- ]reviewed\b", re.I)
+_UNDER_REVIEW = re.compile(r"(?i:\bunder review\b|\bpreprint submitted\b|\bnot peer[- ]reviewed\b)|" + _SUBMITTED)
 _JOURNAL_EVIDENCE = re.compile(
     r"\bjournal\b|\btransactions\b|\bletters\b|\breview\b|\bannals\b|\bacta\b|\bbulletin\b|\bquarterly\b|"
     r"学报|杂志|期刊",
@@ -422,12 +425,9 @@ def _after_title(text: str, title: str) -> str:
     return text
 
 
-def read_printed(pages: PrintedPages) -> Printed:
-    """The printed record of a work: its journal or proceedings line(s), the kind of work its pages declare."""
-    opening = without_disclaimers(pages.opening)
-    front = [normalise_line(line) for line in pages.front if line.strip()]
-    margins = [normalise_line(line) for line in pages.margins if line.strip()]
-    printed = Printed()
+def _where_it_appeared(printed: Printed, pages: PrintedPages, front: list[str], margins: list[str]) -> None:
+    """The venue and its numbers: the best journal line, filled by a cost code, else the venue the metadata reader
+    found, else a conference's stamp."""
     cited = [_after_title(normalise_line(CITATION_BLOCK.sub("", block)), pages.title) for block in pages.citation]
     cited = [re.split(r"(?<=[.;])\s+(?=doi|https?:|©|copyright|received|editor)", c, flags=re.I)[0] for c in cited]
     numbers, used = _best_numbers(cited + margins + front[:40])
@@ -440,43 +440,63 @@ def read_printed(pages: PrintedPages) -> Printed:
         printed.volume, printed.issue, printed.year = numbers.volume, numbers.issue, numbers.year
         printed.page_range = numbers.pages
         printed.evidence.extend(used)
-    elif pages.venue_hint:
+    else:
         printed.venue = pages.venue_hint
-    stamp = conference_stamp(margins + front[:60])
-    if stamp and not printed.venue:
-        printed.venue = stamp
-    span = pages.page_span
-    if span and span[0] >= 1 and span[1] > span[0]:
-        printed_range = printed.page_range or ""
-        if not printed_range and span[0] > 1 and printed.venue:
-            printed.page_range = f"{span[0]}-{span[1]}"
-        elif printed_range.split("-")[0] == str(span[0]) and "-" not in printed_range:
-            printed.page_range = f"{span[0]}-{span[1]}"  # "Nature | Vol 574 | ... | 505" and pages to 510
+    if not printed.venue:
+        printed.venue = conference_stamp(margins + front[:60])
+
+
+def _page_range_from_span(printed: Printed, span: tuple[int, int] | None, kind_known: bool) -> None:
+    """A range from the printed page numbers: where only the first page is printed ("Venue | Vol 574 | ... | 505"),
+    where a venue is named but no range (before the kind of work is known), or, once it is, for any work that lies
+    in a journal, proceedings or book."""
+    if not span or span[0] < 1 or span[1] <= span[0]:
+        return
+    printed_range = printed.page_range or ""
+    if (
+        printed_range
+        and "-" not in printed_range
+        and printed_range == str(span[0])
+        or not printed_range
+        and span[0] > 1
+        and (printed.work_type in SPAN_KINDS if kind_known else printed.venue)
+    ):
+        printed.page_range = f"{span[0]}-{span[1]}"
+
+
+def _title_page_fields(printed: Printed, pages: PrintedPages, opening: str) -> None:
+    """A thesis's or report's title page: its form's title, author and date, the line under its banner."""
+    form = read_form([_squeeze_cjk(normalise_line(line)) for line in opening.splitlines()[:80]])
+    printed.cover_title = form.get("title")
+    printed.banner_title = title_after_banner(
+        [_squeeze_cjk(normalise_line(line)) for line in (pages.title_page or opening).splitlines()[:60]]
+    )
+    author = form.get("author")
+    if author and len(author) <= 60:
+        printed.cover_authors = [_squeeze_cjk(author)]
+    printed.cover_year = form_year(form.get("date", "")) or _dated_line(pages.title_page or opening[:3000])
+
+
+def read_printed(pages: PrintedPages) -> Printed:
+    """The printed record of a work: its journal or proceedings line(s), the kind of work its pages declare."""
+    opening = without_disclaimers(pages.opening)
+    front = [normalise_line(line) for line in pages.front if line.strip()]
+    margins = [normalise_line(line) for line in pages.margins if line.strip()]
+    printed = Printed()
+    _where_it_appeared(printed, pages, front, margins)
+    _page_range_from_span(printed, pages.page_span, kind_known=False)
     printed.arxiv_id = arxiv_id(margins + front[:12] + [opening[:3000]])
-    printed.work_type = _work_type(printed, pages, opening)
-    if span and 1 < span[0] < span[1] and not printed.page_range and printed.work_type in SPAN_KINDS:
-        printed.page_range = f"{span[0]}-{span[1]}"  # a proceedings paper that names no venue, numbered 1081-1086
-    if printed.work_type.endswith("-thesis") or printed.work_type == "report":
-        form = read_form([_squeeze_cjk(normalise_line(line)) for line in opening.splitlines()[:80]])
-        printed.cover_title = form.get("title")
-        printed.banner_title = title_after_banner(
-            [_squeeze_cjk(normalise_line(line)) for line in (pages.title_page or opening).splitlines()[:60]]
-        )
-        author = form.get("author")
-        if author and len(author) <= 60:
-            printed.cover_authors = [_squeeze_cjk(author)]
-        printed.cover_year = form_year(form.get("date", "")) or _dated_line(pages.title_page or opening[:3000])
-    if printed.work_type.endswith("-thesis"):
-        printed.publisher = university(_squeeze_cjk(opening[:4000]))
-        printed.venue = printed.volume = printed.issue = printed.page_range = None
-    elif printed.work_type == "report":
+    printed.work_type = kind = _work_type(printed, pages, opening)
+    _page_range_from_span(printed, pages.page_span, kind_known=True)
+    if kind.endswith("-thesis") or kind == "report":
+        _title_page_fields(printed, pages, opening)
+        printed.publisher = university(_squeeze_cjk(opening[: 4000 if kind != "report" else 3000]))
+    if kind == "report":
         printed.report_number = report_number(opening[:3000])
-        printed.publisher = university(_squeeze_cjk(opening[:3000]))
-    if not printed.report_number and printed.work_type in ("preprint", "report"):
+    if not printed.report_number and kind in ("preprint", "report"):
         printed.report_number = report_number(" \n ".join(margins + front[:12]))  # a preprint's lab number
-    elif printed.work_type in ("preprint", "document"):
-        printed.volume = printed.issue = printed.page_range = None
-        printed.venue = None
+    if kind not in SPAN_KINDS:  # nothing invented: a thesis, report, preprint or document lies in no venue
+        printed.venue = printed.volume = printed.issue = printed.page_range = None
     return printed
 
 
