@@ -27,7 +27,8 @@ _MONTH = r"(?:" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 def _unspace(piece: str) -> str:
     """A letter-spaced run ("N A T U R E", "V O L 5 2 9") as it reads ("NATURE", "VOL 529")."""
     tokens = piece.split(" ")
-    if len(tokens) < 4 or sum(len(t) == 1 for t in tokens) < 0.8 * len(tokens):
+    singles = sum(len(t) == 1 for t in tokens)
+    if not (len(tokens) >= 4 and singles >= 0.8 * len(tokens) or len(tokens) == 3 and singles == 3):
         return piece
     joined = "".join(tokens)
     return re.sub(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])", " ", joined)
@@ -76,10 +77,13 @@ _TOKEN = re.compile(
 # words that start lines that are not citation lines, though they hold numbers
 # a line about funding or history, or one citing another work (a footnote: its marker, then authors' initials)
 _OTHER_LINE = re.compile(
-    r"\b(?:grant|grants|funded|funding|supported by|acknowledg\w*|award|fellowship|first published|reprinted)\b|"
-    r"^\s*(?:\[\d{1,3}\]|\d{1,3}\s*(?=[A-Z]\.))|(?:\b[A-Z]\.\s?){1,3}[A-Z][a-z]+(?:,| and\b| &)",
-    re.IGNORECASE,
+    r"(?i:\b(?:grant|grants|funded|funding|supported by|acknowledg\w*|award|fellowship|first published|reprinted)\b)|"
+    r"^\s*(?:\[\d{1,3}\]|\d{1,3}\s*(?=[A-Z]\.))",
 )
+# Authors' initials and names before a venue: a footnote citing another work ("A. Smith, B. Lee, Phys. Rev. B 65,
+# ..."), unless a separator sets them apart as a running head does ("M.A. Bender, M. Farach / Theoretical ...").
+_CITED_AUTHORS = re.compile(r"(?:\b[A-Z]\.\s?){1,3}[A-Z][a-z]+(?:,| and\b| &)")
+_HEAD_SEPARATOR = re.compile(r"\s[/|•·]\s")
 
 
 _NOT_A_CITATION = re.compile(
@@ -265,6 +269,8 @@ def read_numbers(line: str) -> CitationNumbers | None:
     None when the line has none of these in a known shape."""
     text = normalise_line(line)
     if not text or len(text) > 320 or _NOT_A_CITATION.match(text) or _OTHER_LINE.search(text):
+        return None
+    if _CITED_AUTHORS.search(text) and not _HEAD_SEPARATOR.search(text):
         return None
     text = _REPORT_NUMBER_SHAPE.sub(" ", _NOT_NUMBERS.sub(" ", text))
     text, folio = _without_folio(text)

@@ -164,23 +164,44 @@ def margin_numbers(blocks: list[tuple[tuple, str]], height: float) -> list[int]:
         int(number)
         for bbox, text in blocks
         if (bbox[3] < band or bbox[1] > height - band) and len(text) < 200
-        for number in re.findall(r"(?<![\d.,/:-])(\d{1,5})(?![\d.,/:]\d)", text)
+        for number in re.findall(_MARGIN_NUMBER, _CAPTION_NUMBER.sub(" ", _LETTER_SPACED_DIGITS.sub(_unspaced, text)))
     ]
 
 
+_MARGIN_NUMBER = re.compile(r"(?<![\d.,/:-])(\d{1,5})(?![\d.,/:]\d)")
+# the number of a table, figure or chapter, which also advances from page to page: never a page number
+_CAPTION_NUMBER = re.compile(
+    r"\b(?:table|tab\.|figure|fig\.|chapter|section|appendix|box|equation|eq\.|图|表)\s*[A-Z]?\d+", re.IGNORECASE
+)
+
+
+# a number set letter-spaced in a running head ("4 8 4 | N A T U R E"): three or more single digits
+_LETTER_SPACED_DIGITS = re.compile(r"(?<![\d.])\b\d(?: \d){2,4}\b(?![\d.])")
+
+
+def _unspaced(match: re.Match) -> str:
+    return match.group(0).replace(" ", "")
+
+
 def printed_page_span(numbers: list[list[int]]) -> tuple[int, int] | None:
-    """(first, last) printed page number of a document whose pages carry their numbers in the margins: the
-    difference between a page's place and one of its margin numbers that most pages share; else None. A journal
-    line's volume or year repeated on every page stays the same from page to page, so never shares a difference."""
+    """(first, last) printed page number of a document whose pages carry their numbers in the margins, else None.
+
+    A page number advances with the page: the difference between a page's place and its number stays the same
+    over a run of consecutive pages. The longest such run wins (a journal line's volume or year repeated on every
+    page never keeps one difference; small numbers in figures only by chance, and not for long); the pages before
+    it count as the work's own (an unnumbered first page), those after it do not (unnumbered extended data)."""
     if len(numbers) < 2:
         return None
-    votes: dict[int, int] = {}
-    for place, printed in enumerate(numbers, start=1):
-        for offset in {place - n for n in printed}:
-            votes[offset] = votes.get(offset, 0) + 1
-    if not votes:
+    best: tuple[int, int, int] | None = None  # (length of the run, its last place, the difference)
+    for offset in {place - n for place, printed in enumerate(numbers, start=1) for n in printed}:
+        run = 0
+        for place, printed in enumerate(numbers, start=1):
+            run = run + 1 if place - offset in printed else 0
+            if run and (best is None or (run, -abs(offset)) > (best[0], -abs(best[2]))):
+                best = (run, place, offset)
+    if best is None:
         return None
-    offset = max(votes, key=lambda key: (votes[key], -abs(key)))
-    if votes[offset] < max(2, PRINTED_SPAN_SHARE * len(numbers)) or 1 - offset < 1:
+    run, end, offset = best
+    if run < max(2, PRINTED_SPAN_SHARE * end) or 1 - offset < 1:
         return None
-    return 1 - offset, len(numbers) - offset
+    return 1 - offset, end - offset
