@@ -184,24 +184,18 @@ def _unspaced(match: re.Match) -> str:
 
 
 def printed_page_span(numbers: list[list[int]]) -> tuple[int, int] | None:
-    """(first, last) printed page number of a document whose pages carry their numbers in the margins, else None.
-
-    A page number advances with the page: the difference between a page's place and its number stays the same
-    over a run of consecutive pages. The longest such run wins (a journal line's volume or year repeated on every
-    page never keeps one difference; small numbers in figures only by chance, and not for long); the pages before
-    it count as the work's own (an unnumbered first page), those after it do not (unnumbered extended data)."""
+    """(first, last) printed page number of a document whose pages carry their numbers in the margins: the
+    difference between a page's place and one of its margin numbers that most pages share; else None. A journal
+    line's volume or year repeated on every page stays the same from page to page, so never shares a difference."""
     if len(numbers) < 2:
         return None
-    best: tuple[int, int, int] | None = None  # (length of the run, its last place, the difference)
-    for offset in {place - n for place, printed in enumerate(numbers, start=1) for n in printed}:
-        run = 0
-        for place, printed in enumerate(numbers, start=1):
-            run = run + 1 if place - offset in printed else 0
-            if run and (best is None or (run, -abs(offset)) > (best[0], -abs(best[2]))):
-                best = (run, place, offset)
-    if best is None:
+    votes: dict[int, int] = {}
+    for place, printed in enumerate(numbers, start=1):
+        for offset in {place - n for n in printed}:
+            votes[offset] = votes.get(offset, 0) + 1
+    if not votes:
         return None
-    run, end, offset = best
-    if run < max(2, PRINTED_SPAN_SHARE * end) or 1 - offset < 1:
+    offset = max(votes, key=lambda key: (votes[key], -abs(key)))
+    if votes[offset] < max(2, PRINTED_SPAN_SHARE * len(numbers)) or 1 - offset < 1:
         return None
-    return 1 - offset, end - offset
+    return 1 - offset, len(numbers) - offset
