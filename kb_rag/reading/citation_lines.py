@@ -25,22 +25,23 @@ _MONTH = r"(?:" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 
 
 def _unspace(piece: str) -> str:
-    """A letter-spaced run ("N A T U R E", "V O L 5 2 9") as it reads ("NATURE", "VOL 529")."""
-    tokens = piece.split(" ")
+    """A letter-spaced run ("N A T U R E", "F I E L D  N O T E S", "V O L 5 2 9") as it reads ("NATURE",
+    "FIELD NOTES", "VOL 529"): a wider gap between its letters is the gap between its words."""
+    tokens = piece.split()
     singles = sum(len(t) == 1 for t in tokens)
     if not (len(tokens) >= 4 and singles >= 0.8 * len(tokens) or len(tokens) == 3 and singles == 3):
         return piece
-    joined = "".join(tokens)
+    joined = " ".join("".join(word.split()) for word in re.split(r"\s{2,}", piece.strip()))
     return re.sub(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])", " ", joined)
 
 
 def normalise_line(text: str) -> str:
     """NFKC (full-width digits and brackets), one kind of dash, one space, letter-spacing undone."""
     text = unicodedata.normalize("NFKC", text or "")
-    text = _DASHES.sub("-", text).replace("\u00a0", " ")
-    text = re.sub(r"[ \t]{3,}", " | ", text.strip())  # a wide gap sets fields of a header line apart
-    text = re.sub(r"\s+", " ", text).strip()
-    return " | ".join(_unspace(piece) for piece in re.split(r"\s+[|•·]\s+", text)) if " " in text else text
+    text = _DASHES.sub("-", text).replace("\u00a0", " ").strip()
+    text = re.sub(r"[ \t]{3,}", " | ", text)  # a wide gap sets fields of a header line apart
+    pieces = [_unspace(piece) for piece in re.split(r"\s+[|•·]\s+", text)]
+    return re.sub(r"\s+", " ", " | ".join(pieces)).strip()
 
 
 _YEAR = r"(?:1[89]\d\d|20\d\d)"
