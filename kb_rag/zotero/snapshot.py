@@ -340,33 +340,32 @@ def _resolve_attachment(
     return raw_path, None
 
 
+def _by_item(conn: sqlite3.Connection, select: str, item_ids: list[int]):
+    """The rows of ``select`` (a query ending in ``IN ({marks})``) for these items, 500 ids a query."""
+    for start in range(0, len(item_ids), 500):
+        batch = item_ids[start : start + 500]
+        yield from conn.execute(select.format(marks=", ".join("?" * len(batch))), batch)
+
+
 def _zotero_fields(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, dict[str, str]]:
     fields_table = _zotero_table(conn, "fieldsCombined", "fields")
     values: dict[int, dict[str, str]] = {}
-    for start in range(0, len(item_ids), 500):
-        batch = item_ids[start : start + 500]
-        rows = conn.execute(
-            f"SELECT d.itemID, f.fieldName, v.value FROM itemData d JOIN {fields_table} f ON f.fieldID = d.fieldID "
-            f"JOIN itemDataValues v ON v.valueID = d.valueID WHERE d.itemID IN ({', '.join('?' * len(batch))})",
-            batch,
-        )
-        for item_id, name, value in rows:
-            values.setdefault(item_id, {})[name] = str(value)
+    select = (
+        f"SELECT d.itemID, f.fieldName, v.value FROM itemData d JOIN {fields_table} f ON f.fieldID = d.fieldID "
+        "JOIN itemDataValues v ON v.valueID = d.valueID WHERE d.itemID IN ({marks})"
+    )
+    for item_id, name, value in _by_item(conn, select, item_ids):
+        values.setdefault(item_id, {})[name] = str(value)
     return values
 
 
 def _zotero_item_types(conn: sqlite3.Connection, item_ids: list[int]) -> dict[int, str]:
     types_table = _zotero_table(conn, "itemTypesCombined", "itemTypes")
-    found: dict[int, str] = {}
-    for start in range(0, len(item_ids), 500):
-        batch = item_ids[start : start + 500]
-        rows = conn.execute(
-            f"SELECT i.itemID, t.typeName FROM items i JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
-            f"WHERE i.itemID IN ({', '.join('?' * len(batch))})",
-            batch,
-        )
-        found.update((item_id, str(name)) for item_id, name in rows)
-    return found
+    select = (
+        f"SELECT i.itemID, t.typeName FROM items i JOIN {types_table} t ON t.itemTypeID = i.itemTypeID "
+        "WHERE i.itemID IN ({marks})"
+    )
+    return {item_id: str(name) for item_id, name in _by_item(conn, select, item_ids)}
 
 
 # Zotero's item types as the engine's kinds of work (reading.printed.WORK_TYPES); a thesis's level comes from its
