@@ -265,7 +265,8 @@ def test_bibtex_entries_are_of_their_kind_and_parse(library):
     assert _field(article, "pages") == "211--219"
     assert kinds["proceedings.pdf"][0] == "inproceedings"
     assert _field(kinds["proceedings.pdf"][1], "booktitle").startswith("Proceedings of the 12th Workshop")
-    assert kinds["zh_thesis.pdf"][0] == "mastersthesis" and _field(kinds["zh_thesis.pdf"][1], "school") == "东海理工大学"
+    zh_thesis = kinds["zh_thesis.pdf"]
+    assert zh_thesis[0] == "mastersthesis" and _field(zh_thesis[1], "school") == "东海理工大学"
     assert kinds["en_thesis.pdf"][0] == "phdthesis"
     assert kinds["report.pdf"][0] == "techreport" and _field(kinds["report.pdf"][1], "number") == "NMRL-TR-2019-07"
     preprint = kinds["preprint.pdf"]

@@ -61,7 +61,8 @@ def test_the_held_out_set_is_large_enough_and_apart_from_the_development_set():
 
 def test_the_comparisons():
     assert eval_bib.venue_ok("Physical Review E | Phys. Rev. E", "PHYSICAL REVIEW E")
-    assert eval_bib.venue_ok("1st Conference on Robot Learning | CoRL 2017", "1st Conference on Robot Learning (CoRL 2017)")
+    assert eval_bib.venue_ok("1st Conference on Robot Learning | CoRL 2017",
+                             "1st Conference on Robot Learning (CoRL 2017)")
     assert not eval_bib.venue_ok("Physical Review E", "Physical Review Letters")
     assert not eval_bib.venue_ok("Physical Review E", None)
     assert eval_bib.number_ok("147-154", "147–154") and eval_bib.number_ok("061102", "061102")
