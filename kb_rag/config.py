@@ -395,12 +395,17 @@ ENVIRONMENT_VARIABLES = (
     ),
     EnvVar(
         "KB_RELATED_MIN_SIM",
-        "`0.6`",
-        "how close a paper must be to the evidence to be listed as related work by `rag`, on a scale where "
-        "unrelated text scores 0 and identical text 1 under the model in use (so the same value works for "
-        "models whose cosines are bunched high, such as e5)",
+        "`0.5`",
+        "how close a paper must be to the evidence to be listed as related work by `rag`, on the scale of its "
+        "`similarity`: 0 as alike as papers on unrelated subjects, 0.5 the cut-off measured on related and "
+        "unrelated papers for the model in use, 1 the same text (the same value works for every model)",
     ),
-    EnvVar("KB_RELATED_MIN_QUERY_SIM", "`0.35`", "how close it must also be to the question, on the same scale"),
+    EnvVar(
+        "KB_RELATED_MIN_QUERY_SIM",
+        "`0.35`",
+        "how close it must also be to the question, on a scale where unrelated sentences score 0 and identical "
+        "text 1 under the model in use",
+    ),
     EnvVar(
         "KB_CACHE_DIR",
         "`$XDG_CACHE_HOME/kb-rag`, else `~/.cache/kb-rag`",

@@ -520,8 +520,9 @@ def _centroids(root):
 
 
 def test_rag_related_work_only_above_the_threshold(fresh, english_lib, minilm, monkeypatch):
-    """Related work = other library papers whose centroid is close to the evidence's (default
-    threshold 0.6) and not far from the query; recomputed here from the stored vectors."""
+    """Related work = other library papers whose centroid is close to the evidence's (MiniLM's measured cut-off,
+    a cosine of 0.324, shown as similarity 0.5; benchmarks/eval_related.py) and not far from the query;
+    recomputed here from the stored vectors."""
     import numpy as np
     from sentence_transformers import SentenceTransformer
     monkeypatch.setenv("KB_RERANK_MODEL", "/nonexistent/kb-rag-reranker")   # evidence in fused order
@@ -542,13 +543,14 @@ def test_rag_related_work_only_above_the_threshold(fresh, english_lib, minilm, m
     qvec = SentenceTransformer(str(minilm), device="cpu", local_files_only=True).encode(
         q, normalize_embeddings=True)
     for r in related:
-        sim = float(cents[r["doc_id"]] @ anchor)
-        assert r["similarity"] == pytest.approx(sim, abs=2e-3)
-        assert r["similarity"] >= 0.6 or "author" in r["reason"], r
+        cosine = float(cents[r["doc_id"]] @ anchor)
+        # the calibrated scale: 0.5 at the cut-off, 1 for the same text, linear in between
+        assert r["similarity"] == pytest.approx(0.5 + 0.5 * (cosine - 0.324) / (1 - 0.324), abs=6e-3), (r, cosine)
+        assert r["similarity"] >= 0.5 or "author" in r["reason"], r
         assert float(cents[r["doc_id"]] @ qvec) >= 0.35 - 1e-3
     # everything clearly below the threshold stays out
     for doc_id, c in cents.items():
-        if doc_id not in evidence_docs and float(c @ anchor) < 0.5:
+        if doc_id not in evidence_docs and float(c @ anchor) < 0.25:
             assert doc_id not in {r["doc_id"] for r in related}
 
     again = rag(engine, english_lib, q, top_k=1)

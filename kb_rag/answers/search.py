@@ -568,23 +568,24 @@ def related_work(lib: Library, models: Models, state: LibraryState, query_vec, e
     anchor = matrix[[position[d] for d in dict.fromkeys(evidence_docs)]].mean(axis=0)
     anchor /= np.linalg.norm(anchor) or 1.0
     to_evidence, to_query = matrix @ anchor, matrix @ np.asarray(query_vec, dtype=np.float32)
-    # the cut-offs are on the model-independent scale (see UNRELATED_PROBES); similarity stays the raw cosine
-    relative = embedder.relative_similarity
+    # closeness to the evidence on the papers' scale, measured per model (PAPER_SCALES); to the query, on the
+    # probes' scale (UNRELATED_PROBES), since a question is a sentence
+    similarity, relative = embedder.paper_similarity, embedder.relative_similarity
     min_topic, min_query = related_thresholds()
     evidence_authors = {_surname(a) for e in evidence for a in e["authors"]} - {""}
     candidates = []
     for doc_id, i in position.items():
         if doc_id in evidence_docs or relative(float(to_query[i])) < min_query:
             continue
-        candidates.append((float(to_evidence[i]), float(to_query[i]), doc_id))
+        candidates.append((similarity(float(to_evidence[i])), doc_id))
     candidates.sort(reverse=True)
-    rows = lib.doc_summaries([c[2] for c in candidates])
+    rows = lib.doc_summaries([c[1] for c in candidates])
     related = []
-    for topic, _relevance, doc_id in candidates:
+    for topic, doc_id in candidates:
         row = rows[doc_id]
         authors = json.loads(row["authors"] or "[]")
         shared = evidence_authors & {_surname(a) for a in authors}
-        if relative(topic) < min_topic and not (shared and relative(topic) >= min_topic - 0.1):
+        if topic < min_topic and not (shared and topic >= min_topic - 0.1):
             continue
         related.append(
             {
@@ -594,7 +595,7 @@ def related_work(lib: Library, models: Models, state: LibraryState, query_vec, e
                 "year": row["year"],
                 "doi": row["doi"],
                 "path": row["path"],
-                "similarity": round(topic, 4),
+                "similarity": round(topic, 2),
                 "reason": "same author, related topic" if shared else "related topic",
             }
         )
@@ -610,7 +611,7 @@ def related_thresholds() -> tuple[float, float]:
         except ValueError:
             return default
 
-    return env_float("KB_RELATED_MIN_SIM", 0.6), env_float("KB_RELATED_MIN_QUERY_SIM", 0.35)
+    return env_float("KB_RELATED_MIN_SIM", 0.5), env_float("KB_RELATED_MIN_QUERY_SIM", 0.35)
 
 
 def _surname(name: str) -> str:

@@ -487,6 +487,33 @@ UNRELATED_PROBES = (
 )
 
 
+# How alike whole papers are under a model: the cosine of two papers' centroids (the unit mean of their passage
+# vectors). Averaging a long paper's passages keeps what all papers share (statements, tables, references, the
+# model's own common direction) and drops what single passages do not, so under a model whose cosines are bunched
+# high (e5) unrelated papers score well above unrelated sentences: 0.875 against 0.78 for multilingual-e5-small,
+# while all-MiniLM-L6-v2 gives about 0.03 for both. The probes above cannot stand for papers, so each model the
+# engine ships or tests with has its papers' scale measured on real papers (benchmarks/eval_related.py, labelled
+# pairs of the shared corpus): the median centroid cosine of unrelated pairs, and the cut-off that best separates
+# related from unrelated pairs. ``probe_baseline`` is the model's UNRELATED_PROBES baseline when it was measured:
+# a model whose name matches but whose baseline differs (a fine-tuned copy) is not taken for it.
+@dataclass(frozen=True)
+class PaperScale:
+    name: str  # matched in the model id, lower case, "_" read as "-"
+    probe_baseline: float
+    unrelated: float
+    boundary: float
+
+
+PAPER_SCALES = (
+    PaperScale("multilingual-e5-small", 0.779, 0.875, 0.92),
+    PaperScale("all-minilm-l6-v2", 0.063, 0.027, 0.324),
+)
+# For any other model: the probes' baseline as the unrelated level, and the cut-off as far above it, in the share
+# of the distance to 1, as measured for all-MiniLM-L6-v2 (whose probe and paper baselines agree).
+PAPER_BOUNDARY_SHARE = 0.28
+PAPER_SCALE_TOLERANCE = 0.03  # how far a model's probe baseline may be from the measured one to be taken for it
+
+
 # A model with damaged weights, or one whose float16 or bfloat16 arithmetic overflowed on a GPU, gives NaN or
 # infinity, which normalising turns into NaN or zero. Stored, such a vector is cosine 0 to everything: vector search
 # would rank documents in id order with nothing to say so. Such rows are refused, never stored or searched with.
@@ -593,6 +620,28 @@ class Embedder(_DeviceBoundModel):
         """A cosine on the model-independent scale: 0 for unrelated text, 1 for the same text."""
         base = self.unrelated_similarity
         return (cosine - base) / (1.0 - base)
+
+    @functools.cached_property
+    def paper_scale(self) -> tuple[float, float]:
+        """(unrelated, boundary): the centroid cosines of unrelated papers and of the related/unrelated cut-off
+        under this model, measured for known models (PAPER_SCALES), estimated from the probes for others."""
+        key = self.model_id.lower().replace("_", "-")
+        baseline = self.unrelated_similarity
+        for scale in PAPER_SCALES:
+            if scale.name in key and abs(baseline - scale.probe_baseline) <= PAPER_SCALE_TOLERANCE:
+                return scale.unrelated, scale.boundary
+        return baseline, baseline + PAPER_BOUNDARY_SHARE * (1.0 - baseline)
+
+    def paper_similarity(self, cosine: float) -> float:
+        """Two papers' centroid cosine on a scale people can read, the same for every model: 0 for papers as alike
+        as unrelated papers are (or less), 0.5 at the measured boundary of related work, 1 for the same text;
+        linear in the cosine between those points."""
+        unrelated, boundary = self.paper_scale
+        if cosine < boundary:
+            value = 0.5 * (cosine - unrelated) / max(boundary - unrelated, 1e-6)
+        else:
+            value = 0.5 + 0.5 * (cosine - boundary) / max(1.0 - boundary, 1e-6)
+        return min(max(value, 0.0), 1.0)
 
     def unknown_token_share(self, text: str) -> float:
         """Share of the text's tokens the model's vocabulary does not know (its embedding is then noise)."""
