@@ -759,13 +759,7 @@ def extract_metadata(extracted: Extracted, path: str) -> DocMeta:
         journal=readable_title(printed.venue, sample) if printed.venue else None,
         doi=doi,
         lang=text_language(sample, least_words=20),
-        work_type=printed.work_type,
-        volume=printed.volume,
-        issue=printed.issue,
-        page_range=printed.page_range,
-        publisher=printed.publisher,
-        report_number=printed.report_number,
-        arxiv_id=printed.arxiv_id,
+        **{name: getattr(printed, name) for name in BIB_FIELDS if name != "authors_more"},
         authors_more=more,
     )
 
